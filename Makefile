@@ -1,0 +1,61 @@
+# plonedeploy: one entry point for building, running, load-testing and testing the stack.
+#
+#   make demo    fresh machine -> build, start, create the site, 60 s A/B load test, report, stop
+#   make test    unit tests, real buildouts of the recipe, and the end-to-end integration test
+#
+# Other targets: system, venv, build, start, site, status, ab, stop, pins, clean.
+# Variables: AB_ARGS (passed to loadtests.abtest, e.g. AB_ARGS="--duration 30 --users 20"),
+#            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'").
+
+PYTHON ?= python3
+VENV := .venv
+AB_ARGS ?= --duration 60 --users 10 --spawn-rate 10
+PYTEST_ARGS ?=
+
+.PHONY: demo test system venv build start site status ab stop pins clean
+
+demo: system build
+	@# Whatever happens, stop what was started (by PID).
+	@set -e; trap '$(MAKE) --no-print-directory stop' EXIT; \
+	  $(MAKE) --no-print-directory start; \
+	  $(MAKE) --no-print-directory ab
+
+test: system build
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+system:
+	bash scripts/install-system.sh
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip==$$(sed -n 's/^pip==//p' requirements.txt)
+	$(VENV)/bin/pip install --quiet -r requirements.txt -c constraints.txt
+	touch $@
+
+build: venv
+	$(VENV)/bin/buildout
+
+start:
+	bin/stack start --no-wait-up
+	$(MAKE) --no-print-directory site
+	bin/stack wait-up
+
+site:
+	bin/instance run scripts/create_site.py
+
+status:
+	bin/stack status
+
+ab:
+	$(VENV)/bin/python -m loadtests.abtest $(AB_ARGS)
+
+stop:
+	@if [ -x bin/stack ]; then bin/stack stop; fi
+
+pins: venv
+	$(VENV)/bin/python scripts/update_pins.py
+
+clean: stop
+	rm -rf bin develop-eggs parts .installed.cfg

@@ -1,0 +1,198 @@
+"""Locust load test of a Plone site behind HAProxy: four traffic shapes, checked bodies.
+
+One ``FastHttpUser`` per traffic shape, each sending its request again as soon as the last
+one finished (closed loop, no think time)::
+
+    name        request                                      check (else a Locust failure)
+    /           GET /               (Zope root)              200
+    /Plone      GET /Plone          (classic page)           200, HTML with the site title
+    @json       GET /Plone, Accept: application/json         200, JSON whose @id ends in /Plone
+    blob 5MB    GET /Plone/blob-5mb/@@download/file          200, exactly 5,242,880 bytes
+
+Options added to Locust's own (``locust -f loadtests/locustfile.py --help``):
+
+``--weights root=1,plone=1,json=1,blob=1``
+    Relative number of users per shape; 0 leaves a shape out.
+``--per-server-stats PATH``
+    At the end, write per-server statistics as JSON: responses are grouped by the
+    ``X-Served-By`` header that HAProxy adds (``"-"`` when it is missing, e.g. a client
+    tested directly). Shape: ``{"elapsed_s": seconds from test start to quit, "servers":
+    {server: {request name: ENTRY}}, "total": {request name: ENTRY}}`` with ENTRY
+    ``{num_requests, num_failures, avg_ms, min_ms, max_ms, p50_ms, p95_ms, p99_ms,
+    total_bytes}``; times in milliseconds, sizes in bytes. Unlike Locust's ``--csv``
+    (written when the run time is up), it includes requests that finish while the users
+    stop, so it matches HAProxy's counters.
+
+Use the host ``http://127.0.0.1:8080`` (HAProxy) or a client directly (``:8081``);
+traffic must stay on this machine.
+"""
+import json
+import os
+import sys
+import time
+
+from locust import FastHttpUser, constant, events, task
+from locust.stats import RequestStats
+
+# Locust puts only this file's folder on sys.path; the shared parser is in the package.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from loadtests.weights import DEFAULT_WEIGHTS, SHAPE_NAMES, parse_weights  # noqa: E402
+
+BLOB_SIZE = 5 * 1024 * 1024  # bytes; scripts/create_site.py makes the blob this size
+SITE_PATH = "/Plone"
+BLOB_PATH = "/Plone/blob-5mb/@@download/file"
+
+
+class ZopeRootUser(FastHttpUser):
+    """``/``: the Zope root page, the cheapest request (no Plone)."""
+
+    wait_time = constant(0)
+    host = "http://127.0.0.1:8080"
+
+    @task
+    def root(self):
+        with self.client.get("/", name="/", catch_response=True) as resp:
+            if resp.status_code != 200:
+                resp.failure(f"status {resp.status_code}")
+
+
+class PloneSiteUser(FastHttpUser):
+    """``/Plone``: the site's front page rendered by the classic UI."""
+
+    wait_time = constant(0)
+    host = "http://127.0.0.1:8080"
+
+    @task
+    def plone(self):
+        with self.client.get(SITE_PATH, name="/Plone", catch_response=True) as resp:
+            if resp.status_code != 200:
+                resp.failure(f"status {resp.status_code}")
+            elif b"<html" not in (resp.content or b"")[:2000].lower():
+                resp.failure("not an HTML page")
+
+
+class JsonApiUser(FastHttpUser):
+    """``@json``: the plone.restapi JSON of /Plone (content negotiation)."""
+
+    wait_time = constant(0)
+    host = "http://127.0.0.1:8080"
+
+    @task
+    def json_api(self):
+        with self.client.get(
+            SITE_PATH, name="@json", headers={"Accept": "application/json"}, catch_response=True
+        ) as resp:
+            if resp.status_code != 200:
+                resp.failure(f"status {resp.status_code}")
+                return
+            try:
+                data = json.loads(resp.content)
+            except ValueError:
+                resp.failure("body is not JSON")
+                return
+            if not str(data.get("@id", "")).endswith(SITE_PATH):
+                resp.failure(f"@id is {data.get('@id')!r}, not the site")
+
+
+class BlobUser(FastHttpUser):
+    """``blob 5MB``: download of the 5 MiB File stored as a ZODB blob."""
+
+    wait_time = constant(0)
+    host = "http://127.0.0.1:8080"
+
+    @task
+    def blob(self):
+        with self.client.get(BLOB_PATH, name="blob 5MB", catch_response=True) as resp:
+            if resp.status_code != 200:
+                resp.failure(f"status {resp.status_code}")
+            elif len(resp.content or b"") != BLOB_SIZE:
+                resp.failure(f"{len(resp.content or b'')} bytes, expected {BLOB_SIZE}")
+
+
+SHAPES = {"root": ZopeRootUser, "plone": PloneSiteUser, "json": JsonApiUser, "blob": BlobUser}
+assert tuple(SHAPES) == SHAPE_NAMES
+
+
+@events.init_command_line_parser.add_listener
+def _add_options(parser):
+    parser.add_argument("--weights", default=DEFAULT_WEIGHTS,
+                        help="users per traffic shape, e.g. root=1,plone=1,json=1,blob=1")
+    parser.add_argument("--per-server-stats", default="",
+                        help="write per-server (X-Served-By) stats as JSON to this path")
+
+
+class PerServerStats:
+    """Locust's own RequestStats, one per server named in ``X-Served-By``."""
+
+    def __init__(self):
+        self.by_server = {}
+        self.total = RequestStats()
+        self.started = time.time()
+
+    def record(self, request_type, name, response_time, response_length, response, exception):
+        server = "-"
+        headers = getattr(response, "headers", None)
+        if headers is not None:
+            server = headers.get("X-Served-By") or "-"
+        for stats in (self.by_server.setdefault(server, RequestStats()), self.total):
+            stats.log_request(request_type, name, response_time, response_length or 0)
+            if exception is not None:
+                stats.log_error(request_type, name, exception)
+
+    @staticmethod
+    def _entries(stats):
+        out = {}
+        for (name, _method), entry in sorted(stats.entries.items()):
+            out[name] = {
+                "num_requests": entry.num_requests,
+                "num_failures": entry.num_failures,
+                "avg_ms": entry.avg_response_time,
+                "min_ms": entry.min_response_time or 0,
+                "max_ms": entry.max_response_time,
+                "p50_ms": entry.get_response_time_percentile(0.50),
+                "p95_ms": entry.get_response_time_percentile(0.95),
+                "p99_ms": entry.get_response_time_percentile(0.99),
+                "total_bytes": entry.total_content_length,
+            }
+        return out
+
+    def as_dict(self):
+        return {
+            "elapsed_s": time.time() - self.started,
+            "servers": {server: self._entries(stats) for server, stats in sorted(self.by_server.items())},
+            "total": self._entries(self.total),
+        }
+
+
+_per_server = PerServerStats()
+
+
+@events.init.add_listener
+def _configure(environment, **_kwargs):
+    options = environment.parsed_options
+    if options is None:
+        return
+    weights = parse_weights(options.weights)
+    for name, cls in SHAPES.items():
+        cls.weight = weights.get(name, 0)
+    # Locust refuses weight 0; a shape left out is simply not a user class of this run.
+    environment.user_classes[:] = [c for c in environment.user_classes if c.weight > 0]
+
+
+@events.test_start.add_listener
+def _reset(**_kwargs):
+    _per_server.__init__()
+
+
+@events.request.add_listener
+def _on_request(request_type, name, response_time, response_length, response=None,
+                exception=None, **_kwargs):
+    _per_server.record(request_type, name, response_time, response_length, response, exception)
+
+
+@events.quitting.add_listener
+def _write_per_server(environment, **_kwargs):
+    path = environment.parsed_options and environment.parsed_options.per_server_stats
+    if path:
+        with open(path, "w", encoding="utf-8") as fp:
+            json.dump(_per_server.as_dict(), fp, indent=2, sort_keys=True)

@@ -1,0 +1,41 @@
+"""plonedeploy.recipe: buildout recipes for ZEO clients served by pyruvate or waitress.
+
+Entry points (use them as ``recipe = plonedeploy.recipe:<name>``):
+
+- ``instance``: a ZEO client; wraps plone.recipe.zope2instance, adds the chosen WSGI
+  server's egg, renders the wsgi ini from ``templates/<server>.ini.in`` and sets the ZODB
+  ``pool-size`` to the thread count.
+- ``haproxy``: renders ``haproxy/haproxy.cfg.j2`` from the client parts and checks it
+  with ``haproxy -c``.
+- ``stack``: writes ``bin/stack`` (start/stop/status of zeoserver, clients and HAProxy).
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="plonedeploy.recipe",
+    version="0.1.0",
+    description="Buildout recipes for Plone ZEO clients on pyruvate/waitress behind HAProxy",
+    long_description=__doc__,
+    license="GPL-2.0-only",
+    packages=find_packages("src"),
+    package_dir={"": "src"},
+    include_package_data=True,
+    zip_safe=False,
+    python_requires=">=3.10",
+    install_requires=[
+        "setuptools",
+        "zc.buildout",
+        "zc.recipe.egg",
+        "plone.recipe.zope2instance",
+        "Jinja2",
+        "psutil",
+    ],
+    entry_points={
+        "zc.buildout": [
+            "default = plonedeploy.recipe.instance:Recipe",
+            "instance = plonedeploy.recipe.instance:Recipe",
+            "haproxy = plonedeploy.recipe.haproxy:Recipe",
+            "stack = plonedeploy.recipe.stack:Recipe",
+        ],
+    },
+)

@@ -1,0 +1,1 @@
+"""plonedeploy: deployment kit for Plone on pyruvate behind HAProxy."""

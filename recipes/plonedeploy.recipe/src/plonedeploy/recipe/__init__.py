@@ -1,0 +1,1 @@
+"""Buildout recipes of plonedeploy; see setup.py for the entry points."""

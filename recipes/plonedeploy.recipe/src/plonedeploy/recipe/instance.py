@@ -1,0 +1,144 @@
+"""``plonedeploy.recipe:instance`` -- a ZEO client served by pyruvate or waitress.
+
+A thin layer over ``plone.recipe.zope2instance``: every option not listed here passes
+through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eggs``,
+``zodb-cache-size``, ``event-log``, ...). Options read here:
+
+``wsgi-server``
+    ``pyruvate`` (default) or ``waitress``. Adds that server's egg to ``eggs`` and renders
+    the part's ``etc/wsgi.ini`` from ``<templates-directory>/<wsgi-server>.ini.in``.
+``http-address``
+    Required; exactly one ``host:port`` (pyruvate's ``socket``, waitress' ``listen``).
+``threads``
+    Positive integer, default 2: pyruvate ``workers`` / waitress ``threads``, and also the
+    ZODB ``pool-size`` written into ``<zodb_db main>`` of ``etc/zope.conf``, because each
+    concurrent request holds one ZODB connection with its own object cache of
+    ``zodb-cache-size`` objects (memory ~ threads x zodb-cache-size x object size).
+``templates-directory``
+    Where ``<server>.ini.in`` live; default ``${buildout:directory}/templates``.
+
+The server template is rendered in two stages: Jinja2 fills ``{{ ... }}`` (server, address,
+threads), then plone.recipe.zope2instance fills ``%(...)s`` (log files, pipeline, zope.conf
+path) as it does for its own ``wsgi-ini-template``; a literal ``%`` must be written ``%%``.
+
+Without a ``user`` option no ``inituser`` is written (the stock recipe would prompt for
+one); the admin account is created by ``scripts/create_site.py`` from a generated password
+in a 0600 file instead.
+
+Errors: ``zc.buildout.UserError`` naming part, option, value and allowed values.
+"""
+import logging
+import os
+
+import zc.buildout
+from plone.recipe.zope2instance import make
+from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
+
+from plonedeploy.recipe.options import (
+    DEFAULT_SERVER,
+    DEFAULT_THREADS,
+    SERVERS,
+    check_choice,
+    insert_pool_size,
+    parse_http_address,
+    parse_threads,
+    render_template,
+)
+
+logger = logging.getLogger("plonedeploy.recipe")
+
+
+class Recipe(Zope2InstanceRecipe):
+    """ZEO client part; see the module docstring for its options."""
+
+    def __init__(self, buildout, name, options):
+        self.server = check_choice(
+            name, "wsgi-server", options.get("wsgi-server", DEFAULT_SERVER), tuple(SERVERS)
+        )
+        options["wsgi-server"] = self.server
+        if "http-address" not in options:
+            raise zc.buildout.UserError(
+                f"[{name}] http-address is required: one host:port such as 127.0.0.1:8081"
+            )
+        self.host, self.port = parse_http_address(name, options["http-address"])
+        self.threads = parse_threads(name, options.get("threads", str(DEFAULT_THREADS)))
+        options["threads"] = str(self.threads)
+        options["pool-size"] = str(self.threads)
+
+        if "wsgi-ini-template" in options:
+            raise zc.buildout.UserError(
+                f"[{name}] wsgi-ini-template is set by plonedeploy.recipe from "
+                "templates-directory/<wsgi-server>.ini.in; remove it and edit that template"
+            )
+        templates = options.setdefault(
+            "templates-directory",
+            os.path.join(buildout["buildout"]["directory"], "templates"),
+        )
+        self.template = os.path.join(templates, f"{self.server}.ini.in")
+        if not os.path.isfile(self.template):
+            raise zc.buildout.UserError(
+                f"[{name}] templates-directory = {templates!r}: no {self.server}.ini.in there"
+            )
+
+        eggs = options.get("eggs", "").split()
+        if SERVERS[self.server] not in eggs:
+            eggs.append(SERVERS[self.server])
+        options["eggs"] = "\n".join(eggs)
+
+        location = os.path.join(buildout["buildout"]["parts-directory"], name)
+        # The stock recipe %-formats this file; we write it from the Jinja2 template
+        # in build_wsgi_ini, just before the stock code reads it.
+        options["wsgi-ini-template"] = os.path.join(location, "etc", "wsgi.ini.in")
+        super().__init__(buildout, name, options)
+
+    def install(self, update=False):
+        if self.options.get("user"):
+            return super().install(update)
+        # The stock recipe asks for an initial user on stdin when none is given, which
+        # hangs or fails unattended; the admin user is made by scripts/create_site.py.
+        ask = make.get_inituser
+        make.get_inituser = lambda: (None, None)
+        try:
+            return super().install(update)
+        finally:
+            make.get_inituser = ask
+
+    def update(self):
+        return self.install(update=True)
+
+    def build_wsgi_ini(self):
+        context = {
+            "part": self.name,
+            "server": self.server,
+            "host": self.host,
+            "port": self.port,
+            "http_address": f"{self.host}:{self.port}",
+            "threads": self.threads,
+        }
+        text = render_template(self.template, context)
+        os.makedirs(os.path.dirname(self.options["wsgi-ini-template"]), exist_ok=True)
+        with open(self.options["wsgi-ini-template"], "w", encoding="utf-8") as fp:
+            fp.write(text)
+        super().build_wsgi_ini()
+        logger.info(
+            "%s: %s on %s:%s, %s threads, ZODB pool-size %s",
+            self.name, self.server, self.host, self.port, self.threads, self.threads,
+        )
+
+    def build_zope_conf(self):
+        super().build_zope_conf()
+        if self.options.get("zope-conf"):
+            logger.warning(
+                "%s: zope-conf is the operator's own file; set 'pool-size %s' in its "
+                "<zodb_db main> yourself", self.name, self.threads,
+            )
+            return
+        path = os.path.join(self.options["location"], "etc", "zope.conf")
+        with open(path, encoding="utf-8") as fp:
+            text = fp.read()
+        try:
+            text = insert_pool_size(text, self.threads)
+        except ValueError as exc:
+            raise zc.buildout.UserError(f"[{self.name}] cannot set pool-size: {exc}")
+        with open(path, "w", encoding="utf-8") as fp:
+            fp.write(text)

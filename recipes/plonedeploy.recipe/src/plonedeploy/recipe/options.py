@@ -1,0 +1,119 @@
+"""Validation and rendering helpers shared by the plonedeploy recipes.
+
+Nothing here imports Zope or plone.recipe.zope2instance, so the rules can be unit-tested
+without a build. Every validation error is a ``zc.buildout.UserError`` whose message names
+the part, the option, the value given and what is allowed, so ``bin/buildout`` stops with
+one readable line instead of a traceback.
+"""
+import os
+import re
+
+import jinja2
+import zc.buildout
+
+#: WSGI servers the ``instance`` recipe can render, mapped to the egg that provides them.
+#: Each needs a ``templates/<name>.ini.in``.
+SERVERS = {
+    "pyruvate": "pyruvate",
+    "waitress": "waitress",
+}
+DEFAULT_SERVER = "pyruvate"
+
+#: Default worker threads per ZEO client. Two threads keep one Zope process (which uses at
+#: most about one core because of the GIL) busy while one request waits on ZEO or I/O,
+#: and keep two ZODB connection caches in memory, not ZODB's default pool of seven.
+DEFAULT_THREADS = 2
+
+#: HAProxy ``balance`` algorithms that make sense for a pool of ZEO clients.
+BALANCE_ALGORITHMS = ("leastconn", "roundrobin", "static-rr", "first", "random", "source")
+
+_HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)$")
+
+
+def fail(part, option, value, allowed):
+    """Raise ``zc.buildout.UserError`` naming part, option, value and what is allowed.
+
+    ``allowed`` is a human-readable description, e.g. ``"one of: pyruvate, waitress"``.
+    """
+    raise zc.buildout.UserError(
+        f"[{part}] {option} = {value!r} is invalid: expected {allowed}"
+    )
+
+
+def parse_http_address(part, value, option="http-address"):
+    """Parse ``host:port`` into ``(host, port)``; ``port`` is an int in 1..65535.
+
+    pyruvate takes any ``socket`` value that is not ``host:port`` as a Unix socket path
+    (``8080`` creates a file named ``8080``), so a bare port or a list of addresses, which
+    plone.recipe.zope2instance would accept, is refused here.
+
+    Raises ``zc.buildout.UserError`` for anything else.
+    """
+    allowed = "one host:port such as 127.0.0.1:8081 (a bare port is taken by pyruvate as a Unix socket path)"
+    text = (value or "").strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not _HOST_RE.match(host) or not port.isdigit():
+        fail(part, option, value, allowed)
+    number = int(port)
+    if not 1 <= number <= 65535:
+        fail(part, option, value, "a port between 1 and 65535 in host:port")
+    return host, number
+
+
+def parse_threads(part, value, option="threads"):
+    """Parse a positive integer thread count (``"2"`` -> ``2``).
+
+    Raises ``zc.buildout.UserError`` for zero, negative or non-integer values.
+    """
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        fail(part, option, value, "a positive integer such as 2")
+    return int(text)
+
+
+def check_choice(part, option, value, choices):
+    """Return ``value`` if it is one of ``choices``, else raise ``zc.buildout.UserError``."""
+    if value not in choices:
+        fail(part, option, value, "one of: " + ", ".join(choices))
+    return value
+
+
+def render_template(path, context):
+    """Render the Jinja2 template at ``path`` with ``context`` (a dict) and return the text.
+
+    ``{% include %}`` resolves against the template's own directory. Undefined variables
+    are errors (``jinja2.StrictUndefined``), so a typo in a template fails the build
+    instead of writing an empty value into a config file.
+    """
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(path))),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    return env.get_template(os.path.basename(path)).render(**context)
+
+
+_ZODB_MAIN_RE = re.compile(r"^<zodb_db main>[ \t]*$", re.MULTILINE)
+
+
+def insert_pool_size(zope_conf, pool_size):
+    """Return ``zope_conf`` with ``pool-size <pool_size>`` as first line of ``<zodb_db main>``.
+
+    ZODB opens one connection (with its own object cache) per concurrent request and warns
+    when more than ``pool-size`` are open; the pool must match the server's threads.
+    plone.recipe.zope2instance has no option for it, hence this edit of its output.
+
+    Raises ``ValueError`` if there is not exactly one ``<zodb_db main>`` section or it
+    already sets a pool-size.
+    """
+    matches = list(_ZODB_MAIN_RE.finditer(zope_conf))
+    if len(matches) != 1:
+        raise ValueError(
+            f"expected one '<zodb_db main>' section in zope.conf, found {len(matches)}"
+        )
+    end = matches[0].end()
+    section = zope_conf[end:zope_conf.index("</zodb_db>", end)]
+    if re.search(r"^\s*pool-size\b", section, re.MULTILINE):
+        raise ValueError("zope.conf already sets pool-size in <zodb_db main>")
+    return f"{zope_conf[:end]}\n    pool-size {pool_size}{zope_conf[end:]}"

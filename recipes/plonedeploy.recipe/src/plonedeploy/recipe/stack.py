@@ -1,0 +1,339 @@
+"""``plonedeploy.recipe:stack`` and ``bin/stack``: start, stop and inspect the whole stack.
+
+Buildout part options (all part names of this buildout, the one source of truth):
+
+``zeoserver``
+    The plone.recipe.zeoserver part (its ``zeo-address`` and ``parts/<name>/bin/runzeo``).
+``clients``
+    Whitespace-separated plonedeploy.recipe:instance parts, started as ``bin/<part> console``
+    (foreground, no debug mode, one process: the ctl script exec()s the WSGI server).
+``haproxy``
+    The plonedeploy.recipe:haproxy part (its ``config``, ``bind`` and ``stats-bind``).
+
+The part writes ``parts/<name>/stack.json`` and a ``bin/<name>`` script. Usage::
+
+    bin/stack start [--no-wait-up] [--timeout SECONDS]
+    bin/stack wait-up [--timeout SECONDS]
+    bin/stack stop [--timeout SECONDS]
+    bin/stack status
+
+Every process runs in the foreground in its own session (process group = its PID), with
+stdout/stderr appended to ``var/log/<name>.stdout.log`` and its PID in
+``var/run/<name>.pid`` (``PID create-time``, so a recycled PID is never signalled).
+``stop`` sends SIGTERM to each process group (HAProxy, clients, then ZEO), waits up to
+``--timeout`` seconds (default 30) and then sends SIGKILL. Exit status: 0 on success,
+1 with a message on stderr otherwise.
+"""
+import argparse
+import csv
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import zc.buildout
+
+from plonedeploy.recipe.options import parse_http_address
+
+
+class Recipe:
+    """Writes ``stack.json`` from the zeoserver, client and haproxy parts, and ``bin/stack``."""
+
+    def __init__(self, buildout, name, options):
+        self.buildout, self.name, self.options = buildout, name, options
+        directory = buildout["buildout"]["directory"]
+        bin_dir = buildout["buildout"]["bin-directory"]
+        for key in ("zeoserver", "clients", "haproxy"):
+            if not options.get(key, "").split():
+                raise zc.buildout.UserError(f"[{name}] {key} is required (part names)")
+        zeo_part = options["zeoserver"]
+        zeo = buildout[zeo_part]
+        zeo_host, zeo_port = parse_http_address(zeo_part, zeo["zeo-address"], "zeo-address")
+        processes = [{
+            "name": zeo_part,
+            "argv": [os.path.join(buildout["buildout"]["parts-directory"], zeo_part, "bin", "runzeo")],
+            "ready": {"tcp": [zeo_host, zeo_port]},
+        }]
+        clients = options["clients"].split()
+        for part in clients:
+            host, port = parse_http_address(part, buildout[part]["http-address"])
+            processes.append({
+                "name": part,
+                "argv": [os.path.join(bin_dir, part), "console"],
+                "ready": {"http": f"http://{host}:{port}/"},
+            })
+        hap = buildout[options["haproxy"]]
+        stats_host, stats_port = parse_http_address(options["haproxy"], hap["stats-bind"], "stats-bind")
+        stats_url = f"http://{stats_host}:{stats_port}/stats;csv"
+        processes.append({
+            "name": options["haproxy"],
+            "argv": [hap["binary"], "-db", "-f", hap["config"]],
+            "ready": {"http": stats_url},
+        })
+        self.config = {
+            "run_dir": os.path.join(directory, "var", "run"),
+            "log_dir": os.path.join(directory, "var", "log"),
+            "processes": processes,
+            "stats_url": stats_url,
+            "backend": "zeoclients",
+            "servers": clients,
+            # For loadtests.abtest: where to send traffic and what each server runs.
+            "frontend_url": "http://%s:%s" % parse_http_address(options["haproxy"], hap["bind"], "bind"),
+            "balance": hap["balance"],
+            "server_kinds": {part: buildout[part].get("wsgi-server", "-") for part in clients},
+        }
+        options["stack-config"] = json.dumps(self.config, sort_keys=True)
+        options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
+        options.setdefault("eggs", "plonedeploy.recipe")
+
+    def install(self):
+        import zc.recipe.egg  # only needed at install time, when buildout provides it
+
+        location = self.options["location"]
+        os.makedirs(location, exist_ok=True)
+        path = os.path.join(location, "stack.json")
+        with open(path, "w", encoding="utf-8") as fp:
+            json.dump(self.config, fp, indent=2, sort_keys=True)
+        egg = zc.recipe.egg.Egg(self.buildout, self.options["recipe"], self.options)
+        _, working_set = egg.working_set()
+        scripts = zc.buildout.easy_install.scripts(
+            [(self.name, "plonedeploy.recipe.stack", "main")],
+            working_set,
+            sys.executable,
+            self.buildout["buildout"]["bin-directory"],
+            arguments=repr(path),
+        )
+        return [location] + list(scripts)
+
+    update = install
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+class StackError(Exception):
+    """A stack operation failed; the message says which process and why."""
+
+
+def _pidfile(config, name):
+    return os.path.join(config["run_dir"], f"{name}.pid")
+
+
+def read_pid(config, name):
+    """Return the PID of process ``name`` if it is alive and is the one we started, else None."""
+    import psutil
+
+    try:
+        with open(_pidfile(config, name), encoding="ascii") as fp:
+            pid_text, created_text = fp.read().split()
+        proc = psutil.Process(int(pid_text))
+        if abs(proc.create_time() - float(created_text)) > 1.0:
+            return None  # the PID was recycled by another process
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.pid
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
+def _probe(ready, timeout=2.0):
+    """Return True if the readiness probe answers: a TCP connect, or any HTTP response."""
+    if "tcp" in ready:
+        host, port = ready["tcp"]
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return True
+        except OSError:
+            return False
+    try:
+        with urllib.request.urlopen(ready["http"], timeout=timeout):
+            return True
+    except urllib.error.HTTPError:
+        return True  # any HTTP answer means the server is serving
+    except (OSError, ValueError):
+        return False
+
+
+def _port_of(ready):
+    if "tcp" in ready:
+        return tuple(ready["tcp"])
+    host_port = ready["http"].split("/")[2]
+    host, port = host_port.rsplit(":", 1)
+    return host, int(port)
+
+
+def start_process(config, proc, timeout):
+    """Start one process detached, write its pidfile, wait until its probe answers.
+
+    Raises StackError if its port is taken by another program, if it exits, or if it is not
+    ready within ``timeout`` seconds (the last lines of its log are in the message).
+    """
+    import psutil
+
+    name = proc["name"]
+    if read_pid(config, name):
+        print(f"{name}: already running (pid {read_pid(config, name)})")
+        return
+    if _probe(proc["ready"], timeout=1.0):
+        host, port = _port_of(proc["ready"])
+        raise StackError(f"{name}: {host}:{port} is already in use by another program")
+    os.makedirs(config["run_dir"], exist_ok=True)
+    os.makedirs(config["log_dir"], exist_ok=True)
+    log_path = os.path.join(config["log_dir"], f"{name}.stdout.log")
+    with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+        child = subprocess.Popen(
+            proc["argv"], stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group, so stop can signal all its children
+        )
+    created = psutil.Process(child.pid).create_time()
+    with open(_pidfile(config, name), "w", encoding="ascii") as fp:
+        fp.write(f"{child.pid} {created}\n")
+    print(f"{name}: started pid {child.pid}, log {log_path}", flush=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise StackError(f"{name}: exited with status {child.returncode}\n{_tail(log_path)}")
+        if _probe(proc["ready"]):
+            print(f"{name}: ready after {timeout - (deadline - time.monotonic()):.1f} s", flush=True)
+            return
+        time.sleep(0.5)
+    raise StackError(f"{name}: not ready after {timeout} s\n{_tail(log_path)}")
+
+
+def _tail(path, lines=15):
+    try:
+        with open(path, "rb") as fp:
+            return b"".join(fp.readlines()[-lines:]).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def stop_process(config, name, timeout):
+    """SIGTERM the process group of ``name``, SIGKILL it after ``timeout`` seconds."""
+    import psutil
+
+    pid = read_pid(config, name)
+    pidfile = _pidfile(config, name)
+    if pid is None:
+        if os.path.exists(pidfile):
+            os.unlink(pidfile)
+        print(f"{name}: not running")
+        return
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        psutil.Process(pid).wait(timeout)
+        how = "stopped"
+    except psutil.TimeoutExpired:
+        os.killpg(pid, signal.SIGKILL)
+        psutil.Process(pid).wait(10)
+        how = f"killed (did not stop within {timeout} s)"
+    except psutil.NoSuchProcess:
+        how = "stopped"
+    # Children that ignored SIGTERM would be orphans: the group must be empty now.
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.unlink(pidfile)
+    print(f"{name}: {how} (pid {pid})", flush=True)
+
+
+def server_states(config, timeout=2.0):
+    """Return ``{server name: status}`` from HAProxy's stats CSV for the stack's backend.
+
+    Status is HAProxy's ``status`` column (``UP``, ``DOWN``, ``MAINT``, ``UP 1/2`` ...).
+    Raises OSError if the stats page does not answer.
+    """
+    with urllib.request.urlopen(config["stats_url"], timeout=timeout) as response:
+        text = response.read().decode("utf-8")
+    rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+    return {
+        row["svname"]: row["status"]
+        for row in rows
+        if row["pxname"] == config["backend"] and row["svname"] in config["servers"]
+    }
+
+
+def wait_up(config, timeout):
+    """Wait until HAProxy reports every server UP; raise StackError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    states = {}
+    while time.monotonic() < deadline:
+        try:
+            states = server_states(config)
+        except OSError:
+            states = {}
+        if states and all(states.get(s) == "UP" for s in config["servers"]):
+            print("haproxy: all servers UP: " + ", ".join(config["servers"]), flush=True)
+            return
+        time.sleep(1)
+    raise StackError(
+        f"haproxy: servers not UP after {timeout} s: {states or 'stats not answering'}; "
+        "the health check needs the site: run 'make site' (bin/instance run scripts/create_site.py)"
+    )
+
+
+def main(config_path, argv=None):
+    """Entry point of ``bin/stack``; see the module docstring."""
+    parser = argparse.ArgumentParser(
+        prog="bin/stack",
+        description="Start, stop and inspect zeoserver, the ZEO clients and HAProxy "
+        "(PIDs in var/run, logs in var/log).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("start", help="start everything, wait until HAProxy has all servers UP")
+    start.add_argument("--no-wait-up", action="store_true",
+                       help="do not wait for the HAProxy health checks (before the site exists)")
+    start.add_argument("--timeout", type=float, default=180.0,
+                       help="seconds to wait for each process and for UP (default 180)")
+    up = sub.add_parser("wait-up", help="wait until HAProxy reports every server UP")
+    up.add_argument("--timeout", type=float, default=120.0, help="seconds (default 120)")
+    stop = sub.add_parser("stop", help="stop everything by PID (HAProxy, clients, ZEO)")
+    stop.add_argument("--timeout", type=float, default=30.0,
+                      help="seconds to wait after SIGTERM before SIGKILL (default 30)")
+    sub.add_parser("status", help="print each process' PID and HAProxy's server states")
+    args = parser.parse_args(argv)
+    with open(config_path, encoding="utf-8") as fp:
+        config = json.load(fp)
+    try:
+        if args.command == "start":
+            try:
+                for proc in config["processes"]:
+                    start_process(config, proc, args.timeout)
+                if not args.no_wait_up:
+                    wait_up(config, args.timeout)
+            except StackError:
+                # A half-started stack would hold ports and leave orphans: take it down.
+                for proc in reversed(config["processes"]):
+                    stop_process(config, proc["name"], 30.0)
+                raise
+        elif args.command == "wait-up":
+            wait_up(config, args.timeout)
+        elif args.command == "stop":
+            for proc in reversed(config["processes"]):
+                stop_process(config, proc["name"], args.timeout)
+        else:
+            running = True
+            for proc in config["processes"]:
+                pid = read_pid(config, proc["name"])
+                running = running and pid is not None
+                print(f"{proc['name']}: {'pid %d' % pid if pid else 'not running'}")
+            try:
+                for server, state in server_states(config).items():
+                    print(f"haproxy server {server}: {state}")
+            except OSError:
+                print("haproxy stats: not answering")
+            return 0 if running else 3
+    except StackError as exc:
+        print(f"bin/stack {args.command}: {exc}", file=sys.stderr)
+        return 1
+    return 0

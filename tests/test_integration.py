@@ -1,0 +1,157 @@
+"""End to end on the real stack: ZEO, a pyruvate and a waitress ZEO client, HAProxy, Locust.
+
+Uses this checkout's build (``make build``) and the demo ports of buildout.cfg (8100,
+8081, 8082, 8080, 8404): the fixture refuses to run when one of them is taken, starts the
+stack with ``bin/stack``, creates the site, and stops everything by PID at the end.
+"""
+import hashlib
+import json
+import os
+import socket
+import sys
+
+import psutil
+import pytest
+import requests
+
+from conftest import ROOT, run
+
+pytestmark = pytest.mark.integration
+
+BLOB_SIZE = 5 * 1024 * 1024
+PORTS = {"zeoserver": 8100, "instance": 8081, "client2": 8082, "haproxy": 8080, "stats": 8404}
+BASES = {
+    "instance (pyruvate)": "http://127.0.0.1:8081",
+    "client2 (waitress)": "http://127.0.0.1:8082",
+    "haproxy": "http://127.0.0.1:8080",
+}
+STACK = os.path.join(ROOT, "bin", "stack")
+
+
+def _port_taken(port):
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _pids():
+    config = json.load(open(os.path.join(ROOT, "parts", "stack", "stack.json")))
+    pids = {}
+    for proc in config["processes"]:
+        path = os.path.join(config["run_dir"], f"{proc['name']}.pid")
+        if os.path.exists(path):
+            pids[proc["name"]] = int(open(path).read().split()[0])
+    return pids
+
+
+@pytest.fixture(scope="module")
+def stack():
+    if not os.path.exists(STACK):
+        pytest.fail("bin/stack missing: run 'make build' first")
+    taken = {name: port for name, port in PORTS.items() if _port_taken(port)}
+    if taken:
+        pytest.fail(f"ports in use: {taken}; stop the running stack ('make stop') first")
+    try:
+        run([STACK, "start", "--no-wait-up"], timeout=300)
+        first = run([os.path.join(ROOT, "bin", "instance"), "run", "scripts/create_site.py"], timeout=600)
+        assert "site ready" in first.stdout
+        run([STACK, "wait-up", "--timeout", "120"], timeout=180)
+        yield _pids()
+    finally:
+        run([STACK, "stop"], timeout=120, check=False)
+
+
+def test_stack_runs_four_processes(stack):
+    assert sorted(stack) == ["client2", "haproxy", "instance", "zeoserver"]
+    for name, pid in stack.items():
+        assert psutil.pid_exists(pid), name
+    status = run([STACK, "status"], timeout=30).stdout
+    assert "haproxy server instance: UP" in status
+    assert "haproxy server client2: UP" in status
+
+
+def test_clients_run_the_configured_servers(stack):
+    # pyruvate answers with Connection: close on every response (max_reuse_count = 0)
+    direct = requests.get(BASES["instance (pyruvate)"] + "/Plone/@@ok", timeout=10)
+    assert direct.headers.get("Connection", "").lower() == "close"
+    waitress = requests.get(BASES["client2 (waitress)"] + "/Plone/@@ok", timeout=10)
+    assert waitress.headers.get("Server") == "waitress"
+    assert direct.headers.get("Server") != "waitress"
+
+
+@pytest.mark.parametrize("base", list(BASES))
+def test_four_paths(stack, base):
+    url = BASES[base]
+    root = requests.get(url + "/", timeout=30)
+    assert root.status_code == 200
+    assert "plone-overview" in root.text  # the Zope root lists its Plone sites
+    page = requests.get(url + "/Plone", timeout=30)
+    assert page.status_code == 200
+    assert "<html" in page.text[:2000].lower()
+    data = requests.get(url + "/Plone", headers={"Accept": "application/json"}, timeout=30)
+    assert data.status_code == 200
+    assert data.json()["@id"] == url + "/Plone"
+    blob = requests.get(url + "/Plone/blob-5mb/@@download/file", timeout=60)
+    assert blob.status_code == 200
+    assert len(blob.content) == BLOB_SIZE
+    assert int(blob.headers["Content-Length"]) == BLOB_SIZE
+
+
+def test_blob_identical_everywhere(stack):
+    digests = {
+        base: hashlib.sha256(requests.get(url + "/Plone/blob-5mb/@@download/file", timeout=60).content).hexdigest()
+        for base, url in BASES.items()
+    }
+    assert len(set(digests.values())) == 1, digests
+
+
+def test_pages_are_themed_alike_direct_and_balanced(stack):
+    sizes = {base: len(requests.get(url + "/Plone", timeout=30).content) for base, url in BASES.items()}
+    # The same themed page everywhere (only host names in URLs differ in length: all are
+    # 127.0.0.1:808x), so the servers are compared on the same work.
+    assert len(set(sizes.values())) == 1, sizes
+
+
+def test_haproxy_names_the_server(stack):
+    seen = {requests.get(BASES["haproxy"] + "/Plone/@@ok", timeout=10).headers.get("X-Served-By")
+            for _ in range(20)}
+    assert seen <= {"instance", "client2"} and seen, seen
+
+
+def test_site_script_is_idempotent(stack):
+    again = run([os.path.join(ROOT, "bin", "instance"), "run", "scripts/create_site.py"], timeout=300)
+    assert "site ready: unchanged" in again.stdout
+    assert "created" not in again.stdout
+    assert oct(os.stat(os.path.join(ROOT, "var", "admin-password")).st_mode & 0o777) == "0o600"
+
+
+def test_ab_report(stack, tmp_path):
+    result = run([sys.executable, "-m", "loadtests.abtest", "--duration", "15", "--users", "6",
+                  "--spawn-rate", "6", "--out", str(tmp_path)], timeout=180)
+    (folder,) = list(tmp_path.iterdir())
+    for name in ("report.md", "report.json", "ab.png", "locust_stats.csv"):
+        assert (folder / name).stat().st_size > 0, name
+    report = json.loads((folder / "report.json").read_text())
+    assert set(report["servers"]) == {"instance", "client2"}
+    for name, kind in (("instance", "pyruvate"), ("client2", "waitress")):
+        server = report["servers"][name]
+        assert server["wsgi_server"] == kind
+        assert server["requests"] > 0, name
+        assert server["failures"] == 0, name
+        assert server["haproxy"]["stot"] > 0, name
+        assert server["haproxy"]["hrsp_5xx"] == 0, name
+        assert set(server["paths"]) == {"/", "/Plone", "@json", "blob 5MB"}, name
+    assert report["totals"]["failures"] == 0
+    # Locust's count and HAProxy's (independent sources) agree: every request went
+    # through HAProxy to one of the two servers and was counted once.
+    assert report["totals"]["requests"] == report["totals"]["haproxy_sessions"]
+    assert report["totals"]["requests"] == sum(s["requests"] for s in report["servers"].values())
+    assert "report:" in result.stdout
+
+
+def test_stop_leaves_no_process(stack):
+    run([STACK, "stop"], timeout=120)
+    for name, pid in stack.items():
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, name
+    assert not _pids()
+    for name, port in PORTS.items():
+        assert not _port_taken(port), name

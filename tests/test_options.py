@@ -1,0 +1,128 @@
+"""Unit tests of the recipe's validation and rendering rules (no build needed)."""
+import configparser
+import os
+
+import pytest
+import zc.buildout
+
+from conftest import ROOT
+from plonedeploy.recipe import options
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("127.0.0.1:8081", ("127.0.0.1", 8081)),
+    ("localhost:1", ("localhost", 1)),
+    ("10.0.0.5:65535", ("10.0.0.5", 65535)),
+    ("[::1]:8080", ("[::1]", 8080)),
+])
+def test_http_address_accepts_host_port(value, expected):
+    assert options.parse_http_address("instance", value) == expected
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("8081", "one host:port"),
+    ("", "one host:port"),
+    ("127.0.0.1:", "one host:port"),
+    (":8081", "one host:port"),
+    ("127.0.0.1:8081 127.0.0.1:8082", "one host:port"),
+    ("127.0.0.1:http", "one host:port"),
+    ("127.0.0.1:0", "between 1 and 65535"),
+    ("127.0.0.1:70000", "between 1 and 65535"),
+])
+def test_http_address_refuses_others(value, fragment):
+    with pytest.raises(zc.buildout.UserError) as err:
+        options.parse_http_address("instance", value)
+    message = str(err.value)
+    assert message.startswith(f"[instance] http-address = {value!r} is invalid")
+    assert fragment in message
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", ""])
+def test_threads_must_be_positive_integer(value):
+    with pytest.raises(zc.buildout.UserError, match=r"\[client2\] threads = .* positive integer"):
+        options.parse_threads("client2", value)
+
+
+def test_threads_parses():
+    assert options.parse_threads("client2", " 4 ") == 4
+
+
+def test_server_choice_names_allowed_values():
+    with pytest.raises(zc.buildout.UserError) as err:
+        options.check_choice("instance", "wsgi-server", "gunicorn", tuple(options.SERVERS))
+    assert str(err.value) == (
+        "[instance] wsgi-server = 'gunicorn' is invalid: expected one of: pyruvate, waitress"
+    )
+
+
+ZOPE_CONF = """\
+%define INSTANCEHOME /x
+<zodb_db main>
+    # Main database
+    cache-size 30000
+    <zeoclient>
+      server 127.0.0.1:8100
+    </zeoclient>
+    mount-point /
+</zodb_db>
+
+<zodb_db temporary>
+    mount-point /temp_folder
+</zodb_db>
+"""
+
+
+def test_insert_pool_size_goes_into_main_db_only():
+    text = options.insert_pool_size(ZOPE_CONF, 3)
+    main = text[text.index("<zodb_db main>"):text.index("</zodb_db>")]
+    assert "    pool-size 3\n" in main
+    assert text.count("pool-size") == 1
+
+
+def test_insert_pool_size_refuses_double_setting():
+    once = options.insert_pool_size(ZOPE_CONF, 2)
+    with pytest.raises(ValueError, match="already sets pool-size"):
+        options.insert_pool_size(once, 2)
+
+
+def test_insert_pool_size_needs_main_db():
+    with pytest.raises(ValueError, match="found 0"):
+        options.insert_pool_size("<zodb_db other>\n</zodb_db>\n", 2)
+
+
+def _render_stage_one(server):
+    context = {"part": "p", "server": server, "host": "127.0.0.1", "port": 8081,
+               "http_address": "127.0.0.1:8081", "threads": 3}
+    return options.render_template(os.path.join(ROOT, "templates", f"{server}.ini.in"), context)
+
+
+def test_pyruvate_template_sets_only_keys_pyruvate_reads():
+    text = _render_stage_one("pyruvate")
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string(text)
+    server = dict(parser["server:main"])
+    assert server == {
+        "use": "egg:pyruvate#main",
+        "socket": "127.0.0.1:8081",
+        "workers": "3",
+        "max_reuse_count": "0",
+        "max_number_headers": "32",
+    }
+    # stage two (plone.recipe.zope2instance) fills these
+    assert "%(eventlog_args)s" in text and "%(pipeline)s" in text
+
+
+def test_waitress_template():
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string(_render_stage_one("waitress"))
+    assert parser["server:main"]["use"] == "egg:waitress#main"
+    assert parser["server:main"]["listen"] == "127.0.0.1:8081"
+    assert parser["server:main"]["threads"] == "3"
+    assert parser["logger_waitress"]["qualname"] == "waitress"
+
+
+def test_template_with_unknown_variable_fails(tmp_path):
+    path = tmp_path / "x.ini.in"
+    path.write_text("socket = {{ nonsense }}\n")
+    with pytest.raises(Exception, match="nonsense"):
+        options.render_template(str(path), {})

@@ -1,0 +1,198 @@
+"""The recipes run by a real bin/buildout in a temporary directory.
+
+With this checkout's pinned eggs (``make build`` fetched them) and ``newest = false``, so
+nothing is downloaded and each buildout takes seconds. (``offline = true`` would be the
+natural setting, but zc.buildout 6.0.1 then fails to find eggs in the v5 eggs directory.) Each bad option must stop bin/buildout with a one-line UserError that names
+the part, the option, the value and what is allowed, before anything is installed.
+"""
+import configparser
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.buildout
+
+BUILDOUT = os.path.join(ROOT, ".venv", "bin", "buildout")
+
+BASE = """\
+[buildout]
+extends = {root}/versions.cfg
+develop = {root}/recipes/plonedeploy.recipe
+eggs-directory = {root}/eggs
+newest = false
+allow-picked-versions = false
+parts = zeoserver instance client2 haproxy stack
+
+[zeoserver]
+recipe = plone.recipe.zeoserver
+zeo-address = 127.0.0.1:18100
+
+[instance]
+recipe = plonedeploy.recipe:instance
+templates-directory = {root}/templates
+http-address = 127.0.0.1:18081
+zeo-client = on
+zeo-address = 127.0.0.1:18100
+eggs =
+
+[client2]
+<= instance
+wsgi-server = waitress
+http-address = 127.0.0.1:18082
+threads = 3
+
+[haproxy]
+recipe = plonedeploy.recipe:haproxy
+template = {root}/haproxy/haproxy.cfg.j2
+backends = instance client2
+bind = 127.0.0.1:18080
+stats-bind = 127.0.0.1:18404
+
+[stack]
+recipe = plonedeploy.recipe:stack
+zeoserver = zeoserver
+clients = instance client2
+haproxy = haproxy
+"""
+
+
+def buildout(directory, extra=""):
+    """Write base.cfg (BASE) and buildout.cfg (extends it, plus ``extra``); run bin/buildout."""
+    (directory / "base.cfg").write_text(BASE.format(root=ROOT))
+    cfg = directory / "buildout.cfg"
+    cfg.write_text("[buildout]\nextends = base.cfg\n" + extra)
+    return subprocess.run([BUILDOUT, "-c", str(cfg)], cwd=directory, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("buildout")
+    result = buildout(directory)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return directory, result.stdout + result.stderr
+
+
+def _ini(path):
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(path)
+    return parser
+
+
+def test_pyruvate_client_ini(built):
+    directory, _ = built
+    ini = _ini(directory / "parts" / "instance" / "etc" / "wsgi.ini")
+    assert ini["server:main"]["use"] == "egg:pyruvate#main"
+    assert ini["server:main"]["socket"] == "127.0.0.1:18081"
+    assert ini["server:main"]["workers"] == "2"  # the recipe's default threads
+    assert ini["server:main"]["max_reuse_count"] == "0"
+    assert "threads" not in ini["server:main"]  # pyruvate would ignore it silently
+    # logging like the stock recipe: event and access log of the part under var/log
+    assert ini["handler_eventlog"]["args"] == f"(r'{directory}/var/log/instance.log', 'a')"
+    assert ini["handler_accesslog"]["args"] == f"(r'{directory}/var/log/instance-access.log', 'a')"
+    assert ini["app:zope"]["zope_conf"] == f"{directory}/parts/instance/etc/zope.conf"
+
+
+def test_waitress_client_ini(built):
+    directory, _ = built
+    ini = _ini(directory / "parts" / "client2" / "etc" / "wsgi.ini")
+    assert ini["server:main"]["use"] == "egg:waitress#main"
+    assert ini["server:main"]["listen"] == "127.0.0.1:18082"
+    assert ini["server:main"]["threads"] == "3"
+    assert ini["handler_eventlog"]["args"] == f"(r'{directory}/var/log/client2.log', 'a')"
+
+
+@pytest.mark.parametrize("part, threads", [("instance", 2), ("client2", 3)])
+def test_pool_size_equals_threads(built, part, threads):
+    directory, _ = built
+    text = (directory / "parts" / part / "etc" / "zope.conf").read_text()
+    main = text[text.index("<zodb_db main>"):]
+    main = main[:main.index("</zodb_db>")]
+    assert re.findall(r"^\s*pool-size (\d+)$", main, re.MULTILINE) == [str(threads)]
+
+
+def test_server_egg_added_to_client_scripts(built):
+    directory, _ = built
+    assert re.search(r"pyruvate-[\d.]+-py", (directory / "bin" / "instance").read_text())
+    assert re.search(r"waitress-[\d.]+-py", (directory / "bin" / "client2").read_text())
+
+
+def test_no_inituser_prompt_and_no_default_admin(built):
+    directory, output = built
+    assert "Username:" not in output
+    assert not (directory / "parts" / "instance" / "inituser").exists()
+
+
+def test_haproxy_config_from_client_parts(built):
+    directory, output = built
+    text = (directory / "parts" / "haproxy" / "haproxy.cfg").read_text()
+    assert "server instance 127.0.0.1:18081 maxconn 2 check" in text
+    assert "server client2 127.0.0.1:18082 maxconn 3 check" in text
+    assert "balance leastconn" in text
+    assert "option httpchk GET /Plone/@@ok" in text
+    assert "bind 127.0.0.1:18080" in text
+    assert "http-response set-header X-Served-By %[srv_name]" in text
+    # it was checked by haproxy -c before being written
+    check = subprocess.run(["haproxy", "-c", "-f", str(directory / "parts" / "haproxy" / "haproxy.cfg")],
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_stack_script_and_config(built):
+    directory, _ = built
+    import json
+
+    config = json.loads((directory / "parts" / "stack" / "stack.json").read_text())
+    assert [p["name"] for p in config["processes"]] == ["zeoserver", "instance", "client2", "haproxy"]
+    assert config["server_kinds"] == {"instance": "pyruvate", "client2": "waitress"}
+    assert config["stats_url"] == "http://127.0.0.1:18404/stats;csv"
+    help_text = subprocess.run([str(directory / "bin" / "stack"), "--help"], capture_output=True,
+                               text=True, check=True).stdout
+    assert "start" in help_text and "stop" in help_text
+
+
+def test_second_buildout_keeps_parts(built):
+    directory, _ = built
+    result = subprocess.run([BUILDOUT, "-c", str(directory / "buildout.cfg")], cwd=directory,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Updating instance." in result.stderr + result.stdout
+    assert "Installing instance." not in result.stderr + result.stdout
+
+
+BAD = [
+    ("[instance]\nwsgi-server = gunicorn\n",
+     "[instance] wsgi-server = 'gunicorn' is invalid: expected one of: pyruvate, waitress"),
+    ("[instance]\nhttp-address = 8081\n",
+     "[instance] http-address = '8081' is invalid: expected one host:port such as 127.0.0.1:8081"),
+    ("[instance]\nhttp-address = 127.0.0.1:99999\n",
+     "[instance] http-address = '127.0.0.1:99999' is invalid: expected a port between 1 and 65535"),
+    ("[client2]\nthreads = 0\n",
+     "[client2] threads = '0' is invalid: expected a positive integer"),
+    ("[client2]\nthreads = many\n",
+     "[client2] threads = 'many' is invalid: expected a positive integer"),
+    ("[instance]\nwsgi-ini-template = /tmp/x.ini\n",
+     "[instance] wsgi-ini-template is set by plonedeploy.recipe"),
+    ("[instance]\ntemplates-directory = /nonexistent\n",
+     "[instance] templates-directory = '/nonexistent': no pyruvate.ini.in there"),
+    ("[haproxy]\nbalance = fastest\n",
+     "[haproxy] balance = 'fastest' is invalid: expected one of: leastconn, roundrobin"),
+    ("[haproxy]\nbackends = instance instance\n",
+     "[haproxy] backends = 'instance instance' names a part twice"),
+    ("[haproxy]\nbind = 18080\n",
+     "[haproxy] bind = '18080' is invalid: expected one host:port"),
+]
+
+
+@pytest.mark.parametrize("extra, message", BAD, ids=[m.split(" is")[0] for _, m in BAD])
+def test_bad_option_fails_buildout_with_named_error(tmp_path, extra, message):
+    result = buildout(tmp_path, extra)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"Error: {message}" in output, output
+    assert "Traceback" not in output
+    assert not (tmp_path / "parts" / "instance").exists()  # nothing was installed
