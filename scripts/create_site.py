@@ -133,25 +133,32 @@ def ensure_anonymous_restapi(site):
     return True
 
 
+def _commit_if(changed, note):
+    """Commit the step's changes (each step in its own transaction), or abort."""
+    if changed:
+        transaction.get().note(f"plonedeploy create_site: {note}")
+        transaction.commit()
+    else:
+        transaction.abort()
+    return changed
+
+
 def main(app):
     app = makerequest(app)
-    changed = ensure_admin(app, admin_password())
+    # One transaction per step: site creation starts transactions of its own, which
+    # would silently drop changes made before it in the same transaction.
+    changed = _commit_if(ensure_admin(app, admin_password()), "admin user")
     site, created = ensure_site(app)
-    changed = changed or created
+    changed = _commit_if(created, "site") or changed
     setSite(site)
     # Creating content needs a Manager; 'run' scripts have no authenticated user.
     from plone import api
 
     with api.env.adopt_roles(["Manager"]):
-        changed = ensure_blob(site) or changed
-    changed = ensure_theming_blacklist(site) or changed
-    changed = ensure_anonymous_restapi(site) or changed
-    if changed:
-        transaction.commit()
-        print("site ready: committed")
-    else:
-        transaction.abort()
-        print("site ready: unchanged")
+        changed = _commit_if(ensure_blob(site), "blob") or changed
+    changed = _commit_if(ensure_theming_blacklist(site), "theming") or changed
+    changed = _commit_if(ensure_anonymous_restapi(site), "restapi permission") or changed
+    print("site ready: committed" if changed else "site ready: unchanged")
 
 
 if __name__ == "__main__" or "app" in globals():

@@ -17,7 +17,8 @@ The part writes ``parts/<name>/stack.json`` and a ``bin/<name>`` script. Usage::
     bin/stack stop [--timeout SECONDS]
     bin/stack status
 
-Every process runs in the foreground in its own session (process group = its PID), with
+``start`` goes in stages (processes of one stage start together): ZEO, then each client in
+turn, then HAProxy. Every process runs in the foreground in its own session (process group = its PID), with
 stdout/stderr appended to ``var/log/<name>.stdout.log`` and its PID in
 ``var/run/<name>.pid`` (``PID create-time``, so a recycled PID is never signalled).
 ``stop`` sends SIGTERM to each process group (HAProxy, clients, then ZEO), waits up to
@@ -59,14 +60,18 @@ class Recipe:
             "name": zeo_part,
             "argv": [os.path.join(buildout["buildout"]["parts-directory"], zeo_part, "bin", "runzeo")],
             "ready": {"tcp": [zeo_host, zeo_port]},
+            "stage": 0,
         }]
         clients = options["clients"].split()
-        for part in clients:
+        # Clients start one after the other: on an empty database each one creates the
+        # Zope root at start-up, and two doing so at once end in a ConflictError.
+        for stage, part in enumerate(clients, start=1):
             host, port = parse_http_address(part, buildout[part]["http-address"])
             processes.append({
                 "name": part,
                 "argv": [os.path.join(bin_dir, part), "console"],
                 "ready": {"http": f"http://{host}:{port}/"},
+                "stage": stage,
             })
         hap = buildout[options["haproxy"]]
         stats_host, stats_port = parse_http_address(options["haproxy"], hap["stats-bind"], "stats-bind")
@@ -75,6 +80,7 @@ class Recipe:
             "name": options["haproxy"],
             "argv": [hap["binary"], "-db", "-f", hap["config"]],
             "ready": {"http": stats_url},
+            "stage": len(clients) + 1,
         })
         self.config = {
             "run_dir": os.path.join(directory, "var", "run"),
@@ -168,18 +174,18 @@ def _port_of(ready):
     return host, int(port)
 
 
-def start_process(config, proc, timeout):
-    """Start one process detached, write its pidfile, wait until its probe answers.
+def spawn(config, proc):
+    """Start one process detached and write its pidfile; return the Popen, or None if running.
 
-    Raises StackError if its port is taken by another program, if it exits, or if it is not
-    ready within ``timeout`` seconds (the last lines of its log are in the message).
+    Raises StackError if its port is already taken by a program we did not start.
     """
     import psutil
 
     name = proc["name"]
-    if read_pid(config, name):
-        print(f"{name}: already running (pid {read_pid(config, name)})")
-        return
+    pid = read_pid(config, name)
+    if pid:
+        print(f"{name}: already running (pid {pid})")
+        return None
     if _probe(proc["ready"], timeout=1.0):
         host, port = _port_of(proc["ready"])
         raise StackError(f"{name}: {host}:{port} is already in use by another program")
@@ -195,15 +201,32 @@ def start_process(config, proc, timeout):
     with open(_pidfile(config, name), "w", encoding="ascii") as fp:
         fp.write(f"{child.pid} {created}\n")
     print(f"{name}: started pid {child.pid}, log {log_path}", flush=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if child.poll() is not None:
-            raise StackError(f"{name}: exited with status {child.returncode}\n{_tail(log_path)}")
-        if _probe(proc["ready"]):
-            print(f"{name}: ready after {timeout - (deadline - time.monotonic()):.1f} s", flush=True)
-            return
-        time.sleep(0.5)
-    raise StackError(f"{name}: not ready after {timeout} s\n{_tail(log_path)}")
+    return child
+
+
+def start_stage(config, procs, timeout):
+    """Spawn ``procs`` together, then wait until each one's readiness probe answers.
+
+    Raises StackError if one exits or is not ready within ``timeout`` s
+    (the last lines of its log are in the message).
+    """
+    started = time.monotonic()
+    waiting = {proc["name"]: (proc, spawn(config, proc)) for proc in procs}
+    waiting = {name: pc for name, pc in waiting.items() if pc[1] is not None}
+    while waiting:
+        for name, (proc, child) in list(waiting.items()):
+            log_path = os.path.join(config["log_dir"], f"{name}.stdout.log")
+            if child.poll() is not None:
+                raise StackError(f"{name}: exited with status {child.returncode}\n{_tail(log_path)}")
+            if _probe(proc["ready"]):
+                print(f"{name}: ready after {time.monotonic() - started:.1f} s", flush=True)
+                del waiting[name]
+        if waiting and time.monotonic() - started > timeout:
+            names = ", ".join(waiting)
+            logs = "\n".join(_tail(os.path.join(config["log_dir"], f"{n}.stdout.log")) for n in waiting)
+            raise StackError(f"{names}: not ready after {timeout} s\n{logs}")
+        if waiting:
+            time.sleep(0.5)
 
 
 def _tail(path, lines=15):
@@ -307,8 +330,9 @@ def main(config_path, argv=None):
     try:
         if args.command == "start":
             try:
-                for proc in config["processes"]:
-                    start_process(config, proc, args.timeout)
+                for stage in sorted({p["stage"] for p in config["processes"]}):
+                    procs = [p for p in config["processes"] if p["stage"] == stage]
+                    start_stage(config, procs, args.timeout)
                 if not args.no_wait_up:
                     wait_up(config, args.timeout)
             except StackError:
