@@ -3,7 +3,7 @@
 #   make demo    fresh machine -> build, start, create the site, 60 s A/B load test, report, stop
 #   make test    unit tests, real buildouts of the recipe, and the end-to-end integration test
 #
-# Other targets: system, venv, build, start, site, status, ab, stop, pins, clean.
+# Other targets: system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
 # Variables: AB_ARGS (passed to loadtests.abtest, e.g. AB_ARGS="--duration 30 --users 20"),
 #            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'").
 
@@ -12,7 +12,7 @@ VENV := .venv
 AB_ARGS ?= --duration 60 --users 10 --spawn-rate 10
 PYTEST_ARGS ?=
 
-.PHONY: demo test system venv build start site status ab stop pins clean
+.PHONY: demo test system venv ansible-venv build start site status ab stop pins clean
 
 demo: system build
 	@# Whatever happens, stop what was started (by PID).
@@ -20,7 +20,7 @@ demo: system build
 	  $(MAKE) --no-print-directory start; \
 	  $(MAKE) --no-print-directory ab
 
-test: system build
+test: system build ansible-venv
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 system:
@@ -32,6 +32,13 @@ $(VENV)/.installed: requirements.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip==$$(sed -n 's/^pip==//p' requirements.txt)
 	$(VENV)/bin/pip install --quiet -r requirements.txt -c constraints.txt
+	touch $@
+
+ansible-venv: ansible/.venv/.installed
+
+ansible/.venv/.installed: ansible/requirements.txt ansible/constraints.txt
+	$(PYTHON) -m venv ansible/.venv
+	ansible/.venv/bin/pip install --quiet -r ansible/requirements.txt -c ansible/constraints.txt
 	touch $@
 
 build: venv

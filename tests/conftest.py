@@ -12,10 +12,13 @@ for path in (ROOT, RECIPE_SRC):
         sys.path.insert(0, path)
 
 
-def run(cmd, timeout, check=True, **kwargs):
-    """Run ``cmd`` in the checkout; return CompletedProcess (text); fail the test on error."""
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                            check=False, **kwargs)
+def run(cmd, timeout, check=True, cwd_override=None, **kwargs):
+    """Run ``cmd`` in the checkout (or ``cwd_override``); return CompletedProcess (text).
+
+    Fails the test with the command's output when it exits non-zero and ``check`` is true.
+    """
+    result = subprocess.run(cmd, cwd=cwd_override or ROOT, capture_output=True, text=True,
+                            timeout=timeout, check=False, **kwargs)
     if check and result.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result

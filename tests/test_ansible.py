@@ -1,0 +1,230 @@
+"""Ansible, for real: lint, converge on localhost, idempotence, check mode, rolling restart.
+
+The converge uses ansible/inventories/local (everything on this machine, ports 18xxx) into
+an isolated prefix under pytest's temporary directory, with this checkout's eggs as the
+eggs cache (so bin/buildout downloads nothing). At the end supervisord is shut down,
+which stops every deployed process. The two PLAY RECAPs are printed (``pytest -s``) and
+written to var/ansible/recaps.txt with their wall times.
+"""
+import hashlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+import requests
+
+from conftest import ROOT, run
+
+pytestmark = pytest.mark.ansible
+
+ANSIBLE = os.path.join(ROOT, "ansible")
+BIN = os.path.join(ANSIBLE, ".venv", "bin")
+PORTS = (18080, 18081, 18082, 18100, 18404)
+FRONTEND = "http://127.0.0.1:18080"
+BLOB_SIZE = 5 * 1024 * 1024
+
+
+def playbook(*args, extra, timeout=900, check=True):
+    """Run ansible-playbook in ansible/ with extra vars (a dict, passed as JSON)."""
+    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+    return run([os.path.join(BIN, "ansible-playbook"), *args, "-e", json.dumps(extra)],
+               timeout=timeout, check=check, cwd_override=ANSIBLE, env=env)
+
+
+def recap(output):
+    """Return the PLAY RECAP counters of localhost, e.g. {'ok': 68, 'changed': 0, ...}."""
+    line = re.findall(r"^localhost\s+:\s+(.*)$", output, re.MULTILINE)[-1]
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
+
+
+def _record(title, result, seconds):
+    block = result.stdout[result.stdout.rindex("PLAY RECAP"):].strip()
+    text = f"## {title}: {seconds:.0f} s\n{block}\n"
+    print("\n" + text)
+    os.makedirs(os.path.join(ROOT, "var", "ansible"), exist_ok=True)
+    with open(os.path.join(ROOT, "var", "ansible", "recaps.txt"), "a", encoding="utf-8") as fp:
+        fp.write(text)
+
+
+def _port_taken(port):
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    taken = [p for p in PORTS if _port_taken(p)]
+    if taken:
+        pytest.fail(f"ports {taken} in use: another Ansible test deployment is running")
+    prefix = str(tmp_path_factory.mktemp("ansible") / "srv")
+    extra = {
+        "plonedeploy_prefix": prefix,
+        "zeoserver_eggs_directory": os.path.join(ROOT, "eggs"),
+        "zeoclient_eggs_directory": os.path.join(ROOT, "eggs"),
+        "zeoserver_pack_enabled": False,  # no crontab entries for a temporary prefix
+    }
+    supervisorctl = ["supervisorctl", "-c", os.path.join(prefix, "etc", "supervisord.conf")]
+    try:
+        started = time.monotonic()
+        first = playbook("site.yml", extra=extra, timeout=1500)
+        _record("site.yml, first run", first, time.monotonic() - started)
+        yield {"prefix": prefix, "extra": extra, "first": first, "supervisorctl": supervisorctl}
+    finally:
+        pidfile = os.path.join(prefix, "var", "run", "supervisord.pid")
+        if os.path.exists(pidfile):
+            pid = int(open(pidfile).read().strip())
+            run(supervisorctl + ["shutdown"], timeout=120, check=False)
+            try:
+                psutil.Process(pid).wait(60)
+            except psutil.NoSuchProcess:
+                pass
+
+
+def test_lint_and_syntax():
+    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ["PATH"])
+    run([os.path.join(BIN, "yamllint"), "--strict", "."], timeout=120, cwd_override=ANSIBLE, env=env)
+    lint = run([os.path.join(BIN, "ansible-lint"), "--profile", "production"], timeout=600,
+               cwd_override=ANSIBLE, env=env)
+    assert "passed" in lint.stdout + lint.stderr
+    for book in ("site.yml", "restart.yml"):
+        run([os.path.join(BIN, "ansible-playbook"), book, "--syntax-check"], timeout=120,
+            cwd_override=ANSIBLE, env=env)
+
+
+def test_buildout_venv_pins_match_requirements():
+    defaults = open(os.path.join(ANSIBLE, "roles", "buildout", "defaults", "main.yml")).read()
+    pins = set(re.findall(r"^\s+- ([\w.-]+==[\w.]+)$", defaults, re.MULTILINE))
+    assert len(pins) == 4, pins
+    requirements = {line.strip() for line in open(os.path.join(ROOT, "requirements.txt"))
+                    if "==" in line and not line.startswith("#")}
+    assert pins <= requirements
+
+
+BAD = [
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "wsgi_server": "gunicorn"}]},
+     "value of wsgi_server must be one of: pyruvate, waitress, got: gunicorn"),
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081}, {"name": "c2", "port": 18081}]},
+     "a unique\nport 1-65535"),
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "threads": 0}]}, "threads >= 1"),
+    ({"zeoclient_clients": [{"name": "instance", "port": 18081}]}, "not one of buildout, versions"),
+    ({"zeoclient_bind_address": "0.0.0.0"}, "zeoclient_bind_address\nmust not be 0.0.0.0"),
+    ({"haproxy_balance": "fastest"}, "value of haproxy_balance must be one of: leastconn"),
+    ({"zeoserver_address": "0.0.0.0:18100"}, "not 0.0.0.0"),
+    ({"process_manager_kind": "runit"}, "value of process_manager_kind must be one of: supervisor, systemd"),
+]
+
+
+@pytest.mark.parametrize("bad, message", BAD, ids=[next(iter(b)) + "-" + str(i) for i, (b, _) in enumerate(BAD)])
+def test_bad_variables_fail_before_any_change(tmp_path, bad, message):
+    prefix = tmp_path / "srv"
+    extra = {"plonedeploy_prefix": str(prefix), **bad}
+    result = playbook("site.yml", extra=extra, timeout=300, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    # the message may be folded over lines by the YAML callback
+    assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", output), output[-3000:]
+    assert "changed=0" in output
+    assert not prefix.exists()
+
+
+def test_processes_run_under_supervisor(deployed):
+    names = ("zeoserver", "client1", "client2", "haproxy")
+    for _ in range(30):  # supervisor says STARTING for its first startsecs (5 s)
+        status = run(deployed["supervisorctl"] + ["status"], timeout=60).stdout
+        if all(re.search(rf"^{n}\s+RUNNING", status, re.MULTILINE) for n in names):
+            break
+        time.sleep(1)
+    for name in names:
+        assert re.search(rf"^{name}\s+RUNNING", status, re.MULTILINE), status
+
+
+def test_four_paths_through_haproxy(deployed):
+    rows = requests.get("http://127.0.0.1:18404/stats;csv", timeout=10).text.splitlines()
+    states = {r.split(",")[1]: r.split(",")[17] for r in rows if r.startswith("zeoclients,")}
+    assert states == {"client1": "UP", "client2": "UP", "BACKEND": "UP"}, states
+    assert requests.get(FRONTEND + "/", timeout=30).status_code == 200
+    page = requests.get(FRONTEND + "/Plone", timeout=30)
+    assert page.status_code == 200 and "<html" in page.text[:2000].lower()
+    data = requests.get(FRONTEND + "/Plone", headers={"Accept": "application/json"}, timeout=30)
+    assert data.json()["@id"] == FRONTEND + "/Plone"
+    blobs = [requests.get(FRONTEND + "/Plone/blob-5mb/@@download/file", timeout=60) for _ in range(4)]
+    assert {len(b.content) for b in blobs} == {BLOB_SIZE}
+    assert len({hashlib.sha256(b.content).hexdigest() for b in blobs}) == 1
+    assert {b.headers["X-Served-By"] for b in blobs} <= {"client1", "client2"}
+
+
+def test_clients_run_the_configured_servers(deployed):
+    prefix = deployed["prefix"]
+    ini = open(os.path.join(prefix, "zeoclient", "parts", "client1", "etc", "wsgi.ini")).read()
+    assert "use = egg:pyruvate#main" in ini and "socket = 127.0.0.1:18081" in ini
+    ini = open(os.path.join(prefix, "zeoclient", "parts", "client2", "etc", "wsgi.ini")).read()
+    assert "use = egg:waitress#main" in ini and "listen = 127.0.0.1:18082" in ini
+
+
+def test_second_run_changes_nothing(deployed):
+    started = time.monotonic()
+    second = playbook("site.yml", extra=deployed["extra"], timeout=900)
+    _record("site.yml, second run", second, time.monotonic() - started)
+    counts = recap(second.stdout)
+    assert counts["changed"] == 0 and counts["failed"] == 0, counts
+
+
+def test_check_diff_reports_no_change(deployed):
+    result = playbook("site.yml", "--check", "--diff", extra=deployed["extra"], timeout=900)
+    counts = recap(result.stdout)
+    assert counts["changed"] == 0 and counts["failed"] == 0, counts
+
+
+def test_ab_report_against_deployed_stack(deployed, tmp_path):
+    config = os.path.join(deployed["prefix"], "haproxy", "abtest.json")
+    run([os.path.join(ROOT, ".venv", "bin", "python"), "-m", "loadtests.abtest", "--stack-config", config,
+         "--duration", "10", "--users", "4", "--spawn-rate", "4", "--out", str(tmp_path)], timeout=120)
+    (folder,) = list(tmp_path.iterdir())
+    report = json.loads((folder / "report.json").read_text())
+    assert {n: s["wsgi_server"] for n, s in report["servers"].items()} == {"client1": "pyruvate", "client2": "waitress"}
+    assert all(s["requests"] > 0 and s["failures"] == 0 for s in report["servers"].values())
+
+
+def _client_pids(supervisorctl):
+    status = run(supervisorctl + ["status"], timeout=60).stdout
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(client\d)\s+RUNNING\s+pid (\d+)", status, re.MULTILINE)}
+
+
+def test_rolling_restart_under_load(deployed):
+    before = _client_pids(deployed["supervisorctl"])
+    failures, done, stop = [], [0], threading.Event()
+
+    def load():
+        session = requests.Session()
+        while not stop.is_set():
+            try:
+                response = session.get(FRONTEND + "/Plone/@@ok", timeout=30)
+                if response.status_code != 200:
+                    failures.append(response.status_code)
+            except requests.RequestException as exc:
+                failures.append(repr(exc))
+            done[0] += 1
+
+    workers = [threading.Thread(target=load) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+        started = time.monotonic()
+        result = playbook("restart.yml", extra=deployed["extra"], timeout=900)
+        seconds = time.monotonic() - started
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+    after = _client_pids(deployed["supervisorctl"])
+    print(f"\nrolling restart: {seconds:.0f} s, {done[0]} requests, {len(failures)} failed")
+    assert recap(result.stdout)["failed"] == 0
+    assert set(after) == {"client1", "client2"}
+    assert all(after[name] != before[name] for name in before), (before, after)
+    assert done[0] > 0
+    assert failures == [], failures[:10]
