@@ -3,7 +3,7 @@
 #   make demo    fresh machine -> build, start, create the site, 60 s A/B load test, report, stop
 #   make test    unit tests, real buildouts of the recipe, and the end-to-end integration test
 #
-# Other targets: system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
+# Other targets: multihost (Ansible over SSH into three network namespaces), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
 # Variables: AB_ARGS (passed to loadtests.abtest, e.g. AB_ARGS="--duration 30 --users 20"),
 #            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'").
 
@@ -12,7 +12,7 @@ VENV := .venv
 AB_ARGS ?= --duration 60 --users 10 --spawn-rate 10
 PYTEST_ARGS ?=
 
-.PHONY: demo test system venv ansible-venv build start site status ab stop pins clean
+.PHONY: demo test multihost system venv ansible-venv build start site status ab stop pins clean
 
 demo: system build
 	@# Whatever happens, stop what was started (by PID).
@@ -42,11 +42,14 @@ ansible/.venv/.installed: ansible/requirements.txt ansible/constraints.txt
 	touch $@
 
 build: venv
-	$(VENV)/bin/buildout
+	@start=$$(date +%s); $(VENV)/bin/buildout && \
+	  echo "bin/buildout finished in $$(( $$(date +%s) - start )) s"
 
 start:
-	bin/stack start --no-wait-up
-	$(MAKE) --no-print-directory site
+	@start=$$(date +%s); bin/stack start --no-wait-up && \
+	  echo "stack started in $$(( $$(date +%s) - start )) s"
+	@start=$$(date +%s); $(MAKE) --no-print-directory site && \
+	  echo "site step finished in $$(( $$(date +%s) - start )) s"
 	bin/stack wait-up
 
 site:
@@ -60,6 +63,9 @@ ab:
 
 stop:
 	@if [ -x bin/stack ]; then bin/stack stop; fi
+
+multihost: build ansible-venv
+	$(VENV)/bin/python tests/multihost.py
 
 pins: venv
 	$(VENV)/bin/python scripts/update_pins.py

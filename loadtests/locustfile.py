@@ -43,11 +43,16 @@ SITE_PATH = "/Plone"
 BLOB_PATH = "/Plone/blob-5mb/@@download/file"
 
 
-class ZopeRootUser(FastHttpUser):
-    """``/``: the Zope root page, the cheapest request (no Plone)."""
+class ClosedLoopUser(FastHttpUser):
+    """Base of the shapes: next request as soon as the last one finished, HAProxy as host."""
 
+    abstract = True
     wait_time = constant(0)
     host = "http://127.0.0.1:8080"
+
+
+class ZopeRootUser(ClosedLoopUser):
+    """``/``: the Zope root page, the cheapest request (no Plone)."""
 
     @task
     def root(self):
@@ -56,11 +61,8 @@ class ZopeRootUser(FastHttpUser):
                 resp.failure(f"status {resp.status_code}")
 
 
-class PloneSiteUser(FastHttpUser):
+class PloneSiteUser(ClosedLoopUser):
     """``/Plone``: the site's front page rendered by the classic UI."""
-
-    wait_time = constant(0)
-    host = "http://127.0.0.1:8080"
 
     @task
     def plone(self):
@@ -71,11 +73,8 @@ class PloneSiteUser(FastHttpUser):
                 resp.failure("not an HTML page")
 
 
-class JsonApiUser(FastHttpUser):
+class JsonApiUser(ClosedLoopUser):
     """``@json``: the plone.restapi JSON of /Plone (content negotiation)."""
-
-    wait_time = constant(0)
-    host = "http://127.0.0.1:8080"
 
     @task
     def json_api(self):
@@ -94,11 +93,8 @@ class JsonApiUser(FastHttpUser):
                 resp.failure(f"@id is {data.get('@id')!r}, not the site")
 
 
-class BlobUser(FastHttpUser):
+class BlobUser(ClosedLoopUser):
     """``blob 5MB``: download of the 5 MiB File stored as a ZODB blob."""
-
-    wait_time = constant(0)
-    host = "http://127.0.0.1:8080"
 
     @task
     def blob(self):

@@ -1,0 +1,224 @@
+"""Multi-host deployment for real: three network namespaces, sshd in each, site.yml over SSH.
+
+Usage (root; ``make multihost``)::
+
+    .venv/bin/python tests/multihost.py [--keep]
+
+What it does, and undoes at the end (also after a failure, unless ``--keep``):
+
+1. creates a bridge ``pdmh0`` (10.231.0.1/24) in this namespace and three namespaces
+   ``pdmh-zeo`` (10.231.0.2), ``pdmh-app`` (10.231.0.3), ``pdmh-lb`` (10.231.0.4), each
+   joined to the bridge by a veth pair and running its own sshd (key-only root login);
+2. runs ``ansible-playbook -i inventories/multihost -i <generated> site.yml`` over SSH:
+   the multihost inventory's group_vars with these addresses and one prefix per host
+   under /tmp/pdmh (the namespaces share this machine's file system);
+3. verifies: every program RUNNING in its namespace; the four paths through HAProxy at
+   10.231.0.4:8080 (blob 5,242,880 bytes); ZEO listens only on 10.231.0.2 and the app
+   host's ZEO connections go from 10.231.0.3 to 10.231.0.2:8100 (namespace network);
+   nothing listens on the demo ports of this namespace's loopback;
+4. runs site.yml a second time (expects changed=0);
+5. tears down: supervisord of each host (which stops its programs), sshd by PID, the
+   namespaces and the bridge.
+
+Prints each PLAY RECAP with its wall time. Exit status 0 when every check passed.
+All traffic stays on this machine: the bridge and namespaces exist only during the run.
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ANSIBLE = os.path.join(ROOT, "ansible")
+WORK = "/tmp/pdmh"
+BRIDGE = "pdmh0"
+HOSTS = {  # inventory name: (namespace, address)
+    "zeo1": ("pdmh-zeo", "10.231.0.2"),
+    "app1": ("pdmh-app", "10.231.0.3"),
+    "lb1": ("pdmh-lb", "10.231.0.4"),
+}
+
+
+def sh(*cmd, check=True, capture=False, timeout=600):
+    """Run a command; return its stdout when ``capture``."""
+    result = subprocess.run(cmd, check=check, text=True, timeout=timeout,
+                            capture_output=capture)
+    return result.stdout if capture else ""
+
+
+def in_ns(ns, *cmd, **kwargs):
+    return sh("ip", "netns", "exec", ns, *cmd, **kwargs)
+
+
+def setup():
+    if shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"):
+        sh("apt-get", "install", "-y", "-q", "--no-install-recommends", "openssh-server")
+    os.makedirs(WORK, exist_ok=True)
+    os.makedirs("/run/sshd", exist_ok=True)
+    key = os.path.join(WORK, "id_ed25519")
+    if not os.path.exists(key):
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(WORK, "host_key"))
+    shutil.copy(key + ".pub", os.path.join(WORK, "authorized_keys"))
+    # The namespaces have no route to PyPI: pip and buildout's develop step install the
+    # pinned bootstrap wheels from a local folder instead.
+    wheels = os.path.join(WORK, "wheels")
+    sh(sys.executable, "-m", "pip", "download", "--quiet", "-d", wheels,
+       "pip==26.3", "setuptools==84.2.1", "wheel==0.48.0", "zc.buildout==6.0.1")
+    sh("ip", "link", "add", BRIDGE, "type", "bridge")
+    sh("ip", "addr", "add", "10.231.0.1/24", "dev", BRIDGE)
+    sh("ip", "link", "set", BRIDGE, "up")
+    for name, (ns, address) in HOSTS.items():
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", f"{ns}-br", "type", "veth", "peer", "name", f"{ns}-eth")
+        sh("ip", "link", "set", f"{ns}-br", "master", BRIDGE)
+        sh("ip", "link", "set", f"{ns}-br", "up")
+        sh("ip", "link", "set", f"{ns}-eth", "netns", ns)
+        in_ns(ns, "ip", "link", "set", "lo", "up")
+        in_ns(ns, "ip", "addr", "add", f"{address}/24", "dev", f"{ns}-eth")
+        in_ns(ns, "ip", "link", "set", f"{ns}-eth", "up")
+        config = os.path.join(WORK, f"sshd-{name}.conf")
+        with open(config, "w") as fp:
+            fp.write(
+                f"ListenAddress {address}\nHostKey {WORK}/host_key\nPidFile {WORK}/sshd-{name}.pid\n"
+                f"AuthorizedKeysFile {WORK}/authorized_keys\nPermitRootLogin prohibit-password\n"
+                "PasswordAuthentication no\nStrictModes no\nUsePAM no\nSubsystem sftp internal-sftp\n"
+            )
+        in_ns(ns, "/usr/sbin/sshd", "-f", config)
+    inventory = {"all": {"hosts": {}}}
+    for name, (_ns, address) in HOSTS.items():
+        inventory["all"]["hosts"][name] = {
+            "ansible_host": address,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": key,
+            "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "plonedeploy_prefix": f"{WORK}/{name}",
+            "zeoserver_eggs_directory": os.path.join(ROOT, "eggs"),
+            "zeoclient_eggs_directory": os.path.join(ROOT, "eggs"),
+            "zeoserver_pack_enabled": False,
+            "buildout_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
+        }
+    path = os.path.join(WORK, "hosts.json")
+    with open(path, "w") as fp:
+        json.dump(inventory, fp, indent=2)
+    return path
+
+
+def teardown():
+    for name, (ns, _address) in HOSTS.items():
+        config = f"{WORK}/{name}/etc/supervisord.conf"
+        if os.path.exists(config):
+            in_ns(ns, "supervisorctl", "-c", config, "shutdown", check=False, capture=True)
+        pidfile = f"{WORK}/{name}/var/run/supervisord.pid"
+        for _ in range(60):
+            if not os.path.exists(pidfile):
+                break
+            time.sleep(1)
+        sshd_pid = f"{WORK}/sshd-{name}.pid"
+        if os.path.exists(sshd_pid):
+            sh("kill", open(sshd_pid).read().strip(), check=False)
+        # Whatever still runs in the namespace (by PID, as ip reports them) would keep it alive.
+        for pid in sh("ip", "netns", "pids", ns, check=False, capture=True).split():
+            sh("kill", "-9", pid, check=False)
+        sh("ip", "netns", "del", ns, check=False, capture=True)
+        sh("ip", "link", "del", f"{ns}-br", check=False, capture=True)
+    sh("ip", "link", "del", BRIDGE, check=False, capture=True)
+
+
+def playbook(inventory, title):
+    started = time.monotonic()
+    result = subprocess.run(
+        [os.path.join(ANSIBLE, ".venv", "bin", "ansible-playbook"),
+         "-i", "inventories/multihost", "-i", inventory, "site.yml"],
+        cwd=ANSIBLE, text=True, capture_output=True, timeout=1800,
+        env=dict(os.environ, ANSIBLE_NOCOLOR="1"),
+    )
+    seconds = time.monotonic() - started
+    out = result.stdout
+    log = os.path.join(WORK, re.sub(r"\W+", "-", title) + ".log")
+    with open(log, "w") as fp:
+        fp.write(out + result.stderr)
+    print(f"## {title}: {seconds:.0f} s, exit {result.returncode} (full output: {log})")
+    print(out[out.rfind("PLAY RECAP"):].strip() if "PLAY RECAP" in out else out[-5000:] + result.stderr[-3000:])
+    if result.returncode != 0:
+        raise SystemExit(f"{title} failed: see {log}")
+    return out
+
+
+def verify():
+    ok = True
+
+    def check(label, condition, detail=""):
+        nonlocal ok
+        ok = ok and bool(condition)
+        print(f"{'PASS' if condition else 'FAIL'} {label} {detail}")
+
+    for name, (ns, _address) in HOSTS.items():
+        status = in_ns(ns, "supervisorctl", "-c", f"{WORK}/{name}/etc/supervisord.conf", "status",
+                       check=False, capture=True)
+        programs = dict(re.findall(r"^(\S+)\s+(\S+)", status, re.MULTILINE))
+        check(f"{name}: programs RUNNING", programs and all(s == "RUNNING" for s in programs.values()),
+              json.dumps(programs))
+    base = "http://10.231.0.4:8080"
+    for path, extra in (("/", {}), ("/Plone", {}), ("/Plone", {"Accept": "application/json"})):
+        request = urllib.request.Request(base + path, headers=extra)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            body = response.read()
+            check(f"GET {path} {extra or ''} through HAProxy on lb1", response.status == 200,
+                  f"{response.status} {len(body)} bytes, X-Served-By {response.headers.get('X-Served-By')}")
+    digests = set()
+    for _ in range(4):
+        with urllib.request.urlopen(base + "/Plone/blob-5mb/@@download/file", timeout=60) as response:
+            body = response.read()
+            digests.add(hashlib.sha256(body).hexdigest())
+            check("blob 5MB through HAProxy", len(body) == 5 * 1024 * 1024,
+                  f"{len(body)} bytes from {response.headers.get('X-Served-By')}")
+    check("blob identical from both clients", len(digests) == 1)
+    listening = in_ns("pdmh-zeo", "ss", "-Htln", capture=True)
+    check("ZEO listens on 10.231.0.2:8100 only", "10.231.0.2:8100" in listening
+          and "0.0.0.0:8100" not in listening and "127.0.0.1:8100" not in listening, listening.split())
+    conns = in_ns("pdmh-app", "ss", "-Htn", "state", "established", "dst", "10.231.0.2:8100", capture=True)
+    check("app1's ZEO connections: 10.231.0.3 -> 10.231.0.2:8100 over the namespace network",
+          "10.231.0.3:" in conns and "10.231.0.2:8100" in conns, conns.split())
+    clients = in_ns("pdmh-app", "ss", "-Htln", capture=True)
+    check("clients listen on 10.231.0.3:8081 and :8082, not on 0.0.0.0",
+          "10.231.0.3:8081" in clients and "10.231.0.3:8082" in clients and "0.0.0.0:808" not in clients)
+    local = sh("ss", "-Htln", capture=True)
+    check("nothing of the deployment on this namespace's demo ports",
+          not re.search(r":(8100|8081|8082)\s", local))
+    return ok
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keep", action="store_true", help="leave namespaces and processes running")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("multihost: must run as root (ip netns, sshd)", file=sys.stderr)
+        return 2
+    teardown()  # leftovers of an interrupted run
+    ok = False
+    try:
+        inventory = setup()
+        playbook(inventory, "site.yml over SSH, first run")
+        ok = verify()
+        second = playbook(inventory, "site.yml over SSH, second run")
+        unchanged = all(int(c) == 0 for c in re.findall(r"changed=(\d+)", second[second.rfind("PLAY RECAP"):]))
+        print(f"{'PASS' if unchanged else 'FAIL'} second run changed=0 on every host")
+        ok = ok and unchanged
+    finally:
+        if not args.keep:
+            teardown()
+    print("multihost:", "all checks passed" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
