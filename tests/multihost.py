@@ -61,6 +61,8 @@ def setup():
         sh("apt-get", "install", "-y", "-q", "--no-install-recommends", "openssh-server")
     os.makedirs(WORK, exist_ok=True)
     os.makedirs("/run/sshd", exist_ok=True)
+    for name in HOSTS:  # every run deploys from scratch
+        shutil.rmtree(os.path.join(WORK, name), ignore_errors=True)
     key = os.path.join(WORK, "id_ed25519")
     if not os.path.exists(key):
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)

@@ -117,6 +117,33 @@ def test_haproxy_names_the_server(stack):
     assert seen <= {"instance", "client2"} and seen, seen
 
 
+def _raw_status(request_bytes, port=8080):
+    """Send raw bytes to 127.0.0.1:port; return the status code of the answer (or None)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as sock:
+        sock.sendall(request_bytes)
+        answer = sock.recv(4096).decode("latin-1")
+    parts = answer.split(" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
+HOSTILE = [
+    ("too many header fields", b"GET /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+     + b"".join(b"X-H%d: x\r\n" % i for i in range(40)) + b"\r\n", 431),
+    ("chunked request body", b"POST /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"5\r\nhello\r\n0\r\n\r\n", 411),
+    ("body over the size limit", b"POST /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2000000000\r\n\r\n", 413),
+    ("header over HAProxy's buffer", b"GET /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", 400),
+    ("malformed request line", b"GET\x00/ HTTP/1.1\r\n\r\n", 400),
+]
+
+
+@pytest.mark.parametrize("label, raw, status", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_haproxy_refuses_hostile_requests(stack, label, raw, status):
+    assert _raw_status(raw) == status, label
+    for base in BASES.values():  # and both clients still serve
+        assert requests.get(base + "/Plone/@@ok", timeout=10).status_code == 200
+
+
 def test_site_script_is_idempotent(stack):
     again = run([os.path.join(ROOT, "bin", "instance"), "run", "scripts/create_site.py"], timeout=300)
     assert "site ready: unchanged" in again.stdout

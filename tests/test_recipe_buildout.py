@@ -136,6 +136,7 @@ def test_haproxy_config_from_client_parts(built):
     assert "option httpchk GET /Plone/@@ok" in text
     assert "bind 127.0.0.1:18080" in text
     assert "http-response set-header X-Served-By %[srv_name]" in text
+    assert "http-request deny deny_status 413 if { req.hdr(content-length) -m int gt 1073741824 }" in text
     # it was checked by haproxy -c before being written
     check = subprocess.run(["haproxy", "-c", "-f", str(directory / "parts" / "haproxy" / "haproxy.cfg")],
                            capture_output=True, text=True, check=False)
@@ -183,6 +184,8 @@ BAD = [
      "[haproxy] balance = 'fastest' is invalid: expected one of: leastconn, roundrobin"),
     ("[haproxy]\nbackends = instance instance\n",
      "[haproxy] backends = 'instance instance' names a part twice"),
+    ("[haproxy]\nmax-body-size = 1GB\n",
+     "[haproxy] max-body-size = '1GB' is invalid: expected a positive integer"),
     ("[haproxy]\nbind = 18080\n",
      "[haproxy] bind = '18080' is invalid: expected one host:port"),
 ]

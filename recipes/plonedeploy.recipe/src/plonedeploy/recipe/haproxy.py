@@ -20,6 +20,9 @@ server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and 
 ``timeout-queue``
     Seconds a request may wait for a free server slot before HAProxy answers 503,
     default 60.
+``max-body-size``
+    Largest request body in bytes, default 1073741824 (1 GiB, Zope's own default); larger
+    ones get 413 from HAProxy, chunked request bodies 411.
 ``template``
     Jinja2 template, default ``${buildout:directory}/haproxy/haproxy.cfg.j2``.
 ``haproxy``
@@ -121,6 +124,9 @@ class Recipe:
         self.timeout_queue = parse_threads(
             name, options.setdefault("timeout-queue", "60"), "timeout-queue"
         )
+        self.max_body_size = parse_threads(
+            name, options.setdefault("max-body-size", "1073741824"), "max-body-size"
+        )
         options.setdefault("template", os.path.join(directory, "haproxy", "haproxy.cfg.j2"))
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         options["config"] = os.path.join(options["location"], "haproxy.cfg")
@@ -139,6 +145,7 @@ class Recipe:
             "balance": self.balance,
             "health_check": self.health_check,
             "timeout_queue": self.timeout_queue,
+            "max_body_size": self.max_body_size,
             "run_directory": options["run-directory"],
         }
         text = render_template(options["template"], context)
