@@ -183,6 +183,7 @@ def plot(report, path):
 
     matplotlib.use("Agg")  # no display here; write files only
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     names = [n for n in report["servers"] if report["servers"][n]["paths"]]
@@ -212,6 +213,10 @@ def plot(report, path):
         ax.set_ylabel(label)
         if log:
             ax.set_yscale("log")
+            # plain numbers (20, 50, 200) instead of powers of ten on every tick
+            plain = matplotlib.ticker.FuncFormatter(lambda value, _pos: f"{value:g}")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
         if key == "share":
             ax.axhline(50, color="grey", linewidth=0.8, linestyle=":")
         if key == "failures":
@@ -237,7 +242,7 @@ def write(report, directory):
     md_path = os.path.join(directory, "report.md")
     png_path = os.path.join(directory, "ab.png")
     with open(json_path, "w", encoding="utf-8") as fp:
-        json.dump(report, fp, indent=2, sort_keys=True)
+        json.dump(report, fp, indent=2)  # keep the servers in stack order
     plot(report, png_path)
     with open(md_path, "w", encoding="utf-8") as fp:
         fp.write(to_markdown(report, os.path.basename(png_path)))
