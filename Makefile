@@ -8,7 +8,9 @@
 #            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'").
 
 PYTHON ?= python3
+# .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/pins.md)
 VENV := .venv
+BUILDOUT_VENV := .venv-buildout
 AB_ARGS ?= --duration 60 --users 10 --spawn-rate 10
 PYTEST_ARGS ?=
 
@@ -41,8 +43,13 @@ ansible/.venv/.installed: ansible/requirements.txt ansible/constraints.txt
 	ansible/.venv/bin/pip install --quiet -r ansible/requirements.txt -c ansible/constraints.txt
 	touch $@
 
-build: venv
-	@start=$$(date +%s); $(VENV)/bin/buildout && \
+$(BUILDOUT_VENV)/.installed: requirements-buildout.txt
+	$(PYTHON) -m venv $(BUILDOUT_VENV)
+	$(BUILDOUT_VENV)/bin/pip install --quiet -r requirements-buildout.txt
+	touch $@
+
+build: venv $(BUILDOUT_VENV)/.installed
+	@start=$$(date +%s); $(BUILDOUT_VENV)/bin/buildout && \
 	  echo "bin/buildout finished in $$(( $$(date +%s) - start )) s"
 
 start:
@@ -67,7 +74,7 @@ stop:
 multihost: build ansible-venv
 	$(VENV)/bin/python tests/multihost.py
 
-pins: venv
+pins: venv $(BUILDOUT_VENV)/.installed
 	$(VENV)/bin/python scripts/update_pins.py
 
 clean: stop

@@ -67,14 +67,14 @@ def main(argv=None):
     os.makedirs(os.path.dirname(picked), exist_ok=True)
     if os.path.exists(picked):
         os.unlink(picked)  # buildout appends to it
-    subprocess.run([os.path.join(ROOT, ".venv", "bin", "buildout"), "-c", "pins.cfg"], cwd=ROOT, check=True)
+    subprocess.run([os.path.join(ROOT, ".venv-buildout", "bin", "buildout"), "-c", "pins.cfg"], cwd=ROOT, check=True)
     pins = read_section(os.path.join(ROOT, "pins.cfg"), "seed-versions")
     pins.update(read_section(picked, "versions"))
     write_versions(pins, os.path.join(ROOT, "versions.cfg"))
     print(f"versions.cfg: {len(pins)} pins")
     # Rebuild with the new pins and allow-picked-versions = false: proves they are
     # complete, and puts the parts back onto the normal eggs directory.
-    subprocess.run([os.path.join(ROOT, ".venv", "bin", "buildout")], cwd=ROOT, check=True)
+    subprocess.run([os.path.join(ROOT, ".venv-buildout", "bin", "buildout")], cwd=ROOT, check=True)
 
     frozen = freeze_venv(os.path.join(ROOT, "requirements.txt"))
     with open(os.path.join(ROOT, "constraints.txt"), "w", encoding="utf-8") as fp:

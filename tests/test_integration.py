@@ -175,6 +175,49 @@ def test_ab_report(stack, tmp_path):
     assert "report:" in result.stdout
 
 
+def _haproxy_states():
+    rows = requests.get("http://127.0.0.1:8404/stats;csv", timeout=10).text.splitlines()
+    return {r.split(",")[1]: r.split(",")[17] for r in rows if r.startswith("zeoclients,")}
+
+
+def test_killed_client_loses_no_get(stack, tmp_path):
+    """kill -9 the waitress client during an A/B run: GETs in flight or sent to it before
+    HAProxy marks it DOWN are retried on pyruvate (retry-on, redispatch): 0 failures."""
+    import subprocess
+    import time
+
+    load = subprocess.Popen(
+        [sys.executable, "-m", "loadtests.abtest", "--duration", "20", "--users", "8",
+         "--spawn-rate", "8", "--out", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(8)
+        victim = _pids()["client2"]
+        os.kill(victim, 9)
+        killed_at = time.monotonic()
+        down_after = None
+        while time.monotonic() - killed_at < 30:
+            if _haproxy_states().get("client2", "").startswith("DOWN"):
+                down_after = time.monotonic() - killed_at
+                break
+            time.sleep(0.2)
+        output, _ = load.communicate(timeout=120)
+    finally:
+        if load.poll() is None:
+            load.kill()
+    (folder,) = list(tmp_path.iterdir())
+    report = json.loads((folder / "report.json").read_text())
+    print(f"\nkilled client2: DOWN after {down_after} s; {report['totals']['requests']} requests, "
+          f"{report['totals']['failures']} failed; redispatched "
+          f"{report['servers']['client2']['haproxy']['wredis']}")
+    assert down_after is not None and down_after <= 2 * 3 + 2  # inter 2 s x fall 3, + slack
+    assert report["totals"]["failures"] == 0, output[-3000:]
+    assert report["servers"]["instance"]["requests"] > 0
+    # the client comes back: bin/stack start starts what is not running, then waits for UP
+    run([STACK, "start", "--timeout", "120"], timeout=200)
+    assert _haproxy_states() == {"instance": "UP", "client2": "UP", "BACKEND": "UP"}
+
+
 def test_stop_leaves_no_process(stack):
     run([STACK, "stop"], timeout=120)
     for name, pid in stack.items():

@@ -16,7 +16,7 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.buildout
 
-BUILDOUT = os.path.join(ROOT, ".venv", "bin", "buildout")
+BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
 
 BASE = """\
 [buildout]
