@@ -181,8 +181,9 @@ def _haproxy_states():
 
 
 def test_killed_client_loses_no_get(stack, tmp_path):
-    """kill -9 the waitress client during an A/B run: GETs in flight or sent to it before
-    HAProxy marks it DOWN are retried on pyruvate (retry-on, redispatch): 0 failures."""
+    """kill -9 the waitress client during an A/B run: GETs sent to it before HAProxy marks
+    it DOWN are retried on pyruvate (observe layer4, retry-on, redispatch). Only a response
+    already streaming when the process died can fail (at most maxconn = 2 of them)."""
     import subprocess
     import time
 
@@ -211,7 +212,10 @@ def test_killed_client_loses_no_get(stack, tmp_path):
           f"{report['totals']['failures']} failed; redispatched "
           f"{report['servers']['client2']['haproxy']['wredis']}")
     assert down_after is not None and down_after <= 2 * 3 + 2  # inter 2 s x fall 3, + slack
-    assert report["totals"]["failures"] == 0, output[-3000:]
+    failures = (folder / "locust_failures.csv").read_text().splitlines()[1:]
+    assert report["totals"]["failures"] <= 2, failures
+    assert all("expected 5242880" in line or "RemoteDisconnected" in line or "ConnectionReset" in line
+               for line in failures), failures  # truncated in flight, never a 503
     assert report["servers"]["instance"]["requests"] > 0
     # the client comes back: bin/stack start starts what is not running, then waits for UP
     run([STACK, "start", "--timeout", "120"], timeout=200)
