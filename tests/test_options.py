@@ -40,11 +40,11 @@ def test_http_address_refuses_others(value, fragment):
 @pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", ""])
 def test_threads_must_be_positive_integer(value):
     with pytest.raises(zc.buildout.UserError, match=r"\[client2\] threads = .* positive integer"):
-        options.parse_threads("client2", value)
+        options.parse_positive_int("client2", value)
 
 
 def test_threads_parses():
-    assert options.parse_threads("client2", " 4 ") == 4
+    assert options.parse_positive_int("client2", " 4 ") == 4
 
 
 def test_server_choice_names_allowed_values():

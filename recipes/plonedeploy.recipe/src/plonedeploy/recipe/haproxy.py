@@ -45,7 +45,7 @@ from plonedeploy.recipe.options import (
     BALANCE_ALGORITHMS,
     check_choice,
     parse_http_address,
-    parse_threads,
+    parse_positive_int,
     render_template,
 )
 
@@ -97,7 +97,7 @@ class Recipe:
                 "name": part,
                 "host": host,
                 "port": port,
-                "maxconn": parse_threads(part, client.get("threads", "")),
+                "maxconn": parse_positive_int(part, client.get("threads", "")),
                 "wsgi_server": client.get("wsgi-server", "unknown"),
             })
         addresses = [(s["host"], s["port"]) for s in self.servers]
@@ -121,10 +121,10 @@ class Recipe:
                 f"[{name}] health-check = {self.health_check!r} is invalid: expected a path "
                 "starting with / and without spaces"
             )
-        self.timeout_queue = parse_threads(
+        self.timeout_queue = parse_positive_int(
             name, options.setdefault("timeout-queue", "60"), "timeout-queue"
         )
-        self.max_body_size = parse_threads(
+        self.max_body_size = parse_positive_int(
             name, options.setdefault("max-body-size", "1073741824"), "max-body-size"
         )
         options.setdefault("template", os.path.join(directory, "haproxy", "haproxy.cfg.j2"))

@@ -41,7 +41,7 @@ from plonedeploy.recipe.options import (
     check_choice,
     insert_pool_size,
     parse_http_address,
-    parse_threads,
+    parse_positive_int,
     render_template,
 )
 
@@ -61,7 +61,7 @@ class Recipe(Zope2InstanceRecipe):
                 f"[{name}] http-address is required: one host:port such as 127.0.0.1:8081"
             )
         self.host, self.port = parse_http_address(name, options["http-address"])
-        self.threads = parse_threads(name, options.get("threads", str(DEFAULT_THREADS)))
+        self.threads = parse_positive_int(name, options.get("threads", str(DEFAULT_THREADS)))
         options["threads"] = str(self.threads)
         options["pool-size"] = str(self.threads)
 

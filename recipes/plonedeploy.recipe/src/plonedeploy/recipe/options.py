@@ -60,8 +60,8 @@ def parse_http_address(part, value, option="http-address"):
     return host, number
 
 
-def parse_threads(part, value, option="threads"):
-    """Parse a positive integer thread count (``"2"`` -> ``2``).
+def parse_positive_int(part, value, option="threads"):
+    """Parse a positive integer option (``"2"`` -> ``2``): threads, seconds, bytes.
 
     Raises ``zc.buildout.UserError`` for zero, negative or non-integer values.
     """
