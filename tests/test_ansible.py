@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from conftest import ROOT, run
+from loadtests import haproxy_stats
 
 pytestmark = pytest.mark.ansible
 
@@ -144,8 +145,8 @@ def test_processes_run_under_supervisor(deployed):
 
 
 def test_four_paths_through_haproxy(deployed):
-    rows = requests.get("http://127.0.0.1:18404/stats;csv", timeout=10).text.splitlines()
-    states = {r.split(",")[1]: r.split(",")[17] for r in rows if r.startswith("zeoclients,")}
+    rows = haproxy_stats.fetch("http://127.0.0.1:18404/stats;csv")
+    states = {r["svname"]: r["status"] for r in rows if r["pxname"] == "zeoclients"}
     assert states == {"client1": "UP", "client2": "UP", "BACKEND": "UP"}, states
     assert requests.get(FRONTEND + "/", timeout=30).status_code == 200
     page = requests.get(FRONTEND + "/Plone", timeout=30)

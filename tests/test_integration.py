@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from conftest import ROOT, run
+from loadtests import haproxy_stats
 
 pytestmark = pytest.mark.integration
 
@@ -176,8 +177,8 @@ def test_ab_report(stack, tmp_path):
 
 
 def _haproxy_states():
-    rows = requests.get("http://127.0.0.1:8404/stats;csv", timeout=10).text.splitlines()
-    return {r.split(",")[1]: r.split(",")[17] for r in rows if r.startswith("zeoclients,")}
+    rows = haproxy_stats.fetch("http://127.0.0.1:8404/stats;csv")
+    return {r["svname"]: r["status"] for r in rows if r["pxname"] == "zeoclients"}
 
 
 def test_killed_client_loses_no_get(stack, tmp_path):
