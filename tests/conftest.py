@@ -1,7 +1,10 @@
 """Shared fixtures: paths of this checkout, and the running stack for integration tests."""
+import json
 import os
+import socket
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -10,6 +13,9 @@ RECIPE_SRC = os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src")
 for path in (ROOT, RECIPE_SRC):
     if path not in sys.path:
         sys.path.insert(0, path)
+
+STACK_JSON = os.path.join(ROOT, "parts", "stack", "stack.json")
+STACK = os.path.join(ROOT, "bin", "stack")
 
 
 def run(cmd, timeout, check=True, cwd_override=None, **kwargs):
@@ -22,3 +28,84 @@ def run(cmd, timeout, check=True, cwd_override=None, **kwargs):
     if check and result.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def port_taken(port, host="127.0.0.1"):
+    """True if something accepts TCP connections on host:port."""
+    with socket.socket() as sock:
+        return sock.connect_ex((host, port)) == 0
+
+
+class Stack:
+    """The stack described by this checkout's ``parts/stack/stack.json`` (``make build``).
+
+    Ports come from the build (buildout.cfg's [ports], or a local.cfg that overrides them),
+    so a second checkout built on other ports runs the same tests without a clash.
+    """
+
+    def __init__(self, path=STACK_JSON):
+        self.config = json.load(open(path))
+        self.frontend_url = self.config["frontend_url"]
+        self.stats_url = self.config["stats_url"]
+        self.backend = self.config["backend"]
+        self.kinds = self.config["server_kinds"]          # {client part: wsgi server}
+        self.client_urls = {}                              # {client part: base URL}
+        self.ports = {}                                    # {process or "stats": port}
+        for proc in self.config["processes"]:
+            ready = proc["ready"]
+            if "tcp" in ready:
+                self.ports[proc["name"]] = ready["tcp"][1]
+            elif proc["name"] in self.kinds:
+                self.client_urls[proc["name"]] = ready["http"].rstrip("/")
+                self.ports[proc["name"]] = urlsplit(ready["http"]).port
+        self.ports["haproxy"] = urlsplit(self.frontend_url).port
+        self.ports["stats"] = urlsplit(self.stats_url).port
+
+    @property
+    def bases(self):
+        """``{label: base URL}``: each client directly, then HAProxy."""
+        bases = {f"{name} ({self.kinds[name]})": self.client_urls[name] for name in self.config["servers"]}
+        bases["haproxy"] = self.frontend_url
+        return bases
+
+    def pids(self):
+        """``{process name: PID}`` from the pidfiles of the processes that run now."""
+        pids = {}
+        for proc in self.config["processes"]:
+            path = os.path.join(self.config["run_dir"], f"{proc['name']}.pid")
+            if os.path.exists(path):
+                pids[proc["name"]] = int(open(path).read().split()[0])
+        return pids
+
+    def states(self):
+        """``{server: HAProxy status}`` of the backend (plus "BACKEND")."""
+        from loadtests import haproxy_stats
+        rows = haproxy_stats.fetch(self.stats_url)
+        return {r["svname"]: r["status"] for r in rows if r["pxname"] == self.backend}
+
+
+@pytest.fixture(scope="session")
+def stack():
+    """Start the built stack once for all integration tests, create the site, stop it by PID.
+
+    Refuses to run when one of the stack's ports is taken (another stack runs).
+    """
+    if not os.path.exists(STACK) or not os.path.exists(STACK_JSON):
+        pytest.fail("bin/stack missing: run 'make build' first")
+    described = Stack()
+    taken = {name: port for name, port in described.ports.items() if port_taken(port)}
+    if taken:
+        pytest.fail(f"ports in use: {taken}; stop the running stack ('make stop') first")
+    try:
+        run([STACK, "start", "--no-wait-up"], timeout=300)
+        first = run([os.path.join(ROOT, "bin", "instance"), "run", "scripts/create_site.py"], timeout=600)
+        assert "site ready" in first.stdout
+        run([STACK, "wait-up", "--timeout", "120"], timeout=180)
+        yield described
+    finally:
+        run([STACK, "stop"], timeout=120, check=False)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Run tests marked ``stack_last`` (they stop the stack) after every other test."""
+    items.sort(key=lambda item: item.get_closest_marker("stack_last") is not None)

@@ -1,8 +1,8 @@
 """End to end on the real stack: ZEO, a pyruvate and a waitress ZEO client, HAProxy, Locust.
 
-Uses this checkout's build (``make build``) and the demo ports of buildout.cfg (8100,
-8081, 8082, 8080, 8404): the fixture refuses to run when one of them is taken, starts the
-stack with ``bin/stack``, creates the site, and stops everything by PID at the end.
+Uses this checkout's build (``make build``) and its ports (buildout.cfg: 8100, 8081, 8082,
+8080, 8404): the session fixture ``stack`` (conftest.py) refuses to run when one of them is
+taken, starts the stack with ``bin/stack``, creates the site, and stops everything by PID.
 """
 import hashlib
 import json
@@ -14,56 +14,19 @@ import psutil
 import pytest
 import requests
 
-from conftest import ROOT, run
-from loadtests import haproxy_stats
+from conftest import ROOT, STACK, STACK_JSON, Stack, port_taken, run
 
 pytestmark = pytest.mark.integration
 
 BLOB_SIZE = 5 * 1024 * 1024
-PORTS = {"zeoserver": 8100, "instance": 8081, "client2": 8082, "haproxy": 8080, "stats": 8404}
-BASES = {
-    "instance (pyruvate)": "http://127.0.0.1:8081",
-    "client2 (waitress)": "http://127.0.0.1:8082",
-    "haproxy": "http://127.0.0.1:8080",
-}
-STACK = os.path.join(ROOT, "bin", "stack")
-
-
-def _port_taken(port):
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _pids():
-    config = json.load(open(os.path.join(ROOT, "parts", "stack", "stack.json")))
-    pids = {}
-    for proc in config["processes"]:
-        path = os.path.join(config["run_dir"], f"{proc['name']}.pid")
-        if os.path.exists(path):
-            pids[proc["name"]] = int(open(path).read().split()[0])
-    return pids
-
-
-@pytest.fixture(scope="module")
-def stack():
-    if not os.path.exists(STACK):
-        pytest.fail("bin/stack missing: run 'make build' first")
-    taken = {name: port for name, port in PORTS.items() if _port_taken(port)}
-    if taken:
-        pytest.fail(f"ports in use: {taken}; stop the running stack ('make stop') first")
-    try:
-        run([STACK, "start", "--no-wait-up"], timeout=300)
-        first = run([os.path.join(ROOT, "bin", "instance"), "run", "scripts/create_site.py"], timeout=600)
-        assert "site ready" in first.stdout
-        run([STACK, "wait-up", "--timeout", "120"], timeout=180)
-        yield _pids()
-    finally:
-        run([STACK, "stop"], timeout=120, check=False)
+# {label: base URL} of each client and HAProxy, from the build (parametrizes tests below)
+BASES = Stack().bases if os.path.exists(STACK_JSON) else {}
 
 
 def test_stack_runs_four_processes(stack):
-    assert sorted(stack) == ["client2", "haproxy", "instance", "zeoserver"]
-    for name, pid in stack.items():
+    pids = stack.pids()
+    assert sorted(pids) == ["client2", "haproxy", "instance", "zeoserver"]
+    for name, pid in pids.items():
         assert psutil.pid_exists(pid), name
     status = run([STACK, "status"], timeout=30).stdout
     assert "haproxy server instance: UP" in status
@@ -118,7 +81,7 @@ def test_haproxy_names_the_server(stack):
     assert seen <= {"instance", "client2"} and seen, seen
 
 
-def _raw_status(request_bytes, port=8080):
+def _raw_status(request_bytes, port):
     """Send raw bytes to 127.0.0.1:port; return the status code of the answer (or None)."""
     with socket.create_connection(("127.0.0.1", port), timeout=15) as sock:
         sock.sendall(request_bytes)
@@ -140,7 +103,7 @@ HOSTILE = [
 
 @pytest.mark.parametrize("label, raw, status", HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_haproxy_refuses_hostile_requests(stack, label, raw, status):
-    assert _raw_status(raw) == status, label
+    assert _raw_status(raw, stack.ports["haproxy"]) == status, label
     for base in BASES.values():  # and both clients still serve
         assert requests.get(base + "/Plone/@@ok", timeout=10).status_code == 200
 
@@ -176,11 +139,6 @@ def test_ab_report(stack, tmp_path):
     assert "report:" in result.stdout
 
 
-def _haproxy_states():
-    rows = haproxy_stats.fetch("http://127.0.0.1:8404/stats;csv")
-    return {r["svname"]: r["status"] for r in rows if r["pxname"] == "zeoclients"}
-
-
 def test_killed_client_loses_no_get(stack, tmp_path):
     """kill -9 the waitress client during an A/B run: GETs sent to it before HAProxy marks
     it DOWN are retried on pyruvate (observe layer4, retry-on, redispatch). Only a response
@@ -194,12 +152,12 @@ def test_killed_client_loses_no_get(stack, tmp_path):
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         time.sleep(8)
-        victim = _pids()["client2"]
+        victim = stack.pids()["client2"]
         os.kill(victim, 9)
         killed_at = time.monotonic()
         down_after = None
         while time.monotonic() - killed_at < 30:
-            if _haproxy_states().get("client2", "").startswith("DOWN"):
+            if stack.states().get("client2", "").startswith("DOWN"):
                 down_after = time.monotonic() - killed_at
                 break
             time.sleep(0.2)
@@ -220,13 +178,15 @@ def test_killed_client_loses_no_get(stack, tmp_path):
     assert report["servers"]["instance"]["requests"] > 0
     # the client comes back: bin/stack start starts what is not running, then waits for UP
     run([STACK, "start", "--timeout", "120"], timeout=200)
-    assert _haproxy_states() == {"instance": "UP", "client2": "UP", "BACKEND": "UP"}
+    assert stack.states() == {"instance": "UP", "client2": "UP", "BACKEND": "UP"}
 
 
+@pytest.mark.stack_last
 def test_stop_leaves_no_process(stack):
+    pids = stack.pids()
     run([STACK, "stop"], timeout=120)
-    for name, pid in stack.items():
+    for name, pid in pids.items():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, name
-    assert not _pids()
-    for name, port in PORTS.items():
-        assert not _port_taken(port), name
+    assert not stack.pids()
+    for name, port in stack.ports.items():
+        assert not port_taken(port), name
