@@ -115,6 +115,8 @@ BAD = [
     ({"zeoclient_clients": [{"name": "instance", "port": 18081}]}, "not one of buildout, versions"),
     ({"zeoclient_bind_address": "0.0.0.0"}, "zeoclient_bind_address\nmust not be 0.0.0.0"),
     ({"haproxy_balance": "fastest"}, "value of haproxy_balance must be one of: leastconn"),
+    ({"haproxy_manage_networks": ["intranet"]},
+     'haproxy_manage_networks a list of CIDR networks such as 127.0.0.1/32 (got ["intranet"])'),
     ({"zeoserver_address": "0.0.0.0:18100"}, "not 0.0.0.0"),
     ({"process_manager_kind": "runit"}, "value of process_manager_kind must be one of: supervisor, systemd"),
 ]

@@ -137,6 +137,8 @@ def test_haproxy_config_from_client_parts(built):
     assert "bind 127.0.0.1:18080" in text
     assert "http-response set-header X-Served-By %[srv_name]" in text
     assert "http-request deny deny_status 413 if { req.hdr(content-length) -m int gt 1073741824 }" in text
+    assert "    maxconn 4096\n" in text  # global default
+    assert "admin_network" not in text  # /manage* not blocked unless manage-networks is set
     # it was checked by haproxy -c before being written
     check = subprocess.run(["haproxy", "-c", "-f", str(directory / "parts" / "haproxy" / "haproxy.cfg")],
                            capture_output=True, text=True, check=False)
@@ -154,6 +156,15 @@ def test_stack_script_and_config(built):
     help_text = subprocess.run([str(directory / "bin" / "stack"), "--help"], capture_output=True,
                                text=True, check=True).stdout
     assert "start" in help_text and "stop" in help_text
+
+
+def test_manage_networks_block_the_zmi(tmp_path):
+    result = buildout(tmp_path, "[haproxy]\nmanage-networks = 127.0.0.1 10.1.0.0/16\nmaxconn = 9000\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (tmp_path / "parts" / "haproxy" / "haproxy.cfg").read_text()
+    assert "acl admin_network src 127.0.0.1/32 10.1.0.0/16" in text
+    assert "http-request deny deny_status 403 if zmi !admin_network" in text
+    assert "    maxconn 9000\n" in text
 
 
 def test_second_buildout_keeps_parts(built):
@@ -186,6 +197,10 @@ BAD = [
      "[haproxy] backends = 'instance instance' names a part twice"),
     ("[haproxy]\nmax-body-size = 1GB\n",
      "[haproxy] max-body-size = '1GB' is invalid: expected a positive integer"),
+    ("[haproxy]\nmanage-networks = 10.0.0.0/8 intranet\n",
+     "[haproxy] manage-networks = 'intranet' is invalid: expected IPv4/IPv6 networks"),
+    ("[haproxy]\nmaxconn = -1\n",
+     "[haproxy] maxconn = '-1' is invalid: expected a positive integer"),
     ("[haproxy]\nbind = 18080\n",
      "[haproxy] bind = '18080' is invalid: expected one host:port"),
 ]

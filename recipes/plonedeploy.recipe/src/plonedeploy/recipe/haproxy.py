@@ -23,6 +23,15 @@ server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and 
 ``max-body-size``
     Largest request body in bytes, default 1073741824 (1 GiB, Zope's own default); larger
     ones get 413 from HAProxy, chunked request bodies 411.
+``maxconn``
+    Client connections HAProxy holds at once (global ``maxconn``), default 4096. HAProxy
+    needs about 2 file descriptors per connection and refuses to start when the hard
+    limit (``ulimit -Hn``) is below 2 x maxconn + ~20 (measured: hard limit 20,000 allows
+    9,990). The servers' own ``maxconn`` is their thread count, not this.
+``manage-networks``
+    Whitespace-separated IPv4/IPv6 networks (CIDR or address) allowed to reach Zope's
+    management screens (paths with a segment starting ``manage``); others get 403 from
+    HAProxy. Empty (default): not blocked.
 ``template``
     Jinja2 template, default ``${buildout:directory}/haproxy/haproxy.cfg.j2``.
 ``haproxy``
@@ -45,6 +54,7 @@ from plonedeploy.recipe.options import (
     BALANCE_ALGORITHMS,
     check_choice,
     parse_http_address,
+    parse_network,
     parse_positive_int,
     render_template,
 )
@@ -127,6 +137,11 @@ class Recipe:
         self.max_body_size = parse_positive_int(
             name, options.setdefault("max-body-size", "1073741824"), "max-body-size"
         )
+        self.maxconn = parse_positive_int(name, options.setdefault("maxconn", "4096"), "maxconn")
+        self.manage_networks = [
+            parse_network(name, "manage-networks", value)
+            for value in options.setdefault("manage-networks", "").split()
+        ]
         options.setdefault("template", os.path.join(directory, "haproxy", "haproxy.cfg.j2"))
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         options["config"] = os.path.join(options["location"], "haproxy.cfg")
@@ -146,6 +161,8 @@ class Recipe:
             "health_check": self.health_check,
             "timeout_queue": self.timeout_queue,
             "max_body_size": self.max_body_size,
+            "maxconn": self.maxconn,
+            "manage_networks": self.manage_networks,
             "run_directory": options["run-directory"],
         }
         text = render_template(options["template"], context)

@@ -5,6 +5,7 @@ without a build. Every validation error is a ``zc.buildout.UserError`` whose mes
 the part, the option, the value given and what is allowed, so ``bin/buildout`` stops with
 one readable line instead of a traceback.
 """
+import ipaddress
 import os
 import re
 
@@ -69,6 +70,18 @@ def parse_positive_int(part, value, option="threads"):
     if not text.isdigit() or int(text) < 1:
         fail(part, option, value, "a positive integer such as 2")
     return int(text)
+
+
+def parse_network(part, option, value):
+    """Parse one IPv4/IPv6 network or address (``"10.0.0.0/8"``, ``"127.0.0.1"``) for an ACL.
+
+    Returns the normalised CIDR string (``"127.0.0.1/32"``). Raises
+    ``zc.buildout.UserError`` naming the option when it is not a network.
+    """
+    try:
+        return str(ipaddress.ip_network(value.strip(), strict=False))
+    except ValueError:
+        fail(part, option, value, "IPv4/IPv6 networks such as 127.0.0.1/32 10.0.0.0/8")
 
 
 def check_choice(part, option, value, choices):

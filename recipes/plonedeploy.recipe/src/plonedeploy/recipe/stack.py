@@ -15,6 +15,7 @@ The part writes ``parts/<name>/stack.json`` and a ``bin/<name>`` script. Usage::
     bin/stack start [--no-wait-up] [--timeout SECONDS]
     bin/stack wait-up [--timeout SECONDS]
     bin/stack stop [--timeout SECONDS]
+    bin/stack restart [NAME ...] [--timeout SECONDS]
     bin/stack status
 
 ``start`` goes in stages (processes of one stage start together): ZEO, then each client in
@@ -22,8 +23,12 @@ turn, then HAProxy. Every process runs in the foreground in its own session (pro
 stdout/stderr appended to ``var/log/<name>.stdout.log`` and its PID in
 ``var/run/<name>.pid`` (``PID create-time``, so a recycled PID is never signalled).
 ``stop`` sends SIGTERM to each process group (HAProxy, clients, then ZEO), waits up to
-``--timeout`` seconds (default 30) and then sends SIGKILL. Exit status: 0 on success,
-1 with a message on stderr otherwise.
+``--timeout`` seconds (default 30) and then sends SIGKILL. ``restart`` restarts the named
+processes (default: every ZEO client) one at a time; a client is first drained through
+HAProxy's runtime API (no new requests; in-flight ones finish), restarted, waited for
+until HAProxy's health check has it UP, and only then is the next one touched, so a pool of
+two or more clients never stops serving. Exit status: 0 on success, 1 with a message on
+stderr otherwise.
 """
 import argparse
 import csv
@@ -92,6 +97,8 @@ class Recipe:
             # For loadtests.abtest: where to send traffic and what each server runs.
             "frontend_url": "http://%s:%s" % parse_http_address(options["haproxy"], hap["bind"], "bind"),
             "balance": hap["balance"],
+            # HAProxy's runtime API (drain/enable servers for a rolling restart).
+            "haproxy_socket": os.path.join(hap["run-directory"], "haproxy.sock"),
             "server_kinds": {part: buildout[part].get("wsgi-server", "-") for part in clients},
         }
         options["stack-config"] = json.dumps(self.config, sort_keys=True)
@@ -286,6 +293,62 @@ def server_states(config, timeout=2.0):
     }
 
 
+def runtime_api(config, command, timeout=5.0):
+    """Send one command to HAProxy's runtime API (the stats socket); return its answer.
+
+    Raises StackError if the socket does not answer or HAProxy reports an error.
+    """
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(config["haproxy_socket"])
+            sock.sendall(command.encode("ascii") + b"\n")
+            chunks = []
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    except OSError as exc:
+        raise StackError(f"haproxy runtime API {config['haproxy_socket']}: {exc}") from exc
+    answer = b"".join(chunks).decode("utf-8", "replace").strip()
+    if answer and not answer.startswith("#"):
+        raise StackError(f"haproxy runtime API: {command!r}: {answer}")
+    return answer
+
+
+def _current_sessions(config, server):
+    with urllib.request.urlopen(config["stats_url"], timeout=2.0) as response:
+        text = response.read().decode("utf-8")
+    for row in csv.DictReader(io.StringIO(text.lstrip("# "))):
+        if row["pxname"] == config["backend"] and row["svname"] == server:
+            return int(row["scur"] or 0)
+    raise StackError(f"haproxy: no server {server} in backend {config['backend']}")
+
+
+def restart_client(config, proc, timeout):
+    """Drain ``proc`` in HAProxy, wait for its in-flight requests, restart it, enable it.
+
+    Waits at most ``timeout`` seconds for each step (drain, start, UP); raises StackError.
+    """
+    name = proc["name"]
+    server = f"{config['backend']}/{name}"
+    runtime_api(config, f"set server {server} state drain")
+    deadline = time.monotonic() + timeout
+    while _current_sessions(config, name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    print(f"{name}: drained", flush=True)
+    stop_process(config, name, 30.0)
+    start_stage(config, [proc], timeout)
+    runtime_api(config, f"set server {server} state ready")
+    deadline = time.monotonic() + timeout
+    while server_states(config).get(name) != "UP":
+        if time.monotonic() > deadline:
+            raise StackError(f"{name}: not UP in haproxy {timeout} s after the restart")
+        time.sleep(0.5)
+    print(f"{name}: UP again", flush=True)
+
+
 def wait_up(config, timeout):
     """Wait until HAProxy reports every server UP; raise StackError after ``timeout`` s."""
     deadline = time.monotonic() + timeout
@@ -323,6 +386,12 @@ def main(config_path, argv=None):
     stop = sub.add_parser("stop", help="stop everything by PID (HAProxy, clients, ZEO)")
     stop.add_argument("--timeout", type=float, default=30.0,
                       help="seconds to wait after SIGTERM before SIGKILL (default 30)")
+    restart = sub.add_parser(
+        "restart", help="restart processes one at a time; ZEO clients drained in HAProxy first")
+    restart.add_argument("names", nargs="*", metavar="NAME",
+                         help="processes to restart (default: every ZEO client)")
+    restart.add_argument("--timeout", type=float, default=180.0,
+                         help="seconds to wait for each drain, start and UP (default 180)")
     sub.add_parser("status", help="print each process' PID and HAProxy's server states")
     args = parser.parse_args(argv)
     with open(config_path, encoding="utf-8") as fp:
@@ -342,6 +411,18 @@ def main(config_path, argv=None):
                 raise
         elif args.command == "wait-up":
             wait_up(config, args.timeout)
+        elif args.command == "restart":
+            by_name = {p["name"]: p for p in config["processes"]}
+            names = args.names or config["servers"]
+            unknown = [n for n in names if n not in by_name]
+            if unknown:
+                raise StackError(f"no process {', '.join(unknown)}; processes: {', '.join(by_name)}")
+            for name in names:
+                if name in config["servers"] and len(config["servers"]) > 1:
+                    restart_client(config, by_name[name], args.timeout)
+                else:  # ZEO, HAProxy or a lone client: plain stop and start
+                    stop_process(config, name, 30.0)
+                    start_stage(config, [by_name[name]], args.timeout)
         elif args.command == "stop":
             for proc in reversed(config["processes"]):
                 stop_process(config, proc["name"], args.timeout)

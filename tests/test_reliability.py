@@ -1,0 +1,333 @@
+"""The kit's promises under failure and abuse (issue #5), on the real stack.
+
+Short versions for CI; ``loadtests.connections`` and the figures in docs/operations.md are
+the full-length runs. Every test leaves the stack as it found it: all servers UP.
+"""
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+import requests
+
+from conftest import ROOT, STACK, run
+
+pytestmark = pytest.mark.integration
+
+BLOB = "/Plone/blob-5mb/@@download/file"
+#: pyruvate's send_timeout (templates/pyruvate.ini.in): how long it keeps an aborted
+#: response, seconds.
+PYRUVATE_SEND_TIMEOUT = 20
+
+
+def _process(stack, name):
+    return psutil.Process(stack.pids()[name])
+
+
+def _memory(stack):
+    """``{client: (RSS MiB, open fds)}`` of the ZEO clients."""
+    out = {}
+    for name in stack.client_urls:
+        proc = _process(stack, name)
+        out[name] = (proc.memory_info().rss / 2**20, proc.num_fds())
+    return out
+
+
+def _all_serve(stack):
+    """Assert that each client directly and HAProxy answer /Plone with 200 within 30 s."""
+    for label, base in stack.bases.items():
+        assert requests.get(base + "/Plone", timeout=30).status_code == 200, label
+
+
+def _raw(port, data, wait=10.0, source="127.0.0.1"):
+    """Send raw bytes from ``source`` to 127.0.0.1:port; return the status line's code,
+    ``"closed"`` when the server closed without answering, or ``"open"`` when it neither
+    answered nor closed within ``wait`` seconds."""
+    with socket.socket() as sock:
+        sock.bind((source, 0))
+        sock.settimeout(wait)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(data)
+        try:
+            answer = sock.recv(4096)
+        except ConnectionResetError:
+            return "closed"
+        except socket.timeout:
+            return "open"
+    if not answer:
+        return "closed"
+    parts = answer.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else answer[:40]
+
+
+# (case, raw request, answer from HAProxy, from pyruvate directly, from waitress directly).
+# HAProxy refuses everything with a 4xx. The clients listen on 127.0.0.1 for HAProxy only;
+# what they do when reached directly is pinned here so a server update that changes it is
+# noticed (pyruvate hands chunked bodies to Zope undecoded, hence its 200s; "open": it
+# waits for the 2 GB body without allocating it).
+HOSTILE = [
+    ("malformed request line", b"GET\x00/ HTTP/1.1\r\n\r\n", 400, 400, 400),
+    ("not HTTP", b"HELLO WORLD\r\n\r\n", 400, 400, 404),
+    ("space in a header name", b"GET /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header: x\r\n\r\n",
+     400, 400, 400),
+    ("40 header fields", b"GET /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+     + b"".join(b"X-H%d: x\r\n" % i for i in range(40)) + b"\r\n", 431, 400, 200),
+    ("64 kB header", b"GET /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 65536 + b"\r\n\r\n",
+     400, 200, 431),
+    ("bad chunk size", b"POST /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"zz\r\nhello\r\n0\r\n\r\n", 400, 200, 400),
+    ("Content-Length and chunked", b"POST /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n"
+     b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411, 200, 200),
+    ("2 GB body announced", b"POST /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2000000000\r\n\r\n",
+     413, "open", 413),
+]
+
+
+def _targets(stack):
+    """``[(target label, port, column in HOSTILE)]``: HAProxy, then each client by its server."""
+    column = {"pyruvate": 3, "waitress": 4}
+    targets = [("haproxy", stack.ports["haproxy"], 2)]
+    for name, kind in stack.kinds.items():
+        if kind in column:
+            targets.append((f"{name} ({kind})", stack.ports[name], column[kind]))
+    return targets
+
+
+def _hostile_round(stack):
+    """Send every HOSTILE request to every target; return ``{(case, target): answer}``."""
+    answers = {}
+    for case in HOSTILE:
+        for label, port, col in _targets(stack):
+            answers[(case[0], label)] = (_raw(port, case[1], wait=5.0), case[col])
+    return answers
+
+
+def _vanishing_downloads(port, count=30, keep=65536):
+    """Start ``count`` blob downloads on ``port`` and reset each after ``keep`` bytes."""
+    for _ in range(count):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(f"GET {BLOB} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            got = 0
+            while got < keep:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                got += len(chunk)
+            # RST instead of FIN: the peer vanishes
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def test_hostile_requests_then_memory_and_fds_come_back(stack):
+    """Two rounds of hostile requests and vanishing blob downloads against HAProxy and each
+    client: every answer as pinned, both clients serve after each round, open fds return to
+    where they were once pyruvate's send_timeout has passed, and RSS stops growing: the
+    first rounds may grow it (pyruvate buffers each aborted 5 MiB response until
+    send_timeout, and the allocator keeps freed memory), the third must not add more than
+    64 MiB, and all three less than what one round buffers (3 targets x 30 x 5 MiB)."""
+    _all_serve(stack)
+    baseline = _memory(stack)
+    rss_after = []
+    for round_number in (1, 2, 3):
+        answers = _hostile_round(stack)
+        wrong = {k: v for k, v in answers.items() if v[0] != v[1]}
+        assert not wrong, f"round {round_number}: (got, expected) {wrong}"
+        for _, port, _ in _targets(stack):
+            _vanishing_downloads(port)
+        _all_serve(stack)
+        time.sleep(PYRUVATE_SEND_TIMEOUT + 5)
+        _all_serve(stack)
+        now = _memory(stack)
+        print(f"\nround {round_number}: RSS MiB / fds {now} (baseline {baseline})")
+        for name, (_, fds) in now.items():
+            assert fds <= baseline[name][1] + 4, f"{name} holds {fds} fds, had {baseline[name][1]}"
+        rss_after.append(now)
+    for name in baseline:
+        grown = rss_after[2][name][0] - rss_after[1][name][0]
+        assert grown < 64, f"{name}: RSS grew {grown:.0f} MiB in the third round"
+        assert rss_after[2][name][0] - baseline[name][0] < 3 * 30 * 5, name
+
+
+def test_slowloris_is_cut_by_haproxy_and_starves_no_client(stack):
+    """50 connections per target trickle one header line per second. HAProxy answers its
+    own with 408 after timeout http-request (10 s); meanwhile every target keeps serving."""
+    sockets = {label: [] for label, _, _ in _targets(stack)}
+    for label, port, _ in _targets(stack):
+        for _ in range(50):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock.sendall(b"GET /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            sockets[label].append(sock)
+    try:
+        started = time.monotonic()
+        served = []
+        for second in range(14):
+            for label, socks in sockets.items():
+                for sock in socks:
+                    try:
+                        sock.sendall(b"X-Slow-%d: x\r\n" % second)
+                    except OSError:
+                        pass  # closed by the server: that is the point
+            if second in (3, 8):
+                ok = [requests.get(base + "/Plone/@@ok", timeout=10).status_code
+                      for base in stack.bases.values()]
+                served.append(ok)
+            time.sleep(max(0.0, started + second + 1 - time.monotonic()))
+        assert all(code == 200 for row in served for code in row), served
+        answers = []
+        for sock in sockets["haproxy"]:
+            sock.settimeout(2)
+            try:
+                answers.append(sock.recv(100).split(b" ")[1])
+            except (OSError, IndexError):
+                answers.append(b"closed")
+        assert answers.count(b"408") == 50, answers
+    finally:
+        for socks in sockets.values():
+            for sock in socks:
+                sock.close()
+    _all_serve(stack)
+
+
+def test_zmi_only_from_the_admin_network(stack):
+    """buildout.cfg sets manage-networks = 127.0.0.1/32: the ZMI from 127.0.0.2 (another
+    source address on loopback) gets 403 from HAProxy; the site itself does not."""
+    port = stack.ports["haproxy"]
+    for path in ("/manage_main", "/Plone/manage_main", "/Plone/manage", "/Plone/folder/manage_workspace"):
+        assert _raw(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), source="127.0.0.2") == 403, path
+    assert _raw(port, b"GET /Plone HTTP/1.1\r\nHost: x\r\n\r\n", source="127.0.0.2") == 200
+    # from the admin network Zope itself answers (asks for credentials)
+    assert _raw(port, b"GET /manage_main HTTP/1.1\r\nHost: x\r\n\r\n") == 401
+
+
+def _admin_auth():
+    return ("admin", open(os.path.join(ROOT, "var", "admin-password")).read().strip())
+
+
+def test_zeo_restart_loses_nothing_committed(stack):
+    """Write documents through plone.restapi (authenticated POSTs via HAProxy) before and
+    during a ZEO restart under read load. Every POST that got 201 is there afterwards, reads
+    succeed again, and the outage is reported (failed reads/writes, recovery seconds)."""
+    auth, url = _admin_auth(), stack.frontend_url
+    prefix = f"zeo-restart-{int(time.time())}"
+    session = requests.Session()
+    session.auth = auth
+    session.headers["Accept"] = "application/json"
+
+    def post(number):
+        try:
+            answer = session.post(url + "/Plone", json={"@type": "Document", "id": f"{prefix}-{number}",
+                                                         "title": f"ZEO restart {number}"}, timeout=30)
+            return answer.status_code
+        except requests.RequestException as exc:
+            return type(exc).__name__
+
+    created = [n for n in range(10) if post(n) == 201]
+    assert len(created) == 10, "writes before the restart must all succeed"
+    stop = threading.Event()
+    reads, writes = [], []  # (monotonic time, ok)
+
+    def reader():
+        while not stop.is_set():
+            try:
+                ok = requests.get(url + "/Plone", timeout=30).status_code == 200
+            except requests.RequestException:
+                ok = False
+            reads.append((time.monotonic(), ok))
+            time.sleep(0.05)
+
+    def writer():
+        number = 100
+        while not stop.is_set():
+            status = post(number)
+            writes.append((time.monotonic(), status == 201))
+            if status == 201:
+                created.append(number)
+            number += 1
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)] + [threading.Thread(target=writer)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(3)
+        restart_at = time.monotonic()
+        run([STACK, "restart", "zeoserver"], timeout=120)
+        zeo_up_at = time.monotonic()
+        # recovered: a write and the reads after it succeed
+        deadline = zeo_up_at + 90
+        while time.monotonic() < deadline:
+            if writes and writes[-1][1] and writes[-1][0] > zeo_up_at and reads[-1][1]:
+                break
+            time.sleep(0.5)
+        recovered_at = time.monotonic()
+        time.sleep(3)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    failed_reads = sum(1 for t, ok in reads if not ok and t >= restart_at)
+    failed_writes = sum(1 for t, ok in writes if not ok and t >= restart_at)
+    print(f"\nZEO restart: {zeo_up_at - restart_at:.1f} s to restart, recovered "
+          f"{recovered_at - zeo_up_at:.1f} s after; {len(reads)} reads ({failed_reads} failed), "
+          f"{len(writes)} writes ({failed_writes} failed), {len(created)} documents committed")
+    assert recovered_at < deadline, "no successful write and read within 90 s after ZEO came back"
+    assert all(ok for t, ok in reads[-10:]), "reads still failing at the end"
+    run([STACK, "wait-up", "--timeout", "120"], timeout=180)
+    for name, base in stack.client_urls.items():  # each client sees every committed document
+        listing = requests.get(base + "/Plone/@search", params={"portal_type": "Document", "b_size": 1000,
+                                                                "sort_on": "id"},
+                               auth=auth, headers={"Accept": "application/json"}, timeout=60).json()
+        present = {item["@id"].rsplit("/", 1)[1] for item in listing["items"]}
+        missing = [n for n in created if f"{prefix}-{n}" not in present]
+        assert not missing, f"{name} lacks committed documents {missing}"
+
+
+def test_rolling_restart_under_load_fails_no_request(stack, tmp_path):
+    """bin/stack restart (every client in turn, drained in HAProxy first) during a Locust
+    A/B run: 0 failed requests, and both servers UP afterwards."""
+    load = subprocess.Popen(
+        [sys.executable, "-m", "loadtests.abtest", "--duration", "75", "--users", "6",
+         "--spawn-rate", "6", "--out", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(5)
+        started = time.monotonic()
+        restart = run([STACK, "restart", "--timeout", "120"], timeout=300)
+        took = time.monotonic() - started
+        output, _ = load.communicate(timeout=200)
+    finally:
+        if load.poll() is None:
+            load.kill()
+    assert restart.stdout.count("UP again") == len(stack.client_urls), restart.stdout
+    (folder,) = list(tmp_path.iterdir())
+    report = json.loads((folder / "report.json").read_text())
+    print(f"\nrolling restart of {len(stack.client_urls)} clients in {took:.0f} s under load: "
+          f"{report['totals']['requests']} requests, {report['totals']['failures']} failed")
+    assert took < 75, "the restart must finish inside the load run to prove anything"
+    assert report["totals"]["failures"] == 0, (folder / "locust_failures.csv").read_text()
+    assert stack.states() == {**{n: "UP" for n in stack.client_urls}, "BACKEND": "UP"}
+
+
+def test_thousand_connections_on_every_path(stack, tmp_path):
+    """1,000 concurrent connections per path through HAProxy (short: 15 s per path): 0
+    socket errors, 0 non-2xx answers, 0 HAProxy 5xx, every path served."""
+    result = run([sys.executable, "-m", "loadtests.connections", "--connections", "1000",
+                  "--duration", "15", "--warmup", "2", "--out", str(tmp_path)], timeout=600, check=False)
+    print(result.stdout[-3000:])
+    (folder,) = list(tmp_path.iterdir())
+    data = json.loads((folder / "connections.json").read_text())
+    assert [p["path"] for p in data["paths"]] == ["/", "/Plone", "@json", "blob"]
+    for path in data["paths"]:
+        assert path["requests"] > 0, path
+        assert sum(path["socket_errors"].values()) == 0, path
+        assert path["non_2xx_3xx"] == 0, path
+        assert path["haproxy"]["hrsp_5xx"] == 0, path
+        # HAProxy held all 1,000: its queue reached several hundred requests
+        assert path["haproxy"]["backend_qmax"] > 500, path
+    assert result.returncode == 0, result.stdout + result.stderr
+    _all_serve(stack)
