@@ -85,11 +85,12 @@ def parse_args(argv):
 
 
 def haproxy_maxconn(config):
-    """Global ``maxconn`` of the stack's HAProxy config (from its ``-f`` file), or None."""
+    """``maxconn`` of the site's frontend in the stack's HAProxy config (its ``-f`` file),
+    or None."""
     argv = next(p["argv"] for p in config["processes"] if p["name"] not in config["server_kinds"]
                 and "-f" in p["argv"])
     text = open(argv[argv.index("-f") + 1], encoding="utf-8").read()
-    found = re.search(r"^global\b.*?^\s+maxconn\s+(\d+)", text, re.MULTILINE | re.DOTALL)
+    found = re.search(r"^frontend\b.*?^\s+maxconn\s+(\d+)", text, re.MULTILINE | re.DOTALL)
     return int(found.group(1)) if found else None
 
 
@@ -116,13 +117,18 @@ def run_wrk(wrk, url, accept, connections, duration, timeout, threads, progress=
     env = dict(os.environ, PLONEDEPLOY_ACCEPT=accept)
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    while True:
-        try:
-            output, _ = proc.communicate(timeout=5)
-            break
-        except subprocess.TimeoutExpired:
-            if progress:
-                progress(time.monotonic() - started)
+    try:
+        while True:
+            try:
+                output, _ = proc.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                if progress:
+                    progress(time.monotonic() - started)
+    finally:
+        if proc.poll() is None:  # interrupted: never leave wrk running
+            proc.kill()
+            proc.wait()
     found = re.search(r"^PLONEDEPLOY_WRK (\{.*\})$", output, re.MULTILINE)
     if proc.returncode != 0 or not found:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{output}")
@@ -162,7 +168,12 @@ def measure_path(args, config, wrk, label):
     kids_before = resource.getrusage(resource.RUSAGE_CHILDREN)
 
     def progress(elapsed):
-        rows = haproxy_stats.fetch(config["stats_url"])
+        try:
+            rows = haproxy_stats.fetch(config["stats_url"])
+        except OSError as exc:
+            print(f"  {label}: {elapsed:4.0f}/{args.duration} s, HAProxy stats not answering: {exc}",
+                  flush=True)
+            return
         done = sum(d["stot"] for d in haproxy_stats.deltas(before, rows, config["backend"]).values())
         queued = backend_row(rows, config["backend"])["qcur"]
         print(f"  {label}: {elapsed:4.0f}/{args.duration} s, {done} requests served, "

@@ -24,13 +24,14 @@ server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and 
     Largest request body in bytes, default 1073741824 (1 GiB, Zope's own default); larger
     ones get 413 from HAProxy, chunked request bodies 411.
 ``maxconn``
-    Client connections HAProxy holds at once (global ``maxconn``), default 4096. HAProxy
-    needs about 2 file descriptors per connection and refuses to start when the hard
-    limit (``ulimit -Hn``) is below 2 x maxconn + ~20 (measured: hard limit 20,000 allows
-    9,990). The servers' own ``maxconn`` is their thread count, not this.
+    Client connections the site's frontend holds at once, default 4096; the global
+    ``maxconn`` is 16 more, so that the stats page stays reachable when they are all
+    taken. HAProxy needs about 2 file descriptors per connection and refuses to start when
+    the hard limit (``ulimit -Hn``) is below 2 x (maxconn + 16) + ~40 (measured: a hard
+    limit of 20,000 allows 9,964). The servers' own ``maxconn`` is their thread count.
 ``manage-networks``
     Whitespace-separated IPv4/IPv6 networks (CIDR or address) allowed to reach Zope's
-    management screens (paths with a segment starting ``manage``); others get 403 from
+    management screens (paths with a segment ``manage`` or ``manage_<word>``); others get 403 from
     HAProxy. Empty (default): not blocked.
 ``template``
     Jinja2 template, default ``${buildout:directory}/haproxy/haproxy.cfg.j2``.
