@@ -152,23 +152,33 @@ def run_locust(args, config, directory, label=""):
     log_path = os.path.join(directory, "locust.log")
     with open(log_path, "wb") as log:
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=directory)
-        started = time.monotonic()
-        next_report = started + 5.0
-        before = haproxy_stats.fetch(config["stats_url"])
-        while child.poll() is None:
-            time.sleep(0.2)
-            now = time.monotonic()
-            elapsed = now - started
-            if now >= next_report:
-                next_report += 5.0
+        try:
+            started = time.monotonic()
+            next_report = started + 5.0
+            before = haproxy_stats.fetch(config["stats_url"])
+            while child.poll() is None:
+                time.sleep(0.2)
+                now = time.monotonic()
+                elapsed = now - started
+                if now >= next_report:
+                    next_report += 5.0
+                    try:
+                        delta = haproxy_stats.deltas(before, haproxy_stats.fetch(config["stats_url"]),
+                                                     config["backend"])
+                        counts = ", ".join(f"{n} {d['stot']}" for n, d in delta.items())
+                    except OSError:
+                        counts = "stats not answering"
+                    print(f"  {label}{min(elapsed, args.duration):5.0f}/{args.duration} s  requests: {counts}",
+                          flush=True)
+        finally:
+            # Interrupted (Ctrl-C, SIGTERM): Locust must not keep sending traffic.
+            if child.poll() is None:
+                child.terminate()
                 try:
-                    delta = haproxy_stats.deltas(before, haproxy_stats.fetch(config["stats_url"]),
-                                                 config["backend"])
-                    counts = ", ".join(f"{n} {d['stot']}" for n, d in delta.items())
-                except OSError:
-                    counts = "stats not answering"
-                print(f"  {label}{min(elapsed, args.duration):5.0f}/{args.duration} s  requests: {counts}",
-                      flush=True)
+                    child.wait(15)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
     with open(log_path, encoding="utf-8", errors="replace") as fp:
         summary = fp.read()
     print(summary[-4000:] if child.returncode not in (0, 1) else "", end="")
