@@ -94,22 +94,24 @@ def _pct(value):
 
 
 def summary_table(report):
-    """Markdown table: one row per mode and server, and a total row per mode."""
+    """Markdown table: one row per mode and server, and a total row per mode (with the
+    CPU share other processes on the machine used meanwhile, in percent of all cores)."""
     lines = [
-        "| mode | server | WSGI server | requests | share | req/s | p50 ms | p95 ms | p99 ms | failures |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| mode | server | WSGI server | requests | share | req/s | p50 ms | p95 ms | p99 ms | failures "
+        "| foreign CPU |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode, data in report["modes"].items():
         for name, s in data["servers"].items():
             lines.append(
                 f"| {mode} | {name} | {s['wsgi_server']} | {_fmt(s['requests'])} | {_pct(s['share'])} "
                 f"| {_fmt(s['rps'])} | {_fmt(s['p50_ms'])} | {_fmt(s['p95_ms'])} | {_fmt(s['p99_ms'])} "
-                f"| {_fmt(s['failures'])} |"
+                f"| {_fmt(s['failures'])} | |"
             )
         t = data["totals"]
         lines.append(
             f"| **{mode}** | all | | {_fmt(t['requests'])} | {_fmt(t['haproxy_sessions'])} HAProxy sessions "
-            f"| {_fmt(t['rps'])} | | | | {_fmt(t['failures'])} |"
+            f"| {_fmt(t['rps'])} | | | | {_fmt(t['failures'])} | {_fmt(t['foreign_percent'])}% |"
         )
     return "\n".join(lines)
 
