@@ -344,8 +344,11 @@ def run_modes(args, config, directory, modes):
                   f"{data['totals']['failures']} failures, {data['totals']['rps']:.1f} req/s; share {shares}; "
                   f"foreign CPU {data['meta']['cpu']['foreign_percent']}%", flush=True)
             worst = max(worst, 0 if data["totals"]["failures"] == 0 and code == 0 else 1)
+            # The log is complete now that this HAProxy has stopped.
+            logged, queued = balancers.queue_waits(balancer.log_path, config["backend"])
             runs.append({"mode": mode, "round": round_no, "directory": name, "report": data,
-                         "per_server": per_server, "balancer_pid": balancer.pid})
+                         "per_server": per_server, "balancer_pid": balancer.pid,
+                         "queue": {"logged": logged, "queued": queued}})
     meta = {
         "started": os.path.basename(directory),
         "modes": modes,

@@ -3,14 +3,17 @@
 Input: ``runs``, one dict per Locust run (a mode in one round), each with ``mode``,
 ``round`` (1-based), ``directory`` (the run's folder, relative to the report), ``report``
 (that run's ``loadtests.report.build`` dict, computed from the run's own temporary
-HAProxy's stats) and ``per_server`` (the locustfile's per-server JSON, for its
-response-time histograms).
+HAProxy's stats), ``per_server`` (the locustfile's per-server JSON, for its
+response-time histograms), ``balancer_pid`` and ``queue`` (``{"logged", "queued"}`` from
+``balancers.queue_waits`` on that HAProxy's log).
 
 Per mode and server, over all rounds of that mode: ``requests`` and ``failures`` (Locust,
 grouped by ``X-Served-By``), ``haproxy_sessions`` (``stot`` delta of that mode's HAProxy),
 ``share`` (of those sessions, 0..1), ``rps`` (Locust requests / summed Locust elapsed
 seconds) and ``p50_ms``/``p95_ms``/``p99_ms`` (from the merged Locust histograms, all
-paths). ``foreign_percent`` is the CPU the machine spent on other processes during the
+paths). ``queued_share`` (0..1) is the fraction of the logged requests that waited in
+HAProxy's queue for a free ``maxconn`` slot: those went to whichever server freed a slot
+first, whatever the balance mode. ``foreign_percent`` is the CPU the machine spent on other processes during the
 mode's runs, in percent of all cores.
 """
 import json
@@ -66,6 +69,8 @@ def build(meta, runs, server_kinds):
                 "rps": _ratio(sum(r["report"]["totals"]["requests"] for r in mine), elapsed),
                 "elapsed_s": round(elapsed, 1),
                 "foreign_percent": round(100.0 * foreign / (wall * cores), 1) if wall else None,
+                "queued_share": _ratio(sum(r["queue"]["queued"] for r in mine),
+                                       sum(r["queue"]["logged"] for r in mine)),
             },
             "rounds": [{
                 "round": r["round"],
@@ -76,6 +81,7 @@ def build(meta, runs, server_kinds):
                 "rps": r["report"]["totals"]["rps"],
                 "share": {n: s["share"] for n, s in r["report"]["servers"].items() if n in server_kinds},
                 "foreign_percent": r["report"]["meta"]["cpu"]["foreign_percent"],
+                "queued_share": _ratio(r["queue"]["queued"], r["queue"]["logged"]),
             } for r in mine],
         }
     return {"meta": meta, "modes": modes}
@@ -110,7 +116,8 @@ def summary_table(report):
             )
         t = data["totals"]
         lines.append(
-            f"| **{mode}** | all | | {_fmt(t['requests'])} | {_fmt(t['haproxy_sessions'])} HAProxy sessions "
+            f"| **{mode}** | all | | {_fmt(t['requests'])} | {_fmt(t['haproxy_sessions'])} HAProxy sessions, "
+            f"{_pct(t['queued_share'])} queued "
             f"| {_fmt(t['rps'])} | | | | {_fmt(t['failures'])} | {_fmt(t['foreign_percent'])}% |"
         )
     return "\n".join(lines)
@@ -138,19 +145,21 @@ def to_markdown(report, plot_name="modes.png"):
         "",
         "## Runs",
         "",
-        "| mode | round | requests | HAProxy sessions | req/s | share | foreign CPU | report |",
-        "|---|---:|---:|---:|---:|---|---:|---|",
+        "| mode | round | requests | HAProxy sessions | queued | req/s | share | foreign CPU | report |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for mode, data in report["modes"].items():
         for r in data["rounds"]:
             shares = ", ".join(f"{n} {_pct(v)}" for n, v in r["share"].items())
             out.append(
                 f"| {mode} | {r['round']} | {_fmt(r['requests'])} | {_fmt(r['haproxy_sessions'])} | "
-                f"{_fmt(r['rps'])} | {shares} | {_fmt(r['foreign_percent'])}% | "
+                f"{_pct(r['queued_share'])} | {_fmt(r['rps'])} | {shares} | {_fmt(r['foreign_percent'])}% | "
                 f"[{r['directory']}/report.md]({r['directory']}/report.md) |"
             )
-    out += ["", "Foreign CPU: what other processes on this shared machine used during the run, "
-            "in percent of all cores.", "", f"![per-mode plot]({plot_name})", ""]
+    out += ["", "Queued: requests that waited in HAProxy's queue for a free `maxconn` slot (from "
+            "that HAProxy's log); HAProxy gives a queued request to whichever server frees a slot "
+            "first, so the balance mode decides only for the others. Foreign CPU: what other "
+            "processes on this shared machine used during the run, in percent of all cores.", "", f"![per-mode plot]({plot_name})", ""]
     return "\n".join(out)
 
 

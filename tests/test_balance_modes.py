@@ -75,6 +75,23 @@ def test_derived_config_changes_only_balance_ports_and_socket():
         balancers.derive_config(template.replace("    balance leastconn\n", ""), "first", 9590, 9591)
 
 
+def test_queue_waits_counts_queued_requests(tmp_path):
+    # Lines as HAProxy 2.6 logs them with the deployed config (option httplog).
+    log = tmp_path / "haproxy.log"
+    log.write_text(
+        '127.0.0.1:50292 [22/Nov/2026:09:51:48.293] stats stats/<STATS> 0/0/0/0/0 200 2900 - - LR-- '
+        '1/1/0/0/0 0/0 "GET /stats;csv HTTP/1.1"\n'
+        '127.0.0.1:39392 [22/Nov/2026:09:51:49.916] plone zeoclients/instance 0/0/0/13/13 200 1116 - - ---- '
+        '10/10/9/1/0 0/0 "GET / HTTP/1.1"\n'
+        '127.0.0.1:39368 [22/Nov/2026:09:51:49.917] plone zeoclients/instance 0/13/0/37/50 200 2186 - - ---- '
+        '10/10/9/1/0 0/1 "GET /Plone HTTP/1.1"\n'
+        '127.0.0.1:39350 [22/Nov/2026:09:51:49.918] plone zeoclients/client2 0/0/0/34/49 200 2200 - - ---- '
+        '10/10/8/1/+1 2/0 "GET /Plone HTTP/1.1"\n'
+    )
+    assert balancers.queue_waits(str(log), "zeoclients") == (3, 2)
+    assert balancers.queue_waits(str(log), "other") == (0, 0)
+
+
 @pytest.mark.integration
 def test_ab_per_balance_mode(stack, tmp_path):
     config_before = _fingerprint(DEPLOYED_CONFIG)
@@ -100,6 +117,7 @@ def test_ab_per_balance_mode(stack, tmp_path):
             assert server["p50_ms"] <= server["p95_ms"] <= server["p99_ms"], (mode, name)
         assert data["totals"]["requests"] == data["totals"]["haproxy_sessions"] > 0, mode
         assert sum(s["share"] for s in servers.values()) == pytest.approx(1.0), mode
+        assert 0.0 <= data["totals"]["queued_share"] <= 1.0, mode
         (run_info,) = data["rounds"]
         run_dir = folder / run_info["directory"]
         # The run really went through a temporary HAProxy with this mode and other ports.
