@@ -295,9 +295,15 @@ def run_deployed(args, config, directory):
 
 
 def haproxy_argv(config):
-    """``(binary, config path)`` of the deployed HAProxy, from its argv in stack.json."""
-    argv = next(p["argv"] for p in config["processes"] if p["argv"][-2:-1] == ["-f"])
-    return argv[0], argv[-1]
+    """``(binary, config path)`` of the deployed HAProxy, from its argv in stack.json.
+
+    Returns None when the stack config names no HAProxy process (the Ansible role's
+    ``abtest.json`` describes only the frontend and stats URLs).
+    """
+    for proc in config.get("processes", []):
+        if proc["argv"][-2:-1] == ["-f"] and os.path.exists(proc["argv"][-1]):
+            return proc["argv"][0], proc["argv"][-1]
+    return None
 
 
 def run_modes(args, config, directory, modes):
@@ -379,10 +385,16 @@ def main(argv=None):
     if config is None:
         return 2
     modes = args.balance or [config.get("balance")]
+    deployed_only = modes == [config.get("balance")]
+    if not deployed_only and haproxy_argv(config) is None:
+        print(f"abtest: --balance needs the deployed HAProxy's config file, and {args.stack_config} "
+              "names no HAProxy process started with -f (run it with a buildout's parts/stack/stack.json)",
+              file=sys.stderr)
+        return 2
     started = datetime.now(timezone.utc)
     directory = os.path.join(args.out, started.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(directory, exist_ok=True)
-    if modes == [config.get("balance")]:
+    if deployed_only:
         return run_deployed(args, config, directory)
     if args.balancer_port is None:
         args.balancer_port = urlsplit(config["frontend_url"]).port + 10

@@ -169,3 +169,18 @@ def test_interrupted_run_stops_its_balancer(stack, tmp_path):
     assert locust and not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in locust)
     assert not port_taken(port) and not port_taken(port + 1)
     assert "[random, round 1/1]" not in proc.stdout.read()  # the next mode never started
+
+
+@pytest.mark.integration
+def test_balance_needs_the_deployed_haproxy_config(stack, tmp_path):
+    # The Ansible role's abtest.json names no processes: the plain run works with it,
+    # a per-mode run cannot copy a config it does not know, and says so.
+    config = dict(stack.config, processes=[])
+    path = tmp_path / "abtest.json"
+    path.write_text(json.dumps(config))
+    out = tmp_path / "reports"
+    result = run([sys.executable, "-m", "loadtests.abtest", "--stack-config", str(path),
+                  "--balance", "leastconn,roundrobin", "--out", str(out)], timeout=60, check=False)
+    assert result.returncode == 2
+    assert "--balance needs the deployed HAProxy's config file" in result.stderr
+    assert not out.exists()
