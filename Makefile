@@ -4,7 +4,8 @@
 #   make test    unit tests, real buildouts of the recipe, and the end-to-end integration test
 #
 # Other targets: multihost (Ansible over SSH into three network namespaces), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
-# Variables: AB_ARGS (passed to loadtests.abtest, e.g. AB_ARGS="--duration 30 --users 20"),
+# Variables: AB_ARGS (passed to loadtests.abtest, e.g. AB_ARGS="--duration 30 --users 20";
+#            AB_ARGS="--balance leastconn,roundrobin" compares HAProxy balance modes),
 #            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'").
 
 PYTHON ?= python3

@@ -17,9 +17,11 @@ Options added to Locust's own (``locust -f loadtests/locustfile.py --help``):
     At the end, write per-server statistics as JSON: responses are grouped by the
     ``X-Served-By`` header that HAProxy adds (``"-"`` when it is missing, e.g. a client
     tested directly). Shape: ``{"elapsed_s": seconds from test start to quit, "servers":
-    {server: {request name: ENTRY}}, "total": {request name: ENTRY}}`` with ENTRY
-    ``{num_requests, num_failures, avg_ms, min_ms, max_ms, p50_ms, p95_ms, p99_ms,
-    total_bytes}``; times in milliseconds, sizes in bytes. Unlike Locust's ``--csv``
+    {server: {request name: ENTRY}}, "server_totals": {server: ENTRY + "response_times"},
+    "total": {request name: ENTRY}}`` with ENTRY ``{num_requests, num_failures, avg_ms,
+    min_ms, max_ms, p50_ms, p95_ms, p99_ms, total_bytes}``; ``response_times`` is Locust's
+    histogram of that server's requests over all paths (``{"<rounded ms>": count}``);
+    times in milliseconds, sizes in bytes. Unlike Locust's ``--csv``
     (written when the run time is up), it includes requests that finish while the users
     stop, so it matches HAProxy's counters.
 
@@ -136,26 +138,37 @@ class PerServerStats:
                 stats.log_error(request_type, name, exception)
 
     @staticmethod
-    def _entries(stats):
-        out = {}
-        for (name, _method), entry in sorted(stats.entries.items()):
-            out[name] = {
-                "num_requests": entry.num_requests,
-                "num_failures": entry.num_failures,
-                "avg_ms": entry.avg_response_time,
-                "min_ms": entry.min_response_time or 0,
-                "max_ms": entry.max_response_time,
-                "p50_ms": entry.get_response_time_percentile(0.50),
-                "p95_ms": entry.get_response_time_percentile(0.95),
-                "p99_ms": entry.get_response_time_percentile(0.99),
-                "total_bytes": entry.total_content_length,
-            }
+    def _entry(entry):
+        return {
+            "num_requests": entry.num_requests,
+            "num_failures": entry.num_failures,
+            "avg_ms": entry.avg_response_time,
+            "min_ms": entry.min_response_time or 0,
+            "max_ms": entry.max_response_time,
+            "p50_ms": entry.get_response_time_percentile(0.50),
+            "p95_ms": entry.get_response_time_percentile(0.95),
+            "p99_ms": entry.get_response_time_percentile(0.99),
+            "total_bytes": entry.total_content_length,
+        }
+
+    @classmethod
+    def _entries(cls, stats):
+        return {name: cls._entry(entry) for (name, _method), entry in sorted(stats.entries.items())}
+
+    @classmethod
+    def _server_total(cls, stats):
+        # All paths of one server, with Locust's response-time histogram (rounded ms ->
+        # count) so that runs can be merged and their percentiles recomputed.
+        out = cls._entry(stats.total)
+        out["response_times"] = {str(ms): n for ms, n in sorted(stats.total.response_times.items())}
         return out
 
     def as_dict(self):
         return {
             "elapsed_s": time.time() - self.started,
             "servers": {server: self._entries(stats) for server, stats in sorted(self.by_server.items())},
+            "server_totals": {server: self._server_total(stats)
+                              for server, stats in sorted(self.by_server.items())},
             "total": self._entries(self.total),
         }
 

@@ -21,6 +21,32 @@ def _ratio(a, b):
     return a / b if b else None
 
 
+def percentile(histogram, fraction):
+    """Response time (ms) within which ``fraction`` (0..1) of the requests finished.
+
+    ``histogram`` is Locust's ``{rounded ms: count}`` (keys may be strings, as in JSON).
+    Same rule as ``locust.stats.calculate_response_time_percentile``, which this module
+    cannot import (importing Locust monkey-patches the process with gevent). Returns
+    None for an empty histogram.
+    """
+    counts = {int(ms): n for ms, n in histogram.items()}
+    total = sum(counts.values())
+    if not total:
+        return None
+    allowed_above = int(total * fraction)
+    seen = 0
+    for ms in sorted(counts, reverse=True):
+        seen += counts[ms]
+        if total - seen <= allowed_above:
+            return ms
+    return 0
+
+
+def latency(histogram):
+    """``{"p50_ms", "p95_ms", "p99_ms"}`` of a Locust histogram (see ``percentile``)."""
+    return {f"p{q}_ms": percentile(histogram, q / 100) for q in (50, 95, 99)}
+
+
 def _path_entry(entry, elapsed):
     return {
         "requests": entry["num_requests"],
@@ -39,9 +65,10 @@ def build(meta, haproxy, per_server, server_kinds):
     """Assemble the report dict (see the module docstring for inputs).
 
     Returns ``{"meta", "servers", "paths", "ratios", "totals"}``; ``servers[name]`` has
-    ``wsgi_server``, ``haproxy`` (counter deltas), ``share`` (of HAProxy sessions) and
-    ``paths[name]`` with requests, failures, share (of that path's requests), rps, avg/p50/
-    p95/p99/max latency and bytes.
+    ``wsgi_server``, ``haproxy`` (counter deltas), ``share`` (of HAProxy sessions),
+    ``latency`` (p50/p95/p99 ms over all its paths, when the locustfile wrote
+    ``server_totals``) and ``paths[name]`` with requests, failures, share (of that path's
+    requests), rps, avg/p50/p95/p99/max latency and bytes.
     """
     elapsed = per_server.get("elapsed_s") or meta.get("duration_s") or 1.0
     by_server = per_server.get("servers", {})
@@ -64,6 +91,7 @@ def build(meta, haproxy, per_server, server_kinds):
             "requests": sum(p["requests"] for p in paths.values()),
             "failures": sum(p["failures"] for p in paths.values()),
             "rps": sum(p["rps"] for p in paths.values()),
+            "latency": latency(per_server.get("server_totals", {}).get(name, {}).get("response_times", {})),
             "paths": paths,
         }
     paths = {path: _path_entry(total[path], elapsed) for path in PATHS if path in total}
