@@ -232,6 +232,7 @@ def test_zeo_restart_loses_nothing_committed(stack):
     assert len(created) == 10, "writes before the restart must all succeed"
     stop = threading.Event()
     reads, writes = [], []  # (monotonic time, ok)
+    write_errors = []  # status code or exception name of each failed POST
 
     def reader():
         while not stop.is_set():
@@ -247,6 +248,8 @@ def test_zeo_restart_loses_nothing_committed(stack):
         while not stop.is_set():
             status = post(number)
             writes.append((time.monotonic(), status == 201))
+            if status != 201:
+                write_errors.append(status)
             if status == 201:
                 created.append(number)
             number += 1
@@ -276,7 +279,7 @@ def test_zeo_restart_loses_nothing_committed(stack):
     failed_writes = sum(1 for t, ok in writes if not ok and t >= restart_at)
     print(f"\nZEO restart: {zeo_up_at - restart_at:.1f} s to restart, recovered "
           f"{recovered_at - zeo_up_at:.1f} s after; {len(reads)} reads ({failed_reads} failed), "
-          f"{len(writes)} writes ({failed_writes} failed), {len(created)} documents committed")
+          f"{len(writes)} writes ({failed_writes} failed: {write_errors}), {len(created)} documents committed")
     assert recovered_at < deadline, "no successful write and read within 90 s after ZEO came back"
     assert all(ok for t, ok in reads[-10:]), "reads still failing at the end"
     run([STACK, "wait-up", "--timeout", "120"], timeout=180)
