@@ -36,6 +36,9 @@ def settings(conf, proc_name):
         preload_app=False,   # the app is loaded in the worker, never in the arbiter
         proc_name=proc_name,
         errorlog="-",
+        # gunicorn 27's control socket defaults to one path per user ($HOME/.gunicorn/
+        # gunicorn.ctl), shared by every client on the machine: off.
+        control_socket_disable=True,
         accesslog=None,      # the ini's translogger writes the access log
     )
 
