@@ -37,6 +37,7 @@ def test_uwsgi_runs_one_process_without_master_on_the_loaded_app():
     assert value("--module") == "plonedeploy.recipe.servers.uwsgi:application"
     assert value("--buffer-size") == "32768"
     assert "--master" not in args
+    assert "--tcp-nodelay" in args  # else ~40 ms per kept-alive response (Nagle vs. delayed ACK)
     assert "--http-socket" in uwsgi.uwsgi_args(dict(UWSGI, http_keepalive="false"))
 
 

@@ -33,6 +33,9 @@ def uwsgi_args(conf):
         "--listen", str(as_int(conf, "listen")),
         "--buffer-size", str(as_int(conf, "buffer_size")),
         "--socket-timeout", str(as_int(conf, "http_timeout")),
+        # Without it, a kept-alive connection stalls ~40 ms per response (Nagle's
+        # algorithm against the client's delayed ACK): 45 req/s on / instead of hundreds.
+        "--tcp-nodelay",
         "--need-app",                         # exit if the app cannot be found
         "--disable-logging",                  # the ini's access log (translogger) logs requests
         "--ignore-sigpipe", "--ignore-write-errors", "--disable-write-exception",
