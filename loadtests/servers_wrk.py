@@ -20,7 +20,9 @@ Exit status: 0, or 2 if the stack is not running or wrk is missing. Traffic goes
 127.0.0.1.
 """
 import argparse
+import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -93,6 +95,7 @@ def wait_up(url, proc, timeout=180):
 
 
 def group_processes(proc):
+    """``{"client-<pid>": psutil.Process}`` of the client ``proc`` and its descendants."""
     try:
         parent = psutil.Process(proc.pid)
         return {f"client-{p.pid}": p for p in [parent] + parent.children(recursive=True)}
@@ -101,8 +104,6 @@ def group_processes(proc):
 
 
 def main(argv=None):
-    import json
-
     parser = argparse.ArgumentParser(prog="python -m loadtests.servers_wrk",
                                      description=__doc__.split("\n\n")[0])
     others = [s for s in serverbuild.SERVERS if s != "pyruvate"]
@@ -139,7 +140,7 @@ def main(argv=None):
     os.makedirs(build, exist_ok=True)
     if not all(os.path.exists(os.path.join(build, "bin", f"c_{s}")) for s in servers):
         print(f"building {build} ...", flush=True)
-        result = serverbuild.build(__import__("pathlib").Path(build), base_port,
+        result = serverbuild.build(pathlib.Path(build), base_port,
                                    f"127.0.0.1:{zeo_port}", os.path.join(ROOT, "var", "blobstorage"))
         if result.returncode != 0:
             print(result.stdout[-2000:] + result.stderr[-2000:], file=sys.stderr)

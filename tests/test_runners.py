@@ -48,3 +48,20 @@ def test_gunicorn_one_gthread_worker_app_loaded_in_the_worker():
     assert options["preload_app"] is False
     assert options["control_socket_disable"] is True
     assert options["limit_request_fields"] == 100 and options["keepalive"] == 5
+
+
+def test_servers_wrk_reads_wrk_latency_output():
+    from loadtests.servers_wrk import parse_wrk
+
+    out = """Running 5s test @ http://127.0.0.1:9389/
+  Latency Distribution
+     50%  440.00us
+     75%    5.00ms
+     99%    1.20s
+  1890 requests in 5.00s, 1.90MB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+  Non-2xx or 3xx responses: 4
+Requests/sec:    377.80
+"""
+    assert parse_wrk(out) == {"rps": 377.8, "p50_ms": 0.44, "p99_ms": 1200.0, "non_2xx": 4,
+                              "socket_errors": 3}

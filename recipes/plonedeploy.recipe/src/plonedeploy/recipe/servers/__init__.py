@@ -22,9 +22,6 @@ Each runner reads only the keys the recipe's template writes and refuses any oth
 """
 import os
 
-#: Environment variable in which a supervisor factory hands the ini path to its worker.
-INI_ENV = "PLONEDEPLOY_WSGI_INI"
-
 
 def take(conf, server, known):
     """Return ``conf`` (the ``[server:main]`` keys) if every key is in ``known``.
