@@ -69,6 +69,7 @@ def build(directory, base_port, zeo_address, blob_storage, timeout=600):
 def start(directory, server, log_path):
     """Start client ``c_<server>`` of the build in ``directory`` as bin/stack does
     (``bin/c_<server> console``, own process group, output to ``log_path``); returns Popen."""
+    directory = os.path.abspath(directory)
     with open(log_path, "w") as out:
         return subprocess.Popen([os.path.join(directory, "bin", f"c_{server}"), "console"],
                                 cwd=directory, stdout=out, stderr=subprocess.STDOUT,
