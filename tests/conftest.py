@@ -109,3 +109,27 @@ def stack():
 def pytest_collection_modifyitems(session, config, items):
     """Run tests marked ``stack_last`` (they stop the stack) after every other test."""
     items.sort(key=lambda item: item.get_closest_marker("stack_last") is not None)
+
+
+@pytest.fixture(scope="session")
+def servers_build(tmp_path_factory):
+    """A buildout (loadtests/serverbuild.py) with one ZEO client part ``c_<server>`` per server.
+
+    Built once per session for tests/test_recipe_buildout.py and tests/test_servers.py.
+    Its clients are ZEO clients of this build's zeoserver (blob directory shared), on the
+    ports after this build's ``client2`` (8083-8090 in buildout.cfg, 9383-9390 in a
+    worktree on 93xx); without a build, of 127.0.0.1:18100 on 18083-18090 (render only).
+    Returns ``(directory, {server: port}, CompletedProcess)``; the first run downloads the
+    servers' eggs into eggs/ (and compiles bjoern against libev).
+    """
+    from loadtests import serverbuild
+
+    if os.path.exists(STACK_JSON):
+        described = Stack()
+        zeo_address = f"127.0.0.1:{described.ports['zeoserver']}"
+        base_port = max(described.ports[name] for name in described.kinds) + 1
+    else:
+        zeo_address, base_port = "127.0.0.1:18100", 18083
+    directory = tmp_path_factory.mktemp("servers")
+    result = serverbuild.build(directory, base_port, zeo_address, os.path.join(ROOT, "var", "blobstorage"))
+    return directory, serverbuild.ports(base_port), result

@@ -49,10 +49,33 @@ def test_threads_parses():
 
 def test_server_choice_names_allowed_values():
     with pytest.raises(zc.buildout.UserError) as err:
-        options.check_choice("instance", "wsgi-server", "gunicorn", tuple(options.SERVERS))
+        options.check_choice("instance", "wsgi-server", "tornado", tuple(options.SERVERS))
     assert str(err.value) == (
-        "[instance] wsgi-server = 'gunicorn' is invalid: expected one of: pyruvate, waitress"
+        "[instance] wsgi-server = 'tornado' is invalid: expected one of: pyruvate, waitress, "
+        "gunicorn, cheroot, granian, bjoern, uwsgi, gevent"
     )
+
+
+@pytest.mark.parametrize("server, value, expected", [
+    ("pyruvate", None, 2), ("granian", "4", 4), ("bjoern", None, 1), ("gevent", "1", 1),
+])
+def test_threads_default_and_value_per_server(server, value, expected):
+    assert options.parse_threads("c", server, value) == expected
+
+
+@pytest.mark.parametrize("server", options.SINGLE_THREADED)
+def test_single_threaded_servers_refuse_more_threads(server):
+    with pytest.raises(zc.buildout.UserError) as err:
+        options.parse_threads("c", server, "2")
+    assert str(err.value) == (
+        f"[c] threads = '2' is invalid: expected 1 for wsgi-server = {server} "
+        "(it calls the app from one thread, one request at a time)"
+    )
+
+
+def test_every_server_has_a_template():
+    for server in options.SERVERS:
+        assert os.path.isfile(os.path.join(ROOT, "templates", f"{server}.ini.in")), server
 
 
 ZOPE_CONF = """\

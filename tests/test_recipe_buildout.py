@@ -1,11 +1,15 @@
 """The recipes run by a real bin/buildout in a temporary directory.
 
 With this checkout's pinned eggs (``make build`` fetched them) and ``newest = false``, so
-nothing is downloaded and each buildout takes seconds. (``offline = true`` would be the
+nothing is downloaded and each buildout takes seconds -- except the servers' eggs that the
+demo's parts do not use (gunicorn, cheroot, granian, bjoern, pyuwsgi, gevent and their
+dependencies): the first build of ``servers_build`` (conftest.py, one client part per
+``wsgi-server`` value) fetches those pinned eggs into eggs/ and compiles bjoern (~1 min). (``offline = true`` would be the
 natural setting, but zc.buildout 6.0.1 then fails to find eggs in the v5 eggs directory.) Each bad option must stop bin/buildout with a one-line UserError that names
 the part, the option, the value and what is allowed, before anything is installed.
 """
 import configparser
+import json
 import os
 import re
 import subprocess
@@ -13,6 +17,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT
+from plonedeploy.recipe.options import SERVERS
 
 pytestmark = pytest.mark.buildout
 
@@ -147,8 +152,6 @@ def test_haproxy_config_from_client_parts(built):
 
 def test_stack_script_and_config(built):
     directory, _ = built
-    import json
-
     config = json.loads((directory / "parts" / "stack" / "stack.json").read_text())
     assert [p["name"] for p in config["processes"]] == ["zeoserver", "instance", "client2", "haproxy"]
     assert config["server_kinds"] == {"instance": "pyruvate", "client2": "waitress"}
@@ -177,8 +180,11 @@ def test_second_buildout_keeps_parts(built):
 
 
 BAD = [
-    ("[instance]\nwsgi-server = gunicorn\n",
-     "[instance] wsgi-server = 'gunicorn' is invalid: expected one of: pyruvate, waitress"),
+    ("[instance]\nwsgi-server = tornado\n",
+     "[instance] wsgi-server = 'tornado' is invalid: expected one of: pyruvate, waitress, gunicorn, "
+     "cheroot, granian, bjoern, uwsgi, gevent"),
+    ("[instance]\nwsgi-server = bjoern\nthreads = 2\n",
+     "[instance] threads = '2' is invalid: expected 1 for wsgi-server = bjoern"),
     ("[instance]\nhttp-address = 8081\n",
      "[instance] http-address = '8081' is invalid: expected one host:port such as 127.0.0.1:8081"),
     ("[instance]\nhttp-address = 127.0.0.1:99999\n",
@@ -214,3 +220,57 @@ def test_bad_option_fails_buildout_with_named_error(tmp_path, extra, message):
     assert f"Error: {message}" in output, output
     assert "Traceback" not in output
     assert not (tmp_path / "parts" / "instance").exists()  # nothing was installed
+
+
+# Every wsgi-server value, each in a part c_<server> of one buildout (conftest.servers_build).
+SERVER_USE = {"pyruvate": "egg:pyruvate#main", "waitress": "egg:waitress#main"}
+SINGLE = {"bjoern", "gevent"}
+
+
+def test_every_server_builds(servers_build):
+    _, _, result = servers_build
+    assert result.returncode == 0, result.stdout + result.stderr
+    for server in SERVERS:
+        assert f"c_{server}: {server} on 127.0.0.1:" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("server", list(SERVERS))
+def test_server_ini_pool_size_and_eggs(servers_build, server):
+    directory, ports, result = servers_build
+    assert result.returncode == 0, result.stdout + result.stderr
+    part = directory / "parts" / f"c_{server}"
+    section = _ini(part / "etc" / "wsgi.ini")["server:main"]
+    threads = 1 if server in SINGLE else 2
+    assert section["use"] == SERVER_USE.get(server, f"egg:plonedeploy.recipe#{server}")
+    address = (f"{section['host']}:{section['port']}" if "host" in section
+               else section.get("socket") or section["listen"])
+    assert address == f"127.0.0.1:{ports[server]}"
+    assert int(section.get("threads") or section.get("workers")) == threads
+    text = (part / "etc" / "zope.conf").read_text()
+    main = text[text.index("<zodb_db main>"):]
+    assert re.findall(r"^\s*pool-size (\d+)$", main[:main.index("</zodb_db>")], re.MULTILINE) == [str(threads)]
+    script = (directory / "bin" / f"c_{server}").read_text()
+    for egg in SERVERS[server]:
+        if egg != "plonedeploy.recipe":  # a develop egg: its src directory is on the path
+            assert re.search(rf"/{re.escape(egg)}-[\d.]+(post\d+)?-py3", script), egg
+
+
+@pytest.mark.parametrize("server", [s for s in SERVERS if s not in SERVER_USE])
+def test_runner_entry_point_loads_and_reads_the_template_keys(servers_build, server):
+    """The ini's entry point resolves in the client's own interpreter (the server egg is
+    importable, bjoern's C extension links), and its runner reads exactly the ini's keys."""
+    directory, _, _ = servers_build
+    section = _ini(directory / "parts" / f"c_{server}" / "etc" / "wsgi.ini")["server:main"]
+    code = (
+        "import importlib.metadata as m, json, importlib\n"
+        f"ep, = [e for g in ('paste.server_runner', 'paste.server_factory') for e in m.entry_points(group=g) if e.name == {server!r}]\n"
+        "mod = importlib.import_module(ep.module)\n"
+        f"importlib.import_module({SERVERS[server][-1]!r})\n"
+        "print(json.dumps([ep.value, list(mod.KEYS)]))\n"
+    )
+    out = subprocess.run([str(directory / "parts" / f"c_{server}" / "bin" / "interpreter"), "-c", code],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    value, keys = json.loads(out.stdout.splitlines()[-1])
+    assert value.startswith(f"plonedeploy.recipe.servers.{server}:")
+    assert set(keys) == set(section) - {"use"}

@@ -1,4 +1,4 @@
-"""plonedeploy.recipe: buildout recipes for ZEO clients served by pyruvate or waitress.
+"""plonedeploy.recipe: buildout recipes for ZEO clients served by pyruvate, waitress and other WSGI servers.
 
 Entry points (use them as ``recipe = plonedeploy.recipe:<name>``):
 
@@ -8,13 +8,17 @@ Entry points (use them as ``recipe = plonedeploy.recipe:<name>``):
 - ``haproxy``: renders ``haproxy/haproxy.cfg.j2`` from the client parts and checks it
   with ``haproxy -c``.
 - ``stack``: writes ``bin/stack`` (start/stop/status of zeoserver, clients and HAProxy).
+
+PasteDeploy server runners (``use = egg:plonedeploy.recipe#<server>`` in a client's
+wsgi.ini) for gunicorn, cheroot, granian, bjoern, uwsgi (pyuwsgi) and gevent:
+``plonedeploy.recipe.servers``.
 """
 from setuptools import find_packages, setup
 
 setup(
     name="plonedeploy.recipe",
     version="0.1.0",
-    description="Buildout recipes for Plone ZEO clients on pyruvate/waitress behind HAProxy",
+    description="Buildout recipes for Plone ZEO clients on pyruvate, waitress and other WSGI servers behind HAProxy",
     long_description=__doc__,
     license="GPL-2.0-only",
     packages=find_packages("src"),
@@ -36,6 +40,19 @@ setup(
             "instance = plonedeploy.recipe.instance:Recipe",
             "haproxy = plonedeploy.recipe.haproxy:Recipe",
             "stack = plonedeploy.recipe.stack:Recipe",
+        ],
+        # WSGI servers without a PasteDeploy entry point usable with Zope: the ZEO
+        # client's wsgi.ini says "use = egg:plonedeploy.recipe#<server>" (see
+        # plonedeploy/recipe/servers/__init__.py for the two kinds).
+        "paste.server_runner": [
+            "cheroot = plonedeploy.recipe.servers.cheroot:serve",
+            "bjoern = plonedeploy.recipe.servers.bjoern:serve",
+            "uwsgi = plonedeploy.recipe.servers.uwsgi:serve",
+            "gevent = plonedeploy.recipe.servers.gevent:serve",
+        ],
+        "paste.server_factory": [
+            "gunicorn = plonedeploy.recipe.servers.gunicorn:server_factory",
+            "granian = plonedeploy.recipe.servers.granian:server_factory",
         ],
     },
 )

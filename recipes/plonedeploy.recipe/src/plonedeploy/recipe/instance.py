@@ -1,16 +1,19 @@
-"""``plonedeploy.recipe:instance`` -- a ZEO client served by pyruvate or waitress.
+"""``plonedeploy.recipe:instance`` -- a ZEO client served by one of several WSGI servers.
 
 A thin layer over ``plone.recipe.zope2instance``: every option not listed here passes
 through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eggs``,
 ``zodb-cache-size``, ``event-log``, ...). Options read here:
 
 ``wsgi-server``
-    ``pyruvate`` (default) or ``waitress``. Adds that server's egg to ``eggs`` and renders
-    the part's ``etc/wsgi.ini`` from ``<templates-directory>/<wsgi-server>.ini.in``.
+    ``pyruvate`` (default), ``waitress``, ``gunicorn``, ``cheroot``, ``granian``,
+    ``bjoern``, ``uwsgi`` or ``gevent`` (``options.SERVERS``; docs/servers.md). Adds that
+    server's eggs to ``eggs`` and renders the part's ``etc/wsgi.ini`` from
+    ``<templates-directory>/<wsgi-server>.ini.in``.
 ``http-address``
     Required; exactly one ``host:port`` (pyruvate's ``socket``, waitress' ``listen``).
 ``threads``
-    Positive integer, default 2: pyruvate ``workers`` / waitress ``threads``, and also the
+    Positive integer, default 2 (1 for bjoern and gevent, which allow only 1): the
+    server's worker threads (pyruvate ``workers``, waitress ``threads``, ...), and also the
     ZODB ``pool-size`` written into ``<zodb_db main>`` of ``etc/zope.conf``, because each
     concurrent request holds one ZODB connection with its own object cache of
     ``zodb-cache-size`` objects (memory ~ threads x zodb-cache-size x object size).
@@ -36,12 +39,11 @@ from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
 
 from plonedeploy.recipe.options import (
     DEFAULT_SERVER,
-    DEFAULT_THREADS,
     SERVERS,
     check_choice,
     insert_pool_size,
     parse_http_address,
-    parse_positive_int,
+    parse_threads,
     render_template,
 )
 
@@ -61,7 +63,7 @@ class Recipe(Zope2InstanceRecipe):
                 f"[{name}] http-address is required: one host:port such as 127.0.0.1:8081"
             )
         self.host, self.port = parse_http_address(name, options["http-address"])
-        self.threads = parse_positive_int(name, options.get("threads", str(DEFAULT_THREADS)))
+        self.threads = parse_threads(name, self.server, options.get("threads"))
         options["threads"] = str(self.threads)
         options["pool-size"] = str(self.threads)
 
@@ -81,8 +83,7 @@ class Recipe(Zope2InstanceRecipe):
             )
 
         eggs = options.get("eggs", "").split()
-        if SERVERS[self.server] not in eggs:
-            eggs.append(SERVERS[self.server])
+        eggs += [egg for egg in SERVERS[self.server] if egg not in eggs]
         options["eggs"] = "\n".join(eggs)
 
         location = os.path.join(buildout["buildout"]["parts-directory"], name)

@@ -12,12 +12,26 @@ import re
 import jinja2
 import zc.buildout
 
-#: WSGI servers the ``instance`` recipe can render, mapped to the egg that provides them.
-#: Each needs a ``templates/<name>.ini.in``.
+#: WSGI servers the ``instance`` recipe can render, mapped to the eggs the ZEO client needs
+#: for them (added to its ``eggs``). Each needs a ``templates/<name>.ini.in``. Servers
+#: without a PasteDeploy entry point usable with Zope run through a runner of this
+#: distribution (``egg:plonedeploy.recipe#<name>``, plonedeploy/recipe/servers/);
+#: ``uwsgi`` is the uWSGI project's ``pyuwsgi`` wheel (uWSGI as a Python extension).
+#: See docs/servers.md.
 SERVERS = {
-    "pyruvate": "pyruvate",
-    "waitress": "waitress",
+    "pyruvate": ("pyruvate",),
+    "waitress": ("waitress",),
+    "gunicorn": ("plonedeploy.recipe", "gunicorn"),
+    "cheroot": ("plonedeploy.recipe", "cheroot"),
+    "granian": ("plonedeploy.recipe", "granian"),
+    "bjoern": ("plonedeploy.recipe", "bjoern"),
+    "uwsgi": ("plonedeploy.recipe", "pyuwsgi"),
+    "gevent": ("plonedeploy.recipe", "gevent"),
 }
+#: Servers that call the app from one thread, one request at a time (bjoern's libev loop;
+#: gevent's greenlets, which without monkey-patching would share Zope's thread-local
+#: transaction): for them ``threads`` defaults to, and must be, 1.
+SINGLE_THREADED = ("bjoern", "gevent")
 DEFAULT_SERVER = "pyruvate"
 
 #: Default worker threads per ZEO client. Two threads keep one Zope process (which uses at
@@ -82,6 +96,22 @@ def parse_network(part, option, value):
         return str(ipaddress.ip_network(value.strip(), strict=False))
     except ValueError:
         fail(part, option, value, "IPv4/IPv6 networks such as 127.0.0.1/32 10.0.0.0/8")
+
+
+def parse_threads(part, server, value=None):
+    """``threads`` of a ZEO client on ``server`` as an int; ``value`` None means the default.
+
+    The default is :data:`DEFAULT_THREADS`, or 1 for :data:`SINGLE_THREADED` servers,
+    which refuse any other value (their ZODB pool-size and HAProxy maxconn are then 1).
+    Raises ``zc.buildout.UserError`` naming part, option, value and what is allowed.
+    """
+    if value is None:
+        return 1 if server in SINGLE_THREADED else DEFAULT_THREADS
+    threads = parse_positive_int(part, value)
+    if server in SINGLE_THREADED and threads != 1:
+        fail(part, "threads", value,
+             f"1 for wsgi-server = {server} (it calls the app from one thread, one request at a time)")
+    return threads
 
 
 def check_choice(part, option, value, choices):

@@ -1,0 +1,185 @@
+"""Quick side-by-side figure per WSGI server: wrk on ``/`` direct to one ZEO client.
+
+Usage (stack running with the site, ``make start``; ``wrk`` on PATH)::
+
+    .venv/bin/python -m loadtests.servers_wrk [--servers gunicorn,cheroot,...]
+        [--connections 10] [--duration 5] [--path /] [--build var/servers-bench]
+
+Builds ``--build`` (loadtests/serverbuild.py: one ZEO client part per server, ZEO clients of
+the stack's zeoserver, on the ports after the stack's client2) unless it is built, then
+for each server in turn: starts its client, waits for ``GET <path>`` to answer 200, runs
+``wrk --latency -t1 -c<connections> -d<duration>s`` against the stack's pyruvate client
+(``instance``) and then against the server's client, stops the client, and prints one row:
+requests/s of each, the ratio server/pyruvate, p50/p99 latency (ms) from wrk, non-2xx
+responses and socket errors, and the CPU load of other processes on the machine during
+the two runs (``foreign %`` of all cores: machine busy time minus the stack's, the
+client's and wrk's CPU time). Quick and noisy: 5 s runs on a shared 2-core machine;
+compare ratios within one run, not absolute figures across runs.
+
+Exit status: 0, or 2 if the stack is not running or wrk is missing. Traffic goes only to
+127.0.0.1.
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import psutil
+import requests
+
+from loadtests import serverbuild
+from loadtests.abtest import cpu_seconds, machine_busy_seconds, stack_pids
+
+ROOT = serverbuild.ROOT
+STACK_JSON = os.path.join(ROOT, "parts", "stack", "stack.json")
+_UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+
+
+def parse_wrk(text):
+    """``{"rps", "p50_ms", "p99_ms", "non_2xx", "socket_errors"}`` from ``wrk --latency`` output."""
+    def latency(pct):
+        match = re.search(rf"^\s*{pct}%\s+([\d.]+)(us|ms|s|m)\s*$", text, re.MULTILINE)
+        return round(float(match.group(1)) * _UNITS_MS[match.group(2)], 2) if match else None
+
+    rps = re.search(r"^Requests/sec:\s+([\d.]+)", text, re.MULTILINE)
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    return {
+        "rps": float(rps.group(1)) if rps else 0.0,
+        "p50_ms": latency(50),
+        "p99_ms": latency(99),
+        "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
+        "socket_errors": sum(int(n) for n in errors.groups()) if errors else 0,
+    }
+
+
+def run_wrk(url, connections, duration):
+    """Run wrk on ``url``; returns (parse_wrk result, wrk's CPU seconds)."""
+    proc = subprocess.Popen(["wrk", "--latency", "-t1", f"-c{connections}", f"-d{duration}s", url],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    handle = psutil.Process(proc.pid)
+    cpu = 0.0
+    out = ""
+    while proc.poll() is None:
+        try:
+            t = handle.cpu_times()
+            cpu = t.user + t.system
+        except psutil.Error:
+            pass
+        try:
+            out, _ = proc.communicate(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+    out = out or proc.stdout.read()
+    return parse_wrk(out), cpu
+
+
+def wait_up(url, proc, timeout=180):
+    """Poll ``url`` until 200; raises RuntimeError if the client exits or ``timeout`` s pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"client exited with status {proc.returncode}")
+        try:
+            if requests.get(url, timeout=10).status_code == 200:
+                return
+        except requests.RequestException:  # refused, or accepted by a supervisor whose worker is not up yet
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"no 200 from {url} within {timeout} s")
+
+
+def group_processes(proc):
+    """``{"client-<pid>": psutil.Process}`` of the client ``proc`` and its descendants."""
+    try:
+        parent = psutil.Process(proc.pid)
+        return {f"client-{p.pid}": p for p in [parent] + parent.children(recursive=True)}
+    except psutil.Error:
+        return {}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m loadtests.servers_wrk",
+                                     description=__doc__.split("\n\n")[0])
+    others = [s for s in serverbuild.SERVERS if s != "pyruvate"]
+    parser.add_argument("--servers", default=",".join(others),
+                        help=f"comma-separated wsgi-server values (default: {','.join(others)})")
+    parser.add_argument("--connections", type=int, default=10, help="wrk connections (default 10)")
+    parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run (default 5)")
+    parser.add_argument("--path", default="/", help="request path (default /, the Zope root)")
+    parser.add_argument("--build", default=os.path.join(ROOT, "var", "servers-bench"),
+                        help="directory of the servers buildout (default var/servers-bench)")
+    args = parser.parse_args(argv)
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    unknown = [s for s in servers if s not in serverbuild.SERVERS]
+    if unknown:
+        parser.error(f"unknown server(s) {unknown}; expected some of {list(serverbuild.SERVERS)}")
+    if not shutil.which("wrk"):
+        print("servers_wrk: wrk not found (apt-get install wrk)", file=sys.stderr)
+        return 2
+    if not os.path.exists(STACK_JSON):
+        print("servers_wrk: no parts/stack/stack.json: run make build and make start", file=sys.stderr)
+        return 2
+    config = json.load(open(STACK_JSON))
+    stack = stack_pids(config)
+    if "zeoserver" not in stack or "instance" not in stack:
+        print("servers_wrk: the stack's zeoserver and instance must run (make start)", file=sys.stderr)
+        return 2
+    reference = next(p["ready"]["http"] for p in config["processes"] if p["name"] == "instance").rstrip("/")
+    zeo_port = next(p["ready"]["tcp"][1] for p in config["processes"] if p["name"] == "zeoserver")
+    client_ports = [int(p["ready"]["http"].rstrip("/").rsplit(":", 1)[1])
+                    for p in config["processes"] if p["name"] in config["server_kinds"]]
+    base_port = max(client_ports) + 1
+
+    build = args.build
+    os.makedirs(build, exist_ok=True)
+    if not all(os.path.exists(os.path.join(build, "bin", f"c_{s}")) for s in servers):
+        print(f"building {build} ...", flush=True)
+        result = serverbuild.build(pathlib.Path(build), base_port,
+                                   f"127.0.0.1:{zeo_port}", os.path.join(ROOT, "var", "blobstorage"))
+        if result.returncode != 0:
+            print(result.stdout[-2000:] + result.stderr[-2000:], file=sys.stderr)
+            return 2
+    ports = serverbuild.ports(base_port)
+    os.makedirs(os.path.join(build, "var", "log"), exist_ok=True)
+    cores = psutil.cpu_count() or 1
+
+    print(f"wrk -t1 -c{args.connections} -d{args.duration}s {args.path} direct to each client; "
+          f"reference: pyruvate {reference} (the stack's instance). Quick and noisy.")
+    header = (f"{'server':<9} {'req/s':>8} {'pyruvate':>9} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} "
+              f"{'pyr p50':>7} {'non2xx':>6} {'errors':>6} {'foreign %':>9}")
+    print(header)
+    print("-" * len(header))
+    for server in servers:
+        url = f"http://127.0.0.1:{ports[server]}"
+        proc = serverbuild.start(build, server, os.path.join(build, "var", "log", f"c_{server}.console.log"))
+        try:
+            wait_up(url + args.path, proc)
+            requests.get(url + args.path, timeout=10)  # warm the client's caches once
+            watched = dict(stack, **group_processes(proc))
+            busy0, cpu0 = machine_busy_seconds(), cpu_seconds(watched)
+            t0 = time.monotonic()
+            ref, wrk_cpu_a = run_wrk(reference + args.path, args.connections, args.duration)
+            res, wrk_cpu_b = run_wrk(url + args.path, args.connections, args.duration)
+            wall = time.monotonic() - t0
+            cpu1 = cpu_seconds(watched)
+            ours = sum(cpu1.get(n, 0.0) - cpu0.get(n, 0.0) for n in cpu0) + wrk_cpu_a + wrk_cpu_b
+            foreign = max(machine_busy_seconds() - busy0 - ours, 0.0)
+            ratio = res["rps"] / ref["rps"] if ref["rps"] else float("nan")
+            print(f"{server:<9} {res['rps']:>8.1f} {ref['rps']:>9.1f} {ratio:>6.2f} {res['p50_ms']!s:>7} "
+                  f"{res['p99_ms']!s:>7} {ref['p50_ms']!s:>7} {res['non_2xx']:>6} "
+                  f"{res['socket_errors']:>6} {100.0 * foreign / (wall * cores):>9.1f}", flush=True)
+        except RuntimeError as exc:
+            print(f"{server:<9} failed: {exc}; see {build}/var/log/c_{server}.console.log", flush=True)
+        finally:
+            serverbuild.stop(proc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
