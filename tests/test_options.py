@@ -130,6 +130,7 @@ def test_pyruvate_template_sets_only_keys_pyruvate_reads():
         "workers": "3",
         "max_reuse_count": "0",
         "max_number_headers": "32",
+        "send_timeout": "20",  # 8-bit in pyruvate: > 255 would abort start-up
     }
     # stage two (plone.recipe.zope2instance) fills these
     assert "%(eventlog_args)s" in text and "%(pipeline)s" in text
