@@ -245,7 +245,7 @@ def plot(rows, path, title):
     fig, ax = plt.subplots(figsize=(6, 4))
     for threads in sorted({r["threads"] for r in rows}):
         mine = [r for r in rows if r["threads"] == threads]
-        ax.plot([r["clients"] for r in mine], [r["rps"] for r in mine], marker="o", label=f"{threads} threads")
+        ax.plot([r["clients"] for r in mine], [r["rps"] for r in mine], marker="o", label=f"threads = {threads}")
     ax.set_xlabel("ZEO clients on the host")
     ax.set_ylabel("requests/s")
     ax.set_title(title)
