@@ -150,3 +150,30 @@ def test_template_with_unknown_variable_fails(tmp_path):
     path.write_text("socket = {{ nonsense }}\n")
     with pytest.raises(Exception, match="nonsense"):
         options.render_template(str(path), {})
+
+
+@pytest.mark.parametrize("trim_blocks", [False, True], ids=["recipe", "ansible-trim_blocks"])
+@pytest.mark.parametrize("networks", [[], ["127.0.0.1/32"]], ids=["no-zmi-block", "zmi-block"])
+def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks, networks):
+    """The recipe renders haproxy.cfg.j2 without trim_blocks, Ansible's template module
+    with it: both must give a config haproxy -c accepts (a "{%- endif %}" once glued
+    "default_backend" onto the ACL line under Ansible only)."""
+    import subprocess
+
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(ROOT, "haproxy")),
+                             undefined=jinja2.StrictUndefined, trim_blocks=trim_blocks,
+                             keep_trailing_newline=True)
+    text = env.get_template("haproxy.cfg.j2").render(
+        part="t", servers=[{"name": "a", "host": "127.0.0.1", "port": 18081, "maxconn": 2,
+                            "wsgi_server": "pyruvate"}],
+        bind="127.0.0.1:18080", stats_bind="127.0.0.1:18404", balance="leastconn",
+        health_check="/Plone/@@ok", timeout_queue=60, max_body_size=1024, maxconn=100,
+        manage_networks=networks, run_directory=str(tmp_path))
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(text)
+    check = subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "\n    default_backend zeoclients\n" in text
+    assert ("acl admin_network src 127.0.0.1/32" in text) == bool(networks)
