@@ -173,7 +173,8 @@ def test_killed_client_loses_no_get(stack, tmp_path):
     assert down_after is not None and down_after <= 2 * 3 + 2  # inter 2 s x fall 3, + slack
     failures = (folder / "locust_failures.csv").read_text().splitlines()[1:]
     assert report["totals"]["failures"] <= 2, failures
-    assert all("expected 5242880" in line or "RemoteDisconnected" in line or "ConnectionReset" in line
+    truncated = ("expected 5242880", "RemoteDisconnected", "ConnectionReset", "Incomplete response")
+    assert all(any(t in line for t in truncated)
                for line in failures), failures  # truncated in flight, never a 503
     assert report["servers"]["instance"]["requests"] > 0
     # the client comes back: bin/stack start starts what is not running, then waits for UP
