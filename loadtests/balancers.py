@@ -147,10 +147,14 @@ class TemporaryBalancer:
         self.log_path = os.path.join(directory, "haproxy.log")
         self.child = self.pid = self.process = None
 
-    def write_config(self):
-        """Write and ``haproxy -c`` the copy; raise BalancerError with HAProxy's message."""
+    def config_text(self):
+        """The config to run: the deployed one with this mode and these ports."""
         with open(self.deployed_config, encoding="utf-8") as fp:
-            text = derive_config(fp.read(), self.mode, self.frontend_port, self.stats_port)
+            return derive_config(fp.read(), self.mode, self.frontend_port, self.stats_port)
+
+    def write_config(self):
+        """Write and ``haproxy -c`` :meth:`config_text`; raise BalancerError with HAProxy's message."""
+        text = self.config_text()
         os.makedirs(self.directory, exist_ok=True)
         with open(self.config_path, "w", encoding="utf-8") as fp:
             fp.write(text)

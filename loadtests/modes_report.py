@@ -19,7 +19,7 @@ mode's runs, in percent of all cores.
 import json
 import os
 
-from loadtests.report import latency
+from loadtests.report import _fmt, _pct, latency
 
 
 def _merge(histograms):
@@ -85,18 +85,6 @@ def build(meta, runs, server_kinds):
             } for r in mine],
         }
     return {"meta": meta, "modes": modes}
-
-
-def _fmt(value, digits=1):
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return f"{value:,}"
-
-
-def _pct(value):
-    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def summary_table(report):

@@ -283,14 +283,16 @@ def server_states(config, timeout=2.0):
     Status is HAProxy's ``status`` column (``UP``, ``DOWN``, ``MAINT``, ``UP 1/2`` ...).
     Raises OSError if the stats page does not answer.
     """
+    return {name: row["status"] for name, row in _server_rows(config, timeout).items()
+            if name in config["servers"]}
+
+
+def _server_rows(config, timeout=2.0):
+    """``{server name: stats CSV row}`` of the stack's backend; raises OSError."""
     with urllib.request.urlopen(config["stats_url"], timeout=timeout) as response:
         text = response.read().decode("utf-8")
-    rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
-    return {
-        row["svname"]: row["status"]
-        for row in rows
-        if row["pxname"] == config["backend"] and row["svname"] in config["servers"]
-    }
+    return {row["svname"]: row for row in csv.DictReader(io.StringIO(text.lstrip("# ")))
+            if row["pxname"] == config["backend"]}
 
 
 def runtime_api(config, command, timeout=5.0):
@@ -318,12 +320,10 @@ def runtime_api(config, command, timeout=5.0):
 
 
 def _current_sessions(config, server):
-    with urllib.request.urlopen(config["stats_url"], timeout=2.0) as response:
-        text = response.read().decode("utf-8")
-    for row in csv.DictReader(io.StringIO(text.lstrip("# "))):
-        if row["pxname"] == config["backend"] and row["svname"] == server:
-            return int(row["scur"] or 0)
-    raise StackError(f"haproxy: no server {server} in backend {config['backend']}")
+    row = _server_rows(config).get(server)
+    if row is None:
+        raise StackError(f"haproxy: no server {server} in backend {config['backend']}")
+    return int(row["scur"] or 0)
 
 
 def restart_client(config, proc, timeout):
