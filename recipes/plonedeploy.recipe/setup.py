@@ -8,6 +8,12 @@ Entry points (use them as ``recipe = plonedeploy.recipe:<name>``):
 - ``haproxy``: renders ``haproxy/haproxy.cfg.j2`` from the client parts and checks it
   with ``haproxy -c``.
 - ``stack``: writes ``bin/stack`` (start/stop/status of zeoserver, clients and HAProxy).
+
+PasteDeploy filter (``use = egg:plonedeploy.recipe#blobsendfile``):
+
+- ``blobsendfile``: hands whole-file ZODB blob downloads to the server's
+  ``wsgi.file_wrapper`` as a real file (pyruvate then uses ``sendfile(2)``); added to the
+  clients' pipeline by ``instance`` unless ``blob-sendfile = off``.
 """
 from setuptools import find_packages, setup
 
@@ -36,6 +42,10 @@ setup(
             "instance = plonedeploy.recipe.instance:Recipe",
             "haproxy = plonedeploy.recipe.haproxy:Recipe",
             "stack = plonedeploy.recipe.stack:Recipe",
+        ],
+        # WSGI filter for the clients' pipeline (blob-sendfile = on): use = egg:plonedeploy.recipe#blobsendfile
+        "paste.filter_factory": [
+            "blobsendfile = plonedeploy.recipe.blobfilter:filter_factory",
         ],
     },
 )
