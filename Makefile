@@ -3,10 +3,12 @@
 #   make demo    fresh machine -> build, start, create the site, 60 s A/B load test, report, stop
 #   make test    unit tests, real buildouts of the recipe, and the end-to-end integration test
 #
-# Other targets: multihost (Ansible over SSH into three network namespaces), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
+# Other targets: multihost (Ansible over SSH into three network namespaces), blobbench (blob
+# downloads with/without the blobsendfile filter, needs wrk), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
 # Variables: AB_ARGS (passed to loadtests.abtest, e.g. AB_ARGS="--duration 30 --users 20";
 #            AB_ARGS="--balance leastconn,roundrobin" compares HAProxy balance modes),
-#            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'").
+#            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'"),
+#            BLOBBENCH_ARGS (passed to loadtests.blobbench, e.g. BLOBBENCH_ARGS="--rounds 1 --fd-downloads 1000").
 
 PYTHON ?= python3
 # .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/pins.md)
@@ -14,8 +16,9 @@ VENV := .venv
 BUILDOUT_VENV := .venv-buildout
 AB_ARGS ?= --duration 60 --users 10 --spawn-rate 10
 PYTEST_ARGS ?=
+BLOBBENCH_ARGS ?=
 
-.PHONY: demo test multihost system venv ansible-venv build start site status ab stop pins clean
+.PHONY: demo test multihost blobbench system venv ansible-venv build start site status ab stop pins clean
 
 demo: system build
 	@# Whatever happens, stop what was started (by PID).
@@ -74,6 +77,9 @@ stop:
 
 multihost: build ansible-venv
 	$(VENV)/bin/python tests/multihost.py
+
+blobbench:
+	$(VENV)/bin/python -m loadtests.blobbench $(BLOBBENCH_ARGS)
 
 pins: venv $(BUILDOUT_VENV)/.installed
 	$(VENV)/bin/python scripts/update_pins.py

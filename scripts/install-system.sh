@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install the system packages plonedeploy needs on Debian 12: HAProxy (Debian's 2.6
-# package), Python's venv module, wrk (the load generator of loadtests.connections), and
-# for wsgi-server = bjoern (an sdist with a C extension) libev's and Python's headers and
-# a C compiler. Does nothing when they are already there.
+# package), Python's venv module, wrk (the load generator of loadtests.connections and
+# loadtests.blobbench), strace (tests/test_blob_sendfile.py counts the pyruvate client's
+# sendfile calls with it), and for wsgi-server = bjoern (an sdist with a C extension)
+# libev's and Python's headers and a C compiler. Does nothing when they are already there.
 set -euo pipefail
 need=()
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
@@ -11,6 +12,7 @@ command -v wrk >/dev/null 2>&1 || need+=(wrk)
 [ -f /usr/include/ev.h ] || need+=(libev-dev)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' || need+=(python3-dev)
+command -v strace >/dev/null 2>&1 || need+=(strace)
 if [ ${#need[@]} -eq 0 ]; then
   echo "system packages: present ($(/usr/sbin/haproxy -v 2>/dev/null | head -n1 || haproxy -v | head -n1); $(command -v wrk))"
   exit 0

@@ -113,9 +113,9 @@ def test_insert_pool_size_needs_main_db():
         options.insert_pool_size("<zodb_db other>\n</zodb_db>\n", 2)
 
 
-def _render_stage_one(server):
+def _render_stage_one(server, blob_sendfile=True):
     context = {"part": "p", "server": server, "host": "127.0.0.1", "port": 8081,
-               "http_address": "127.0.0.1:8081", "threads": 3}
+               "http_address": "127.0.0.1:8081", "threads": 3, "blob_sendfile": blob_sendfile}
     return options.render_template(os.path.join(ROOT, "templates", f"{server}.ini.in"), context)
 
 
@@ -177,3 +177,37 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
     assert check.returncode == 0, check.stdout + check.stderr
     assert "\n    default_backend zeoclients\n" in text
     assert ("acl admin_network src 127.0.0.1/32" in text) == bool(networks)
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("on", True), ("off", False), ("true", True), ("false", False), (" ON ", True), ("Off", False),
+])
+def test_switch_parses(value, expected):
+    assert options.parse_switch("instance", "blob-sendfile", value) is expected
+
+
+@pytest.mark.parametrize("value", ["", "1", "yes", "enabled", "onn"])
+def test_switch_refuses_others(value):
+    with pytest.raises(zc.buildout.UserError) as err:
+        options.parse_switch("instance", "blob-sendfile", value)
+    assert str(err.value) == f"[instance] blob-sendfile = {value!r} is invalid: expected on or off"
+
+
+def test_blob_filter_goes_first_in_pipeline():
+    stock = "translogger\n                egg:Zope#httpexceptions\n                zope"
+    assert options.add_pipeline_filter(stock).split() == [
+        "blobsendfile", "translogger", "egg:Zope#httpexceptions", "zope"]
+    # an operator's pipeline that already names it keeps its order
+    own = "translogger blobsendfile zope"
+    assert options.add_pipeline_filter(own).split() == own.split()
+
+
+@pytest.mark.parametrize("server", ["pyruvate", "waitress"])
+def test_template_defines_blob_filter_only_when_on(server):
+    on = configparser.ConfigParser(interpolation=None)
+    on.read_string(_render_stage_one(server, blob_sendfile=True))
+    assert dict(on["filter:blobsendfile"]) == {"use": "egg:plonedeploy.recipe#blobsendfile"}
+    off = configparser.ConfigParser(interpolation=None)
+    off.read_string(_render_stage_one(server, blob_sendfile=False))
+    assert "filter:blobsendfile" not in off
+    assert set(off.sections()) == set(on.sections()) - {"filter:blobsendfile"}

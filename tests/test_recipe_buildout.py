@@ -102,6 +102,28 @@ def test_pyruvate_client_ini(built):
     assert ini["app:zope"]["zope_conf"] == f"{directory}/parts/instance/etc/zope.conf"
 
 
+@pytest.mark.parametrize("part", ["instance", "client2"])
+def test_blob_filter_on_by_default(built, part):
+    directory, _ = built
+    ini = _ini(directory / "parts" / part / "etc" / "wsgi.ini")
+    assert ini["pipeline:main"]["pipeline"].split() == [
+        "blobsendfile", "translogger", "egg:Zope#httpexceptions", "zope"]
+    assert ini["filter:blobsendfile"]["use"] == "egg:plonedeploy.recipe#blobsendfile"
+    # the filter's distribution is on the client's path (egg:plonedeploy.recipe#...)
+    assert os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src") in (directory / "bin" / part).read_text()
+
+
+def test_blob_filter_off(tmp_path):
+    result = buildout(tmp_path, "[instance]\nblob-sendfile = off\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    ini = _ini(tmp_path / "parts" / "instance" / "etc" / "wsgi.ini")
+    assert ini["pipeline:main"]["pipeline"].split() == ["translogger", "egg:Zope#httpexceptions", "zope"]
+    assert "filter:blobsendfile" not in ini
+    assert "plonedeploy.recipe" not in (tmp_path / "bin" / "instance").read_text()
+    # client2 (<= instance) inherits it, as any other option of the macro
+    assert "blobsendfile" not in _ini(tmp_path / "parts" / "client2" / "etc" / "wsgi.ini")["pipeline:main"]["pipeline"]
+
+
 def test_waitress_client_ini(built):
     directory, _ = built
     ini = _ini(directory / "parts" / "client2" / "etc" / "wsgi.ini")
@@ -193,6 +215,10 @@ BAD = [
      "[client2] threads = '0' is invalid: expected a positive integer"),
     ("[client2]\nthreads = many\n",
      "[client2] threads = 'many' is invalid: expected a positive integer"),
+    ("[instance]\nblob-sendfile = maybe\n",
+     "[instance] blob-sendfile = 'maybe' is invalid: expected on or off"),
+    ("[instance]\nblob-sendfile = off\npipeline = blobsendfile zope\n",
+     "[instance] pipeline names blobsendfile but blob-sendfile = off"),
     ("[instance]\nwsgi-ini-template = /tmp/x.ini\n",
      "[instance] wsgi-ini-template is set by plonedeploy.recipe"),
     ("[instance]\ntemplates-directory = /nonexistent\n",
@@ -210,6 +236,23 @@ BAD = [
     ("[haproxy]\nbind = 18080\n",
      "[haproxy] bind = '18080' is invalid: expected one host:port"),
 ]
+
+
+@pytest.fixture
+def template_without_filter(tmp_path_factory):
+    """A templates-directory whose pyruvate.ini.in has no [filter:blobsendfile]."""
+    directory = tmp_path_factory.mktemp("templates")
+    (directory / "pyruvate.ini.in").write_text("[server:main]\nuse = egg:pyruvate#main\n")
+    return directory
+
+
+def test_own_template_without_the_filter_section(tmp_path, template_without_filter):
+    result = buildout(tmp_path, f"[instance]\ntemplates-directory = {template_without_filter}\n")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert (f"Error: [instance] blob-sendfile = on but {template_without_filter}/pyruvate.ini.in "
+            "defines no [filter:blobsendfile]") in output, output
+    assert not (tmp_path / "parts" / "instance").exists()
 
 
 @pytest.mark.parametrize("extra, message", BAD, ids=[m.split(" is")[0] for _, m in BAD])

@@ -12,6 +12,12 @@ Entry points (use them as ``recipe = plonedeploy.recipe:<name>``):
 PasteDeploy server runners (``use = egg:plonedeploy.recipe#<server>`` in a client's
 wsgi.ini) for gunicorn, cheroot, granian, bjoern, uwsgi (pyuwsgi) and gevent:
 ``plonedeploy.recipe.servers``.
+
+PasteDeploy filter (``use = egg:plonedeploy.recipe#blobsendfile``):
+
+- ``blobsendfile``: hands whole-file ZODB blob downloads to the server's
+  ``wsgi.file_wrapper`` as a real file (pyruvate then uses ``sendfile(2)``); added to the
+  clients' pipeline by ``instance`` unless ``blob-sendfile = off``.
 """
 from setuptools import find_packages, setup
 
@@ -53,6 +59,10 @@ setup(
         "paste.server_factory": [
             "gunicorn = plonedeploy.recipe.servers.gunicorn:server_factory",
             "granian = plonedeploy.recipe.servers.granian:server_factory",
+        ],
+        # WSGI filter for the clients' pipeline (blob-sendfile = on): use = egg:plonedeploy.recipe#blobsendfile
+        "paste.filter_factory": [
+            "blobsendfile = plonedeploy.recipe.blobfilter:filter_factory",
         ],
     },
 )

@@ -17,6 +17,12 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eg
     ZODB ``pool-size`` written into ``<zodb_db main>`` of ``etc/zope.conf``, because each
     concurrent request holds one ZODB connection with its own object cache of
     ``zodb-cache-size`` objects (memory ~ threads x zodb-cache-size x object size).
+``blob-sendfile``
+    ``on`` (default) or ``off`` (also ``true``/``false``). On: the WSGI filter
+    ``blobsendfile`` (``plonedeploy.recipe.blobfilter``) is put first in the pipeline and
+    ``plonedeploy.recipe`` is added to ``eggs``; whole-file blob downloads then reach the
+    server's ``wsgi.file_wrapper`` as a real file (pyruvate: ``sendfile(2)``). Off: the
+    stock pipeline.
 ``templates-directory``
     Where ``<server>.ini.in`` live; default ``${buildout:directory}/templates``.
 
@@ -38,11 +44,15 @@ from plone.recipe.zope2instance import make
 from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
 
 from plonedeploy.recipe.options import (
+    BLOB_FILTER,
     DEFAULT_SERVER,
     SERVERS,
+    add_pipeline_filter,
     check_choice,
     insert_pool_size,
     parse_http_address,
+    parse_positive_int,
+    parse_switch,
     parse_threads,
     render_template,
 )
@@ -54,6 +64,7 @@ class Recipe(Zope2InstanceRecipe):
     """ZEO client part; see the module docstring for its options."""
 
     def __init__(self, buildout, name, options):
+        self.name = name  # the stock __init__ sets it too, but context() is needed before
         self.server = check_choice(
             name, "wsgi-server", options.get("wsgi-server", DEFAULT_SERVER), tuple(SERVERS)
         )
@@ -66,6 +77,13 @@ class Recipe(Zope2InstanceRecipe):
         self.threads = parse_threads(name, self.server, options.get("threads"))
         options["threads"] = str(self.threads)
         options["pool-size"] = str(self.threads)
+        self.blob_sendfile = parse_switch(name, "blob-sendfile", options.get("blob-sendfile", "on"))
+        options["blob-sendfile"] = "on" if self.blob_sendfile else "off"
+        if not self.blob_sendfile and BLOB_FILTER in options.get("pipeline", "").split():
+            raise zc.buildout.UserError(
+                f"[{name}] pipeline names {BLOB_FILTER} but blob-sendfile = off; "
+                f"remove it from pipeline or set blob-sendfile = on"
+            )
 
         if "wsgi-ini-template" in options:
             raise zc.buildout.UserError(
@@ -82,8 +100,16 @@ class Recipe(Zope2InstanceRecipe):
                 f"[{name}] templates-directory = {templates!r}: no {self.server}.ini.in there"
             )
 
+        if self.blob_sendfile and f"[filter:{BLOB_FILTER}]" not in render_template(self.template, self.context()):
+            raise zc.buildout.UserError(
+                f"[{name}] blob-sendfile = on but {self.template} defines no [filter:{BLOB_FILTER}] "
+                "(see templates/_common.ini.in); add it or set blob-sendfile = off"
+            )
+
         eggs = options.get("eggs", "").split()
         eggs += [egg for egg in SERVERS[self.server] if egg not in eggs]
+        if self.blob_sendfile and "plonedeploy.recipe" not in eggs:
+            eggs.append("plonedeploy.recipe")  # egg:plonedeploy.recipe#blobsendfile
         options["eggs"] = "\n".join(eggs)
 
         location = os.path.join(buildout["buildout"]["parts-directory"], name)
@@ -91,6 +117,9 @@ class Recipe(Zope2InstanceRecipe):
         # in build_wsgi_ini, just before the stock code reads it.
         options["wsgi-ini-template"] = os.path.join(location, "etc", "wsgi.ini.in")
         super().__init__(buildout, name, options)
+        if self.blob_sendfile:
+            # After the stock __init__, which sets the default pipeline.
+            options["pipeline"] = add_pipeline_filter(options["pipeline"])
 
     def install(self, update=False):
         if self.options.get("user"):
@@ -107,23 +136,28 @@ class Recipe(Zope2InstanceRecipe):
     def update(self):
         return self.install(update=True)
 
-    def build_wsgi_ini(self):
-        context = {
+    def context(self):
+        """The Jinja2 variables of the server templates."""
+        return {
             "part": self.name,
             "server": self.server,
             "host": self.host,
             "port": self.port,
             "http_address": f"{self.host}:{self.port}",
             "threads": self.threads,
+            "blob_sendfile": self.blob_sendfile,
         }
-        text = render_template(self.template, context)
+
+    def build_wsgi_ini(self):
+        text = render_template(self.template, self.context())
         os.makedirs(os.path.dirname(self.options["wsgi-ini-template"]), exist_ok=True)
         with open(self.options["wsgi-ini-template"], "w", encoding="utf-8") as fp:
             fp.write(text)
         super().build_wsgi_ini()
         logger.info(
-            "%s: %s on %s:%s, %s threads, ZODB pool-size %s",
+            "%s: %s on %s:%s, %s threads, ZODB pool-size %s, blob-sendfile %s",
             self.name, self.server, self.host, self.port, self.threads, self.threads,
+            self.options["blob-sendfile"],
         )
 
     def build_zope_conf(self):

@@ -39,6 +39,12 @@ DEFAULT_SERVER = "pyruvate"
 #: and keep two ZODB connection caches in memory, not ZODB's default pool of seven.
 DEFAULT_THREADS = 2
 
+#: Values of an on/off option (``blob-sendfile``), mapped to their meaning.
+SWITCH_VALUES = {"on": True, "off": False, "true": True, "false": False}
+
+#: Name of the blob WSGI filter in the clients' pipeline (``[filter:blobsendfile]``).
+BLOB_FILTER = "blobsendfile"
+
 #: HAProxy ``balance`` algorithms that make sense for a pool of ZEO clients.
 BALANCE_ALGORITHMS = ("leastconn", "roundrobin", "static-rr", "first", "random", "source")
 
@@ -112,6 +118,30 @@ def parse_threads(part, server, value=None):
         fail(part, "threads", value,
              f"1 for wsgi-server = {server} (it calls the app from one thread, one request at a time)")
     return threads
+
+
+def parse_switch(part, option, value):
+    """Parse an on/off option (``on``, ``off``, ``true``, ``false``; any case) into a bool.
+
+    Raises ``zc.buildout.UserError`` for anything else.
+    """
+    text = str(value).strip().lower()
+    if text not in SWITCH_VALUES:
+        fail(part, option, value, "on or off")
+    return SWITCH_VALUES[text]
+
+
+def add_pipeline_filter(pipeline, name=BLOB_FILTER):
+    """Return the PasteDeploy ``pipeline`` (whitespace-separated) with filter ``name`` first.
+
+    First means outermost: the server calls it, and it sees the application's iterable
+    before any other middleware could wrap it. A pipeline that already names the filter is
+    returned unchanged (its position is then the operator's choice).
+    """
+    steps = pipeline.split()
+    if name not in steps:
+        steps.insert(0, name)
+    return "\n".join(steps)
 
 
 def check_choice(part, option, value, choices):

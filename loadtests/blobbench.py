@@ -1,0 +1,700 @@
+"""Blob download benchmark: each client with and without the ``blobsendfile`` filter.
+
+Usage (stack running with the site, ``make start``; ``wrk`` installed)::
+
+    .venv/bin/python -m loadtests.blobbench [--connections 1,2,4,8] [--duration 10]
+        [--rounds 3] [--variants pyruvate-on,pyruvate-off,waitress-on,waitress-off]
+        [--fd-downloads 10000] [--out var/reports]
+
+Variants: ``<server>-on`` is the stack's own client of that server (built with
+``blob-sendfile = on``, the default); ``<server>-off`` is the same client part built with
+``blob-sendfile = off`` by a small extra buildout in ``var/blobbench/`` (``<part>-off`` on
+the client's port + number of clients, e.g. 9183 and 9184 next to 9181 and 9182), started
+for the run next to the stack (same ZEO server, same blob storage) and stopped by PID at
+the end. Optional: ``haproxy-on`` is the stack's HAProxy (both clients behind it),
+``haproxy-off`` a second HAProxy part in the extra buildout in front of the ``-off``
+clients (next free ports, e.g. 9185 and stats 9186); their server CPU is HAProxy's plus
+the clients'. Steps:
+
+1. checks every variant: sha256 of a whole download equals the blob file on disk,
+   ``Content-Length`` is 5 MiB, a ``Range`` request is answered 206 with the right slice;
+2. runs ``wrk`` (one thread, ``--duration`` s) on ``/Plone/blob-5mb/@@download/file`` of each
+   variant directly, for each connection count, in ``--rounds`` rounds; within a round the
+   variants take turns (the order rotates each round), so a slow minute of the machine hits
+   them alike. For each run: req/s, GB/s (10^9 bytes of blob per second, completed responses
+   only), p50/p99 latency, errors, CPU seconds of the server, of wrk, and of everything else
+   on the machine ("foreign" load: other users' processes);
+3. descriptor check: ``--fd-downloads`` downloads (wrk, 4 connections) plus 50 aborted ones
+   on each ``-on`` client directly and through HAProxy; the clients' open descriptors (count
+   of ``/proc/PID/fd``) and RSS before and after;
+4. writes ``<out>/blobbench-<YYYYmmdd-HHMMSS>/`` with ``runs.csv`` (every run),
+   ``summary.csv`` (medians per variant and connection count), ``report.json``,
+   ``report.md`` and ``blobbench.png``; prints the summary and the ratios.
+
+Exit status 0 when every check passed and no request failed, 1 otherwise, 2 when the stack
+or wrk is missing or an option is invalid.
+"""
+import argparse
+import csv
+import hashlib
+import json
+import os
+import platform
+import resource
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import datetime, timezone
+
+import psutil
+
+from loadtests.abtest import cpu_seconds, machine_busy_seconds, stack_pids
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RECIPE_SRC = os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src")
+BLOB_PATH = "/Plone/blob-5mb/@@download/file"
+BLOB_SIZE = 5 * 1024 * 1024
+WORK_DIR = os.path.join(ROOT, "var", "blobbench")
+WRK_SCRIPT = os.path.join(HERE, "wrk_json.lua")
+
+
+# ----------------------------------------------------------------------------- variants
+
+class Variant:
+    """One configuration under test: a client part (or an HAProxy and its clients), its URL
+    and the processes whose CPU time is the server's."""
+
+    def __init__(self, name, part, server, sendfile, url, pidfiles):
+        self.name, self.part, self.server, self.sendfile = name, part, server, sendfile
+        self.url, self.pidfiles = url, pidfiles
+
+    @property
+    def blob_url(self):
+        return self.url + BLOB_PATH
+
+    def processes(self):
+        procs = []
+        for path in self.pidfiles:
+            with open(path, encoding="ascii") as fp:
+                procs.append(psutil.Process(int(fp.read().split()[0])))
+        return procs
+
+    def process(self):
+        """The first process: the client (or HAProxy)."""
+        return self.processes()[0]
+
+
+def pipeline_has_filter(part):
+    """True if ``parts/<part>/etc/wsgi.ini`` (of the stack or of var/blobbench) runs blobsendfile."""
+    import configparser
+
+    for base in (os.path.join(ROOT, "parts"), os.path.join(WORK_DIR, "parts")):
+        path = os.path.join(base, part, "etc", "wsgi.ini")
+        if os.path.exists(path):
+            ini = configparser.ConfigParser(interpolation=None)
+            ini.read(path)
+            return "blobsendfile" in ini["pipeline:main"]["pipeline"].split()
+    raise FileNotFoundError(f"no wsgi.ini for part {part}")
+
+
+def off_buildout_config(extends, clients, ports, haproxy=None):
+    """Text of var/blobbench/buildout.cfg: ``<part>-off`` of each client, blob-sendfile = off,
+    and with ``haproxy`` (``(part, port, stats port)``) an HAProxy ``<part>-off`` in front of them.
+
+    ``directory`` is the checkout, so ``${buildout:directory}`` (blob storage, logs) means
+    the stack's own; parts, bin, develop-eggs, .installed.cfg and HAProxy's admin socket are
+    under var/blobbench.
+    """
+    lines = [
+        "# Generated by loadtests.blobbench: the stack's clients with blob-sendfile = off.",
+        "[buildout]",
+        f"extends = {extends}",
+        f"directory = {ROOT}",
+        f"installed = {os.path.join(WORK_DIR, '.installed.cfg')}",
+        f"parts-directory = {os.path.join(WORK_DIR, 'parts')}",
+        f"bin-directory = {os.path.join(WORK_DIR, 'bin')}",
+        f"develop-eggs-directory = {os.path.join(WORK_DIR, 'develop-eggs')}",
+        "parts = " + " ".join(f"{part}-off" for part in clients) + (f" {haproxy[0]}-off" if haproxy else ""),
+        "",
+    ]
+    for part in clients:
+        lines += [f"[{part}-off]", f"<= {part}", "blob-sendfile = off",
+                  f"http-address = 127.0.0.1:{ports[part]}", ""]
+    if haproxy:
+        part, port, stats = haproxy
+        lines += [f"[{part}-off]", f"<= {part}", "backends = " + " ".join(f"{c}-off" for c in clients),
+                  f"bind = 127.0.0.1:{port}", f"stats-bind = 127.0.0.1:{stats}",
+                  f"run-directory = {os.path.join(WORK_DIR, 'run')}", ""]
+    return "\n".join(lines)
+
+
+def build_off_clients(extends, clients, ports, haproxy=None):
+    """Write and run the extra buildout (idempotent: seconds when nothing changed)."""
+    os.makedirs(WORK_DIR, exist_ok=True)
+    path = os.path.join(WORK_DIR, "buildout.cfg")
+    with open(path, "w", encoding="utf-8") as fp:
+        fp.write(off_buildout_config(extends, clients, ports, haproxy))
+    buildout = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
+    started = time.monotonic()
+    result = subprocess.run([buildout, "-c", path], cwd=WORK_DIR, capture_output=True, text=True,
+                            timeout=900, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"extra buildout failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    print(f"extra buildout {path}: {time.monotonic() - started:.0f} s", flush=True)
+
+
+def off_stack_config(clients, ports, haproxy=None, binary="haproxy"):
+    """A bin/stack-like config for plonedeploy.recipe.stack's start/stop/wait-up helpers."""
+    config = {
+        "run_dir": os.path.join(WORK_DIR, "run"),
+        "log_dir": os.path.join(ROOT, "var", "log"),
+        "processes": [
+            {"name": f"{part}-off", "argv": [os.path.join(WORK_DIR, "bin", f"{part}-off"), "console"],
+             "ready": {"http": f"http://127.0.0.1:{ports[part]}/"}, "stage": stage}
+            for stage, part in enumerate(clients)
+        ],
+        "backend": "zeoclients",
+        "servers": [f"{part}-off" for part in clients],
+    }
+    if haproxy:
+        part, port, stats = haproxy
+        config["stats_url"] = f"http://127.0.0.1:{stats}/stats;csv"
+        config["processes"].append({
+            "name": f"{part}-off",
+            "argv": [binary, "-db", "-f", os.path.join(WORK_DIR, "parts", f"{part}-off", "haproxy.cfg")],
+            "ready": {"http": config["stats_url"]}, "stage": len(clients)})
+    return config
+
+
+# ----------------------------------------------------------------------------- checks
+
+def fetch(url, headers=None, timeout=60):
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        return answer.status, answer.headers, answer.read()  # headers: case-insensitive
+
+
+def reference_blob():
+    """The newest 5 MiB ``.blob`` file of the blob storage (what every download must equal)."""
+    import glob
+
+    files = [p for p in glob.glob(os.path.join(ROOT, "var", "blobstorage", "**", "*.blob"), recursive=True)
+             if os.path.getsize(p) == BLOB_SIZE]
+    if not files:
+        raise RuntimeError("no 5 MiB blob in var/blobstorage: run 'make site'")
+    with open(max(files, key=os.path.getmtime), "rb") as fp:
+        return fp.read()
+
+
+def check_variant(variant, reference):
+    """Return a list of problems (empty: whole file, length and a Range slice correct)."""
+    problems = []
+    status, headers, body = fetch(variant.blob_url)
+    if status != 200 or int(headers.get("Content-Length", -1)) != BLOB_SIZE:
+        problems.append(f"status {status}, Content-Length {headers.get('Content-Length')}")
+    if hashlib.sha256(body).digest() != hashlib.sha256(reference).digest():
+        problems.append("sha256 of the download differs from the blob file")
+    status, headers, body = fetch(variant.blob_url, {"Range": "bytes=1000-1999"})
+    if status != 206 or body != reference[1000:2000] or headers.get("Content-Range") != f"bytes 1000-1999/{BLOB_SIZE}":
+        problems.append(f"Range bytes=1000-1999: status {status}, {len(body)} bytes")
+    return problems
+
+
+# ----------------------------------------------------------------------------- measuring
+
+def run_wrk(url, connections, duration, threads=1):
+    """Run wrk; return its WRKJSON summary dict."""
+    cmd = ["wrk", f"-t{min(threads, connections)}", f"-c{connections}", f"-d{duration}s",
+           "--timeout", "30s", "-s", WRK_SCRIPT, url]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 120, check=False)
+    for line in result.stdout.splitlines():
+        if line.startswith("WRKJSON "):
+            return json.loads(line[len("WRKJSON "):])
+    raise RuntimeError(f"wrk gave no summary (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def self_cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def foreign_cores(procs, seconds=2.0):
+    """Cores used by other processes than ours (``procs``, this process, its children)."""
+    ours_before, busy_before = cpu_seconds(procs), machine_busy_seconds()
+    mine_before = self_cpu() + children_cpu()
+    started = time.monotonic()
+    time.sleep(seconds)
+    wall = time.monotonic() - started
+    ours = sum(cpu_seconds(procs).get(n, 0) - v for n, v in ours_before.items())
+    mine = self_cpu() + children_cpu() - mine_before
+    return max(machine_busy_seconds() - busy_before - ours - mine, 0.0) / wall
+
+
+def wait_for_quiet(procs, max_foreign, timeout):
+    """Wait until other processes use at most ``max_foreign`` cores (or ``timeout`` s passed).
+
+    Returns the seconds waited. Other users' load makes a run slower for reasons unrelated
+    to the variant; runs are alternated anyway, this only avoids the worst minutes.
+    """
+    started = time.monotonic()
+    while timeout > 0:
+        load = foreign_cores(procs)
+        if load <= max_foreign or time.monotonic() - started >= timeout:
+            break
+        time.sleep(3)
+    return round(time.monotonic() - started, 1)
+
+
+def measure(variant, connections, duration, procs, threads=1):
+    """One wrk run against ``variant``; return a row dict (see runs.csv)."""
+    servers = variant.processes()
+    server_before = sum(sum(p.cpu_times()[:2]) for p in servers)
+    ours_before = cpu_seconds(procs)
+    busy_before, wrk_before, me_before = machine_busy_seconds(), children_cpu(), self_cpu()
+    wall_before = time.monotonic()
+    out = run_wrk(variant.blob_url, connections, duration, threads)
+    wall = time.monotonic() - wall_before
+    busy = machine_busy_seconds() - busy_before
+    wrk_cpu = children_cpu() - wrk_before
+    me = self_cpu() - me_before
+    server_cpu = sum(sum(p.cpu_times()[:2]) for p in servers) - server_before
+    ours_after = cpu_seconds(procs)
+    ours = sum(ours_after.get(n, 0) - v for n, v in ours_before.items())  # stack + off clients
+    foreign = max(busy - ours - wrk_cpu - me, 0.0)
+    seconds = out["duration_us"] / 1e6
+    errors = sum(out["errors"].values())
+    rps = out["requests"] / seconds
+    return {
+        "variant": variant.name, "server": variant.server, "sendfile": variant.sendfile,
+        "connections": connections, "requests": out["requests"], "seconds": round(seconds, 2),
+        "req_s": round(rps, 1),
+        "gb_s": round(rps * BLOB_SIZE / 1e9, 3),
+        "p50_ms": round(out["latency_us"]["p50"] / 1000, 1),
+        "p99_ms": round(out["latency_us"]["p99"] / 1000, 1),
+        "errors": errors,
+        "short_bytes": out["bytes"] < out["requests"] * BLOB_SIZE,
+        "server_cpu_ms_per_req": round(1000 * server_cpu / max(out["requests"], 1), 2),
+        "server_cores": round(server_cpu / wall, 2),
+        "wrk_cores": round(wrk_cpu / wall, 2),
+        "foreign_cores": round(foreign / wall, 2),
+        "machine_busy_cores": round(busy / wall, 2),
+    }
+
+
+def abort_download(url, keep=65536):
+    """Start a download, read ``keep`` bytes, then reset the connection."""
+    host_port = url.split("/")[2]
+    host, port = host_port.rsplit(":", 1)
+    path = "/" + url.split("/", 3)[3]
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host_port}\r\nConnection: close\r\n\r\n".encode())
+        got = 0
+        while got < keep:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += len(chunk)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def descriptor_check(label, url, clients, downloads):
+    """``downloads`` downloads (wrk, 4 connections, repeated until done) and 50 aborted ones
+    through ``url``; return descriptor counts and RSS of ``clients`` ({name: Process})."""
+    def snapshot():
+        return ({n: p.num_fds() for n, p in clients.items()},
+                {n: round(p.memory_info().rss / 2**20, 1) for n, p in clients.items()})
+
+    fetch(url)
+    fds_before, rss_before = snapshot()
+    done, errors, started = 0, 0, time.monotonic()
+    chunk_seconds = 5
+    while done < downloads:
+        out = run_wrk(url, 4, chunk_seconds)
+        done += out["requests"]
+        rate = max(done / (time.monotonic() - started), 1.0)
+        chunk_seconds = int(min(max((downloads - done) / rate + 1, 2), 30))
+        errors += sum(out["errors"].values())
+        print(f"  {label}: {done}/{downloads} downloads, {time.monotonic() - started:.0f} s", flush=True)
+    for _ in range(50):
+        abort_download(url)
+    deadline = time.monotonic() + 20
+    while True:
+        fds_after, rss_after = snapshot()
+        if all(fds_after[n] <= fds_before[n] for n in clients) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    leaked = {n: fds_after[n] - fds_before[n] for n in clients}
+    return {
+        "target": label, "downloads": done, "aborted": 50, "errors": errors,
+        "seconds": round(time.monotonic() - started, 1),
+        "fds_before": fds_before, "fds_after": fds_after,
+        "rss_mib_before": rss_before, "rss_mib_after": rss_after,
+        "ok": errors == 0 and all(v <= 2 for v in leaked.values()),
+    }
+
+
+# ----------------------------------------------------------------------------- report
+
+def summarize(runs, max_foreign):
+    """Medians per (variant, connections): over the quiet runs (other processes used at most
+    ``max_foreign`` cores) if there are any, else over all runs of that row."""
+    groups = {}
+    for row in runs:
+        groups.setdefault((row["variant"], row["connections"]), []).append(row)
+    summary = []
+    for (variant, connections), every in groups.items():
+        quiet = [r for r in every if r["foreign_cores"] <= max_foreign]
+        rows = quiet or every
+        med = {k: statistics.median(r[k] for r in rows)
+               for k in ("req_s", "gb_s", "p50_ms", "p99_ms", "server_cpu_ms_per_req")}
+        med["foreign_cores"] = statistics.median(r["foreign_cores"] for r in every)
+        summary.append({
+            "variant": variant, "server": every[0]["server"], "sendfile": every[0]["sendfile"],
+            "connections": connections, "quiet_runs": len(quiet), "runs": len(every),
+            "req_s": round(med["req_s"], 1), "req_s_min": min(r["req_s"] for r in rows),
+            "req_s_max": max(r["req_s"] for r in rows), "gb_s": round(med["gb_s"], 3),
+            "gb_s_max": max(r["gb_s"] for r in rows),
+            "p50_ms": round(med["p50_ms"], 1), "p99_ms": round(med["p99_ms"], 1),
+            "server_cpu_ms_per_req": round(med["server_cpu_ms_per_req"], 2),
+            "foreign_cores": round(med["foreign_cores"], 2),
+            "errors": sum(r["errors"] for r in rows),
+        })
+    return summary
+
+
+def ratios(summary):
+    """Ratios of median req/s per connection count: on/off per server, pyruvate/waitress."""
+    by = {(s["variant"], s["connections"]): s["req_s"] for s in summary}
+    out = []
+    for connections in sorted({s["connections"] for s in summary}):
+        row = {"connections": connections}
+        for label, a, b in (("pyruvate on/off", "pyruvate-on", "pyruvate-off"),
+                            ("waitress on/off", "waitress-on", "waitress-off"),
+                            ("haproxy on/off", "haproxy-on", "haproxy-off"),
+                            ("pyruvate-on/waitress-on", "pyruvate-on", "waitress-on"),
+                            ("pyruvate-on/waitress-off", "pyruvate-on", "waitress-off"),
+                            ("pyruvate-off/waitress-off", "pyruvate-off", "waitress-off")):
+            if by.get((a, connections)) and by.get((b, connections)):
+                row[label] = round(by[(a, connections)] / by[(b, connections)], 2)
+        out.append(row)
+    return out
+
+
+def write_csv(path, rows):
+    if not rows:
+        return
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    with open(path, "w", newline="", encoding="utf-8") as fp:
+        writer = csv.DictWriter(fp, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def table(summary):
+    lines = ["| variant | conns | quiet/runs | req/s (min-max) | GB/s | p50 ms | p99 ms | server CPU ms/req | foreign cores |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in sorted(summary, key=lambda s: (s["connections"], s["variant"])):
+        lines.append(f"| {s['variant']} | {s['connections']} | {s['quiet_runs']}/{s['runs']} "
+                     f"| {s['req_s']:.1f} ({s['req_s_min']:.0f}-{s['req_s_max']:.0f}) "
+                     f"| {s['gb_s']:.2f} | {s['p50_ms']:.1f} | {s['p99_ms']:.1f} "
+                     f"| {s['server_cpu_ms_per_req']:.2f} | {s['foreign_cores']:.2f} |")
+    return "\n".join(lines)
+
+
+def ratio_table(rows):
+    labels = list(dict.fromkeys(k for r in rows for k in r if k != "connections"))
+    lines = ["| conns | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
+    for r in rows:
+        lines.append(f"| {r['connections']} | " + " | ".join(f"{r.get(l, '-')}" for l in labels) + " |")
+    return "\n".join(lines)
+
+
+def fd_table(checks):
+    lines = ["| target | downloads | aborted | errors | descriptors before → after | RSS MiB before → after | ok |",
+             "|---|---:|---:|---:|---|---|---|"]
+    for c in checks:
+        fds = ", ".join(f"{n} {c['fds_before'][n]} → {c['fds_after'][n]}" for n in c["fds_before"])
+        rss = ", ".join(f"{n} {c['rss_mib_before'][n]} → {c['rss_mib_after'][n]}" for n in c["rss_mib_before"])
+        lines.append(f"| {c['target']} | {c['downloads']} | {c['aborted']} | {c['errors']} | {fds} | {rss} | "
+                     f"{'yes' if c['ok'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def plot(summary, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    styles = {"pyruvate-on": ("tab:green", "-"), "pyruvate-off": ("tab:green", "--"),
+              "waitress-on": ("tab:blue", "-"), "waitress-off": ("tab:blue", "--"),
+              "haproxy-on": ("tab:orange", "-"), "haproxy-off": ("tab:orange", "--")}
+    for variant in sorted({s["variant"] for s in summary}):
+        rows = sorted((s for s in summary if s["variant"] == variant), key=lambda s: s["connections"])
+        xs = [r["connections"] for r in rows]
+        ys = [r["gb_s"] for r in rows]
+        lo = [max(r["gb_s"] - r["req_s_min"] * BLOB_SIZE / 1e9, 0) for r in rows]
+        hi = [max(r["req_s_max"] * BLOB_SIZE / 1e9 - r["gb_s"], 0) for r in rows]
+        color, line = styles.get(variant, (None, "-"))
+        ax.errorbar(xs, ys, yerr=[lo, hi], label=variant, color=color, linestyle=line, marker="o", capsize=3)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({s["connections"] for s in summary}))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("wrk connections")
+    ax.set_ylabel("GB/s of 5 MiB blob (median, min-max)")
+    ax.set_title("Blob downloads per client, blob-sendfile on/off")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- main
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.blobbench",
+        description="Blob download benchmark of each client with and without the blobsendfile "
+                    "filter (wrk); writes var/reports/blobbench-<timestamp>/.")
+    parser.add_argument("--connections", default="1,2,4,8",
+                        help="wrk connection counts, comma-separated; default 1,2,4,8")
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run; default 10")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds; every variant runs once per round and connection count; default 3")
+    parser.add_argument("--variants", default="pyruvate-on,pyruvate-off,waitress-on,waitress-off",
+                        help="<server>-on|off, comma-separated, server pyruvate, waitress or haproxy "
+                             "(the stack's HAProxy with both clients; -off: a second HAProxy in front "
+                             "of the -off clients); default the four client variants")
+    parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads; default 1")
+    parser.add_argument("--max-foreign", type=float, default=0.5,
+                        help="before each run, wait until other processes use at most this many cores "
+                             "(see --quiet-timeout); default 0.5")
+    parser.add_argument("--quiet-timeout", type=float, default=30.0,
+                        help="seconds to wait for --max-foreign before running anyway (0: never wait); default 30")
+    parser.add_argument("--fd-downloads", type=int, default=10000,
+                        help="downloads per target of the descriptor check (0: skip); default 10000")
+    parser.add_argument("--buildout-config", default=None,
+                        help="the config the stack was built with (extended by the extra buildout); "
+                             "default local.cfg if it exists, else buildout.cfg")
+    parser.add_argument("--keep-off-clients", action="store_true",
+                        help="leave the -off clients running afterwards (stop: kill their PIDs in var/blobbench/run)")
+    parser.add_argument("--stack-config", default=os.path.join(ROOT, "parts", "stack", "stack.json"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
+                        help="directory for report folders; default var/reports")
+    parser.add_argument("--report-only", metavar="DIR",
+                        help="measure nothing: re-write the summary, tables and plot of DIR/report.json")
+    args = parser.parse_args(argv)
+    try:
+        args.connections = [int(c) for c in args.connections.split(",")]
+    except ValueError:
+        parser.error("--connections: comma-separated integers")
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for v in args.variants:
+        server, _, switch = v.rpartition("-")
+        if server not in ("pyruvate", "waitress", "haproxy") or switch not in ("on", "off"):
+            parser.error(f"--variants: {v!r} is not <pyruvate|waitress|haproxy>-<on|off>")
+    if min(args.connections) < 1 or args.duration < 1 or args.rounds < 1 or args.fd_downloads < 0:
+        parser.error("--connections, --duration and --rounds must be >= 1, --fd-downloads >= 0")
+    if args.buildout_config is None:
+        local = os.path.join(ROOT, "local.cfg")
+        args.buildout_config = local if os.path.exists(local) else os.path.join(ROOT, "buildout.cfg")
+    return args
+
+
+def main(argv=None):
+    """Entry point; see the module docstring."""
+    args = parse_args(argv)
+    if args.report_only:
+        return report_only(args.report_only)
+    if shutil.which("wrk") is None:
+        print("blobbench: wrk not found (apt-get install wrk; scripts/install-system.sh)", file=sys.stderr)
+        return 2
+    if not os.path.exists(args.stack_config):
+        print(f"blobbench: {args.stack_config} not found: run bin/buildout first", file=sys.stderr)
+        return 2
+    with open(args.stack_config, encoding="utf-8") as fp:
+        config = json.load(fp)
+    clients = config["servers"]
+    kinds = config["server_kinds"]
+    urls = {p["name"]: p["ready"]["http"].rstrip("/") for p in config["processes"] if p["name"] in kinds}
+    procs = stack_pids(config)
+    if any(c not in procs for c in clients):
+        print("blobbench: the stack is not running: make start", file=sys.stderr)
+        return 2
+    if RECIPE_SRC not in sys.path:
+        sys.path.insert(0, RECIPE_SRC)
+    from plonedeploy.recipe import stack as stack_runtime
+
+    wanted_off = [v for v in args.variants if v.endswith("-off")]
+    haproxy_part = next(p for p in config["processes"] if p["ready"].get("http") == config["stats_url"])
+    off_clients = [c for c in clients if f"{kinds[c]}-off" in wanted_off or "haproxy-off" in wanted_off]
+    ports = {c: int(urls[c].rsplit(":", 1)[1]) + len(clients) for c in clients}
+    off_haproxy = None
+    if "haproxy-off" in wanted_off:
+        first = max(ports.values()) + 1
+        off_haproxy = (haproxy_part["name"], first, first + 1)
+    off_config = off_stack_config(off_clients, ports, off_haproxy, haproxy_part["argv"][0])
+    run_dir = config["run_dir"]
+
+    variants = {}
+    for client in clients:
+        on = pipeline_has_filter(client)
+        if not on:
+            print(f"blobbench: {client} is built with blob-sendfile = off; the -on variant needs it on",
+                  file=sys.stderr)
+            return 2
+        variants[f"{kinds[client]}-on"] = Variant(f"{kinds[client]}-on", client, kinds[client], True, urls[client],
+                                                  [os.path.join(run_dir, f"{client}.pid")])
+    variants["haproxy-on"] = Variant(
+        "haproxy-on", haproxy_part["name"], "haproxy", True, config["frontend_url"],
+        [os.path.join(run_dir, f"{n}.pid") for n in [haproxy_part["name"]] + clients])
+    for client in off_clients:
+        variants[f"{kinds[client]}-off"] = Variant(
+            f"{kinds[client]}-off", f"{client}-off", kinds[client], False, f"http://127.0.0.1:{ports[client]}",
+            [os.path.join(off_config["run_dir"], f"{client}-off.pid")])
+    if off_haproxy:
+        variants["haproxy-off"] = Variant(
+            "haproxy-off", f"{haproxy_part['name']}-off", "haproxy", False, f"http://127.0.0.1:{off_haproxy[1]}",
+            [os.path.join(off_config["run_dir"], f"{n}-off.pid") for n in [haproxy_part["name"]] + off_clients])
+    order = [v for v in args.variants if v in variants]
+
+    started = datetime.now(timezone.utc)
+    directory = os.path.join(args.out, "blobbench-" + started.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(directory, exist_ok=True)
+    runs, checks, problems = [], [], []
+    try:
+        if off_clients:
+            build_off_clients(args.buildout_config, off_clients, ports, off_haproxy)
+            stages = sorted({p["stage"] for p in off_config["processes"]})
+            for stage in stages:
+                stack_runtime.start_stage(off_config, [p for p in off_config["processes"] if p["stage"] == stage], 300)
+            if off_haproxy:
+                stack_runtime.wait_up(off_config, 120)
+            for p in off_config["processes"]:
+                procs[p["name"]] = psutil.Process(stack_runtime.read_pid(off_config, p["name"]))
+        reference = reference_blob()
+        for name in order:
+            found = check_variant(variants[name], reference)
+            problems += [f"{name}: {p}" for p in found]
+            print(f"check {name} ({variants[name].url}): {'ok' if not found else '; '.join(found)}", flush=True)
+        for name in order:  # warm up: caches, ZODB connections
+            run_wrk(variants[name].blob_url, 2, 2)
+
+        total = args.rounds * len(args.connections) * len(order)
+        print(f"{total} wrk runs of {args.duration} s: variants {', '.join(order)}; "
+              f"connections {args.connections}; {args.rounds} rounds", flush=True)
+        for round_no in range(args.rounds):
+            for connections in args.connections:
+                turn = order[round_no % len(order):] + order[:round_no % len(order)]
+                for name in turn:
+                    waited = wait_for_quiet(procs, args.max_foreign, args.quiet_timeout)
+                    row = measure(variants[name], connections, args.duration, procs, args.wrk_threads)
+                    row["round"] = round_no + 1
+                    row["waited_s"] = waited
+                    runs.append(row)
+                    print(f"  round {round_no + 1} c={connections:<2} {name:13} {row['req_s']:7.1f} req/s "
+                          f"{row['gb_s']:5.2f} GB/s p50 {row['p50_ms']:6.1f} ms p99 {row['p99_ms']:7.1f} ms "
+                          f"errors {row['errors']} foreign {row['foreign_cores']:.2f} cores", flush=True)
+                    if row["errors"] or row["short_bytes"]:
+                        problems.append(f"{name} c={connections} round {round_no + 1}: {row['errors']} errors, "
+                                        f"short bytes {row['short_bytes']}")
+
+        if args.fd_downloads:
+            on_clients = {c: variants[f"{kinds[c]}-on"].process() for c in clients}
+            targets = [(f"{c} ({kinds[c]}) direct", urls[c] + BLOB_PATH) for c in clients]
+            targets.append(("haproxy", config["frontend_url"] + BLOB_PATH))
+            for label, url in targets:
+                check = descriptor_check(label, url, on_clients, args.fd_downloads)
+                checks.append(check)
+                print(f"descriptors {label}: {check['fds_before']} -> {check['fds_after']} after "
+                      f"{check['downloads']} downloads + {check['aborted']} aborted: "
+                      f"{'ok' if check['ok'] else 'LEAK OR ERRORS'}", flush=True)
+                if not check["ok"]:
+                    problems.append(f"descriptor check {label} failed")
+    except KeyboardInterrupt:
+        problems.append("interrupted: the report has the runs done so far")
+        print("\ninterrupted", flush=True)
+    except (RuntimeError, OSError, stack_runtime.StackError) as exc:
+        problems.append(f"stopped: {exc}")
+        print(f"blobbench: {exc}", file=sys.stderr, flush=True)
+    finally:
+        if off_clients and not args.keep_off_clients:
+            for p in reversed(off_config["processes"]):
+                stack_runtime.stop_process(off_config, p["name"], 30.0)
+
+    meta = {
+        "started": started.isoformat(timespec="seconds"),
+        "host": platform.node(), "cores": psutil.cpu_count(), "cpu": platform.processor() or platform.machine(),
+        "duration_s": args.duration, "rounds": args.rounds, "connections": args.connections,
+        "wrk_threads": args.wrk_threads, "max_foreign": args.max_foreign,
+        "quiet_timeout_s": args.quiet_timeout, "variants": {n: {"url": v.url, "part": v.part} for n, v in variants.items()},
+        "blob_bytes": BLOB_SIZE, "gb": "10^9 bytes of blob per second, completed responses",
+    }
+    return write_report(directory, meta, runs, checks, problems)
+
+
+def write_report(directory, meta, runs, checks, problems):
+    """Write report.json, runs.csv, summary.csv, report.md and blobbench.png; print the
+    summary; return the exit status (1 if there were problems)."""
+    summary = summarize(runs, meta["max_foreign"])
+    ratio_rows = ratios(summary)
+    data = {"meta": meta, "summary": summary, "ratios": ratio_rows, "descriptor_checks": checks,
+            "runs": runs, "problems": problems}
+    with open(os.path.join(directory, "report.json"), "w", encoding="utf-8") as fp:
+        json.dump(data, fp, indent=2)
+    write_csv(os.path.join(directory, "runs.csv"), runs)
+    write_csv(os.path.join(directory, "summary.csv"), summary)
+    png = plot(summary, os.path.join(directory, "blobbench.png")) if summary else None
+    md = [f"# Blob download benchmark {meta['started']}", "",
+          f"{meta['cores']} cores; wrk {meta['wrk_threads']} thread(s), {meta['duration_s']} s per run, "
+          f"{meta['rounds']} rounds, variants alternating. Medians (min-max of req/s) over the runs "
+          f"during which other processes used at most {meta['max_foreign']} cores (\"quiet\"), or over "
+          "all runs of a row when none was quiet; foreign cores: median over all its runs.", "",
+          table(summary), "", "Ratios of median req/s:", "", ratio_table(ratio_rows), ""]
+    if checks:
+        md += ["Descriptor check (on-clients):", "", fd_table(checks), ""]
+    if problems:
+        md += ["Problems:", ""] + [f"- {p}" for p in problems] + [""]
+    with open(os.path.join(directory, "report.md"), "w", encoding="utf-8") as fp:
+        fp.write("\n".join(md))
+    print()
+    print(table(summary))
+    print()
+    print(ratio_table(ratio_rows))
+    if checks:
+        print()
+        print(fd_table(checks))
+    for p in problems:
+        print(f"PROBLEM: {p}")
+    print(f"report: {os.path.join(directory, 'report.md')}")
+    if png:
+        print(f"plot:   {png}")
+    return 1 if problems else 0
+
+
+def report_only(directory):
+    """Re-write the summary, tables and plot of an earlier run from its report.json."""
+    with open(os.path.join(directory, "report.json"), encoding="utf-8") as fp:
+        data = json.load(fp)
+    data["meta"].setdefault("max_foreign", 0.5)
+    return write_report(directory, data["meta"], data["runs"], data["descriptor_checks"], data["problems"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
