@@ -211,3 +211,37 @@ def test_template_defines_blob_filter_only_when_on(server):
     off.read_string(_render_stage_one(server, blob_sendfile=False))
     assert "filter:blobsendfile" not in off
     assert set(off.sections()) == set(on.sections()) - {"filter:blobsendfile"}
+
+
+@pytest.mark.parametrize("server, cores, clients, expected", [
+    ("pyruvate", 2, 2, 2),   # the demo: clients = cores
+    ("pyruvate", 8, 2, 2),   # more cores do not make one Zope process use more than one
+    ("waitress", 2, 3, 1),   # more clients than cores
+    ("bjoern", 8, 1, 1),     # single-threaded server
+    ("gevent", 2, 2, 1),
+])
+def test_auto_threads_rule(server, cores, clients, expected):
+    threads, reason = options.auto_threads(server, cores, clients)
+    assert threads == expected
+    assert reason  # logged by bin/buildout next to the choice
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("512MB", 512 * 1024 ** 2), ("1GB", 1024 ** 3), ("1 gb", 1024 ** 3), ("65536", 65536), ("64KB", 65536),
+])
+def test_byte_size_parses(value, expected):
+    assert options.parse_byte_size("instance", "zodb-cache-memory", value) == expected
+
+
+@pytest.mark.parametrize("value", ["", "0", "0MB", "1TB", "-1GB", "1.5GB", "lots"])
+def test_byte_size_refuses_others(value):
+    with pytest.raises(zc.buildout.UserError) as err:
+        options.parse_byte_size("instance", "zodb-cache-memory", value)
+    assert "zodb-cache-memory" in str(err.value) and "512MB" in str(err.value)
+
+
+def test_threads_refuses_words_other_than_auto():
+    with pytest.raises(zc.buildout.UserError) as err:
+        options.parse_threads("instance", "pyruvate", "many")
+    assert str(err.value) == ("[instance] threads = 'many' is invalid: "
+                              "expected a positive integer such as 2, or auto")

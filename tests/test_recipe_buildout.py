@@ -215,6 +215,12 @@ BAD = [
      "[client2] threads = '0' is invalid: expected a positive integer"),
     ("[client2]\nthreads = many\n",
      "[client2] threads = 'many' is invalid: expected a positive integer"),
+    ("[client2]\nthreads = auto\ncpu-cores = none\n",
+     "[client2] cpu-cores = 'none' is invalid: expected a positive integer"),
+    ("[client2]\nzodb-cache-memory = lots\n",
+     "[client2] zodb-cache-memory = 'lots' is invalid: expected a size in bytes such as 512MB"),
+    ("[client2]\nzodb-cache-memory = 1GB\nzodb-cache-size-bytes = 1000\n",
+     "[client2] zodb-cache-memory and zodb-cache-size-bytes are both set"),
     ("[instance]\nblob-sendfile = maybe\n",
      "[instance] blob-sendfile = 'maybe' is invalid: expected on or off"),
     ("[instance]\nblob-sendfile = off\npipeline = blobsendfile zope\n",
@@ -236,6 +242,24 @@ BAD = [
     ("[haproxy]\nbind = 18080\n",
      "[haproxy] bind = '18080' is invalid: expected one host:port"),
 ]
+
+
+@pytest.mark.parametrize("cores, expected", [(2, 2), (1, 1)])
+def test_threads_auto_follows_cores_and_clients(tmp_path, cores, expected):
+    """threads = auto: 2 clients on 2 cores -> 2 threads each; on 1 core -> 1 (docs/tuning.md).
+    The choice is logged with its reason and flows into pool-size and HAProxy's maxconn."""
+    result = buildout(tmp_path, f"[instance]\nthreads = auto\ncpu-cores = {cores}\n"
+                                "zodb-cache-memory = 256MB\n[client2]\nthreads = auto\n")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for part in ("instance", "client2"):
+        assert f"[{part}] threads = auto -> {expected}: 2 ZEO client" in output, output
+        zope_conf = (tmp_path / "parts" / part / "etc" / "zope.conf").read_text()
+        assert f"pool-size {expected}" in zope_conf
+        # 256 MiB for all connection caches of the client together
+        assert f"cache-size-bytes {256 * 1024 ** 2 // expected}" in zope_conf
+    haproxy_cfg = (tmp_path / "parts" / "haproxy" / "haproxy.cfg").read_text()
+    assert haproxy_cfg.count(f"maxconn {expected}\n") + haproxy_cfg.count(f"maxconn {expected} ") >= 2, haproxy_cfg
 
 
 @pytest.fixture

@@ -17,6 +17,20 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eg
     ZODB ``pool-size`` written into ``<zodb_db main>`` of ``etc/zope.conf``, because each
     concurrent request holds one ZODB connection with its own object cache of
     ``zodb-cache-size`` objects (memory ~ threads x zodb-cache-size x object size).
+    ``auto``: chosen by ``options.auto_threads`` from ``cpu-cores`` and
+    ``clients-per-host`` (docs/tuning.md); bin/buildout logs the choice and the reason.
+``cpu-cores``
+    Only read with ``threads = auto``: CPUs of the host that runs the clients; default
+    the CPUs this bin/buildout may run on (``os.sched_getaffinity``).
+``clients-per-host``
+    Only read with ``threads = auto``: ZEO clients on that host; default the number of
+    ``plonedeploy.recipe:instance`` parts in this buildout's ``parts``.
+``zodb-cache-memory``
+    Optional memory budget (bytes; ``512MB``, ``1GB``) for this client's ZODB object
+    caches together: sets plone.recipe.zope2instance's ``zodb-cache-size-bytes`` (ZODB's
+    ``cache-size-bytes``, per connection) to budget / threads, since each thread holds one
+    connection with its own cache. ZODB counts pickle sizes, so the process grows by more
+    than the budget (docs/tuning.md). Not together with ``zodb-cache-size-bytes``.
 ``blob-sendfile``
     ``on`` (default) or ``off`` (also ``true``/``false``). On: the WSGI filter
     ``blobsendfile`` (``plonedeploy.recipe.blobfilter``) is put first in the pipeline and
@@ -48,8 +62,10 @@ from plonedeploy.recipe.options import (
     DEFAULT_SERVER,
     SERVERS,
     add_pipeline_filter,
+    auto_threads,
     check_choice,
     insert_pool_size,
+    parse_byte_size,
     parse_http_address,
     parse_positive_int,
     parse_switch,
@@ -58,6 +74,30 @@ from plonedeploy.recipe.options import (
 )
 
 logger = logging.getLogger("plonedeploy.recipe")
+
+#: ``recipe =`` values that make a part a ZEO client of this recipe.
+_INSTANCE_RECIPES = ("plonedeploy.recipe", "plonedeploy.recipe:instance", "plonedeploy.recipe:default")
+
+
+def _is_instance_part(buildout, part):
+    """True if buildout section ``part`` uses this recipe (counted for ``clients-per-host``).
+
+    Reads the raw, unsubstituted sections (zc.buildout's ``_raw``, following ``<=``
+    macros) because ``buildout[part]`` would construct that part's recipe now, and the
+    haproxy part's recipe reads this client's ``threads`` before it is resolved.
+    """
+    raw = getattr(buildout, "_raw", {})
+    seen = set()
+    while part in raw and part not in seen:
+        seen.add(part)
+        data = raw[part]
+        if "recipe" in data:
+            return data["recipe"].strip() in _INSTANCE_RECIPES
+        macros = data.get("<", "").split()
+        if not macros:
+            return False
+        part = macros[-1]  # the last macro's options win, as in zc.buildout
+    return False
 
 
 class Recipe(Zope2InstanceRecipe):
@@ -74,9 +114,23 @@ class Recipe(Zope2InstanceRecipe):
                 f"[{name}] http-address is required: one host:port such as 127.0.0.1:8081"
             )
         self.host, self.port = parse_http_address(name, options["http-address"])
-        self.threads = parse_threads(name, self.server, options.get("threads"))
+        threads = options.get("threads")
+        if threads is not None and threads.strip() == "auto":
+            threads = self.auto_threads(buildout, name, options)
+        self.threads = parse_threads(name, self.server, threads)
         options["threads"] = str(self.threads)
         options["pool-size"] = str(self.threads)
+        if "zodb-cache-memory" in options:
+            if options.get("zodb-cache-size-bytes"):
+                raise zc.buildout.UserError(
+                    f"[{name}] zodb-cache-memory and zodb-cache-size-bytes are both set; "
+                    "keep one (zodb-cache-memory = the budget of all threads together)"
+                )
+            budget = parse_byte_size(name, "zodb-cache-memory", options["zodb-cache-memory"])
+            options["zodb-cache-size-bytes"] = str(budget // self.threads)
+            logger.info("[%s] zodb-cache-memory %s -> zodb-cache-size-bytes %s per connection "
+                        "(%s threads, one ZODB connection cache each)",
+                        name, options["zodb-cache-memory"].strip(), budget // self.threads, self.threads)
         self.blob_sendfile = parse_switch(name, "blob-sendfile", options.get("blob-sendfile", "on"))
         options["blob-sendfile"] = "on" if self.blob_sendfile else "off"
         if not self.blob_sendfile and BLOB_FILTER in options.get("pipeline", "").split():
@@ -120,6 +174,21 @@ class Recipe(Zope2InstanceRecipe):
         if self.blob_sendfile:
             # After the stock __init__, which sets the default pipeline.
             options["pipeline"] = add_pipeline_filter(options["pipeline"])
+
+    def auto_threads(self, buildout, name, options):
+        """Resolve ``threads = auto`` (``options.auto_threads``); log the choice; return it as text."""
+        cores = options.get("cpu-cores", "").strip()
+        cores = (parse_positive_int(name, cores, "cpu-cores") if cores
+                 else len(os.sched_getaffinity(0)))
+        clients = options.get("clients-per-host", "").strip()
+        if clients:
+            clients = parse_positive_int(name, clients, "clients-per-host")
+        else:
+            clients = sum(1 for part in buildout["buildout"]["parts"].split()
+                          if part == name or _is_instance_part(buildout, part))
+        threads, reason = auto_threads(self.server, cores, clients)
+        logger.info("[%s] threads = auto -> %s: %s", name, threads, reason)
+        return str(threads)
 
     def install(self, update=False):
         if self.options.get("user"):

@@ -107,17 +107,57 @@ def parse_network(part, option, value):
 def parse_threads(part, server, value=None):
     """``threads`` of a ZEO client on ``server`` as an int; ``value`` None means the default.
 
+    (``threads = auto`` is resolved by the recipe with :func:`auto_threads` before this.)
+
     The default is :data:`DEFAULT_THREADS`, or 1 for :data:`SINGLE_THREADED` servers,
     which refuse any other value (their ZODB pool-size and HAProxy maxconn are then 1).
     Raises ``zc.buildout.UserError`` naming part, option, value and what is allowed.
     """
     if value is None:
         return 1 if server in SINGLE_THREADED else DEFAULT_THREADS
-    threads = parse_positive_int(part, value)
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        fail(part, "threads", value, "a positive integer such as 2, or auto")
+    threads = int(text)
     if server in SINGLE_THREADED and threads != 1:
         fail(part, "threads", value,
              f"1 for wsgi-server = {server} (it calls the app from one thread, one request at a time)")
     return threads
+
+
+#: Byte-size suffixes of ``zodb-cache-memory`` (binary, as ZConfig's byte-size reads KB/MB/GB).
+_BYTE_UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}
+
+
+def parse_byte_size(part, option, value):
+    """Parse ``"512MB"``, ``"1GB"``, ``"65536"`` (KB/MB/GB are powers of 1024) into bytes.
+
+    Raises ``zc.buildout.UserError`` naming the option for anything else or for 0.
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?B?)\s*", str(value), re.IGNORECASE)
+    unit = match.group(2).upper() if match else None
+    if not match or unit not in _BYTE_UNITS or int(match.group(1)) == 0:
+        fail(part, option, value, "a size in bytes such as 512MB, 1GB or 65536")
+    return int(match.group(1)) * _BYTE_UNITS[unit]
+
+
+def auto_threads(server, cores, clients):
+    """The ``threads = auto`` rule: ``(threads, reason)`` for one ZEO client.
+
+    ``cores``: CPUs the host gives the clients; ``clients``: ZEO clients on that host.
+    The rule and the data behind it are in docs/tuning.md: one Zope process uses about one
+    core (the GIL), so threads add throughput only while a request waits (ZEO loads,
+    network); on /Plone 2 threads were within noise of 1 and 4 were slower
+    (``loadtests.scaling``), and with more clients than cores a second thread only adds a
+    ZODB connection cache. ``reason`` is one line for the build log.
+    """
+    if server in SINGLE_THREADED:
+        return 1, f"{server} calls the app from one thread"
+    if clients > cores:
+        return 1, (f"{clients} ZEO clients on {cores} cores: each client has less than a core, "
+                   "a second thread would only add a ZODB connection cache")
+    return DEFAULT_THREADS, (f"{clients} ZEO client(s) on {cores} cores: one Zope process uses about "
+                             f"one core (GIL); {DEFAULT_THREADS} threads keep it busy while a request waits on ZEO")
 
 
 def parse_switch(part, option, value):
