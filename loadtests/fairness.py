@@ -217,6 +217,12 @@ async def run_load(url, accept, connections, duration, timeout, connect_rate):
     return stats, duration
 
 
+def frontend_5xx(rows):
+    """Sum of ``hrsp_5xx`` over the FRONTEND rows of a stats fetch, the stats listener excluded."""
+    return sum(int(r["hrsp_5xx"] or 0) for r in rows
+               if r["svname"] == "FRONTEND" and r["pxname"] != "stats")
+
+
 def measure(config, url, accept, connections, duration, timeout, connect_rate):
     """One run through the stack's HAProxy with HAProxy counters and CPU seconds; returns
     summarize()'s dict plus ``haproxy`` {hrsp_5xx, backend_qmax} and ``cpu_s``."""
@@ -240,7 +246,8 @@ def measure(config, url, accept, connections, duration, timeout, connect_rate):
         "connect_rate_per_s": connect_rate,
         "haproxy": {
             "sessions": sum(d["stot"] for d in servers.values()),
-            "hrsp_5xx": sum(d["hrsp_5xx"] for d in servers.values()),
+            # The frontend's count: it includes HAProxy's own 503s (queue timeout, no server).
+            "hrsp_5xx": frontend_5xx(after) - frontend_5xx(before),
             "backend_qmax": int(backend_row(after, config["backend"])["qmax"] or 0),
         },
         "cpu_s": {"stack": round(stack_cpu, 1), "client": round(own, 1),
@@ -268,6 +275,10 @@ def parse_args(argv):
                         help="connections of the reference run per path (default 10; 0: none)")
     parser.add_argument("--baseline-duration", type=float, default=15.0,
                         help="seconds of the reference run (default 15)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat baseline + every connection count this many times, "
+                        "alternating, so each ratio is to a baseline measured minutes apart "
+                        "under the same foreign load (default 1)")
     parser.add_argument("--connect-rate", type=float, default=2000.0,
                         help="new connections per second at the start of a run (default 2000)")
     parser.add_argument("--url", default=None,
@@ -289,8 +300,9 @@ def parse_args(argv):
     if not 0 < args.timeout < args.duration:
         parser.error(f"--timeout ({args.timeout} s) must be > 0 and shorter than --duration "
                      f"({args.duration} s)")
-    if args.connect_rate <= 0 or args.baseline < 0 or args.baseline_duration <= 0:
-        parser.error("--connect-rate and --baseline-duration must be > 0, --baseline >= 0")
+    if args.connect_rate <= 0 or args.baseline < 0 or args.baseline_duration <= 0 or args.rounds < 1:
+        parser.error("--connect-rate and --baseline-duration must be > 0, --baseline >= 0, "
+                     "--rounds >= 1")
     args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     bad = [p for p in args.paths if not (p.startswith("/") or p == "@json")]
     if bad or not args.paths:
@@ -307,16 +319,16 @@ def to_markdown(rows, meta):
         f"{meta['balance']}; client timeout {meta['timeout_s']} s; connects "
         f"{meta['connect_rate_per_s']}/s; fd limit {meta['fd_limit']}; somaxconn {meta['somaxconn']}.",
         "",
-        "| path | connections | served | completions min/median | errors | unfinished | req/s "
+        "| round | path | connections | served | completions min/median | errors | unfinished | req/s "
         "| baseline req/s | ratio | mean s | p50 s | p99 s | max s | Little's mean s | p99 / Little "
         "| HAProxy 5xx | queue max | foreign CPU % |",
-        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lat = r["latency_s"]
         errors = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "0"
         lines.append(
-            f"| {r['path']} | {r['connections']:,} | {r['served']:,} | {r['completions_min']}/"
+            f"| {r['round']} | {r['path']} | {r['connections']:,} | {r['served']:,} | {r['completions_min']}/"
             f"{r['completions_median']} | {errors} | {r['unfinished']} | {r['rps']} "
             f"| {r.get('baseline_rps')} | {r.get('ratio_to_baseline')} | {lat['mean']} | {lat['p50']} "
             f"| {lat['p99']} | {lat['max']} | {r['littles_law_mean_s']} | {r['p99_over_littles_mean']} "
@@ -343,7 +355,7 @@ def main(argv=None):
         return 2
     started = datetime.now(timezone.utc)
     rows = []
-    for label in args.paths:
+    for label, round_ in ((p, i) for i in range(1, args.rounds + 1) for p in args.paths):
         path, accept = ("/Plone", "application/json") if label == "@json" else (label, "")
         url = base + path
         baseline = None
@@ -351,13 +363,13 @@ def main(argv=None):
             b = measure(config, url, accept, args.baseline, args.baseline_duration,
                         min(args.timeout, args.baseline_duration * 0.75), args.connect_rate)
             baseline = b["rps"]
-            b.update(path=label, baseline_rps=baseline, ratio_to_baseline=1.0)
+            b.update(path=label, round=round_, baseline_rps=baseline, ratio_to_baseline=1.0)
             rows.append(b)
             print(f"{label}: baseline {args.baseline} connections: {baseline} req/s", flush=True)
         for n in args.connections:
             print(f"{label}: {n} connections for {args.duration} s ...", flush=True)
             r = measure(config, url, accept, n, args.duration, args.timeout, args.connect_rate)
-            r.update(path=label, baseline_rps=baseline,
+            r.update(path=label, round=round_, baseline_rps=baseline,
                      ratio_to_baseline=round(r["rps"] / baseline, 2) if baseline else None)
             if r["rps"] and n / r["rps"] > args.duration:
                 r["note"] = (f"connections / req/s = {n / r['rps']:.0f} s > run length: not every "
