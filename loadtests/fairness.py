@@ -20,12 +20,13 @@ is counted as ``unfinished``, not as an error.
 Recorded per connection: completions (2xx/3xx answers), errors by kind (``timeout``,
 ``connect``, ``reset``, ``closed`` (no answer before EOF), ``non_2xx``) and latencies
 (seconds from sending the request to the last body byte). Reported per run:
-connections served (at least one completion) / total, min / median completions per
-connection, errors by kind, requests/s over the run (completions / run seconds), latency
+connections served (at least one completion) / total, min / median / max completions
+per connection, errors by kind, requests/s over the run (completions / run seconds), latency
 mean / p50 / p99 / max, the Little's-law mean (connections / requests/s: the mean a closed
 loop must show if every connection is served in turn) and p99 / Little's mean, the ratio
 of requests/s to the baseline, HAProxy's 5xx answers and longest backend queue
-(``/stats;csv``, ``qmax`` is since HAProxy started), and the CPU seconds of the stack,
+(``/stats;csv``, ``qmax`` is since HAProxy started), the kernel's accept-queue
+overflows (``ListenOverflows`` of /proc/net/netstat, whole machine), and the CPU seconds of the stack,
 of this client and of foreign processes (the machine is shared).
 
 Output: a table on stdout and ``<out>/fairness-<YYYYmmdd-HHMMSS>/fairness.json`` and
@@ -85,7 +86,7 @@ def summarize(stats, seconds):
     """Aggregate a list of ConnectionStats over a run of ``seconds``.
 
     Returns a dict: connections, served (connections with >= 1 completion), completions
-    min/median per connection, requests, rps (requests/s), errors {kind: count},
+    min/median/max per connection, requests, rps (requests/s), errors {kind: count},
     unfinished, latency_s {mean, p50, p99, max} (None without completions),
     littles_law_mean_s (connections / rps, None when rps is 0) and p99_over_littles_mean.
     """
@@ -103,6 +104,7 @@ def summarize(stats, seconds):
         "served": sum(1 for n in per_conn if n > 0),
         "completions_min": per_conn[0] if per_conn else 0,
         "completions_median": statistics.median(per_conn) if per_conn else 0,
+        "completions_max": per_conn[-1] if per_conn else 0,
         "requests": requests,
         "rps": round(rps, 1),
         "errors": dict(sorted(errors.items())),
@@ -223,6 +225,20 @@ def frontend_5xx(rows):
                if r["svname"] == "FRONTEND" and r["pxname"] != "stats")
 
 
+def listen_overflows():
+    """``TcpExt: ListenOverflows`` of /proc/net/netstat: connections the kernel dropped
+    because a listening socket's accept queue (its backlog, at most net.core.somaxconn)
+    was full. Counts for the whole network namespace; 0 where the file is missing."""
+    try:
+        lines = open("/proc/net/netstat", encoding="ascii").read().splitlines()
+    except OSError:
+        return 0
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:])).get("ListenOverflows", 0))
+    return 0
+
+
 def measure(config, url, accept, connections, duration, timeout, connect_rate):
     """One run through the stack's HAProxy with HAProxy counters and CPU seconds; returns
     summarize()'s dict plus ``haproxy`` {hrsp_5xx, backend_qmax} and ``cpu_s``."""
@@ -232,6 +248,7 @@ def measure(config, url, accept, connections, duration, timeout, connect_rate):
     cpu_before, busy_before = cpu_seconds(procs), machine_busy_seconds()
     me = psutil.Process()
     own_before = sum(me.cpu_times()[:2])
+    overflows_before = listen_overflows()
     stats, seconds = asyncio.run(run_load(url, accept, connections, duration, timeout, connect_rate))
     own = sum(me.cpu_times()[:2]) - own_before
     stack_cpu = sum(v - cpu_before.get(n, 0.0) for n, v in cpu_seconds(procs).items())
@@ -250,6 +267,7 @@ def measure(config, url, accept, connections, duration, timeout, connect_rate):
             "hrsp_5xx": frontend_5xx(after) - frontend_5xx(before),
             "backend_qmax": int(backend_row(after, config["backend"])["qmax"] or 0),
         },
+        "listen_overflows": listen_overflows() - overflows_before,
         "cpu_s": {"stack": round(stack_cpu, 1), "client": round(own, 1),
                   "foreign": round(foreign, 1),
                   "foreign_percent": round(100 * foreign / (seconds * (psutil.cpu_count() or 1)), 1)},
@@ -319,21 +337,21 @@ def to_markdown(rows, meta):
         f"{meta['balance']}; client timeout {meta['timeout_s']} s; connects "
         f"{meta['connect_rate_per_s']}/s; fd limit {meta['fd_limit']}; somaxconn {meta['somaxconn']}.",
         "",
-        "| round | path | connections | served | completions min/median | errors | unfinished | req/s "
+        "| round | path | connections | served | completions min/median/max | errors | unfinished | req/s "
         "| baseline req/s | ratio | mean s | p50 s | p99 s | max s | Little's mean s | p99 / Little "
-        "| HAProxy 5xx | queue max | foreign CPU % |",
-        "|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| HAProxy 5xx | queue max | accept-queue overflows | foreign CPU % |",
+        "|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lat = r["latency_s"]
         errors = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "0"
         lines.append(
             f"| {r['round']} | {r['path']} | {r['connections']:,} | {r['served']:,} | {r['completions_min']}/"
-            f"{r['completions_median']} | {errors} | {r['unfinished']} | {r['rps']} "
+            f"{r['completions_median']}/{r['completions_max']} | {errors} | {r['unfinished']} | {r['rps']} "
             f"| {r.get('baseline_rps')} | {r.get('ratio_to_baseline')} | {lat['mean']} | {lat['p50']} "
             f"| {lat['p99']} | {lat['max']} | {r['littles_law_mean_s']} | {r['p99_over_littles_mean']} "
             f"| {r['haproxy']['hrsp_5xx']} | {r['haproxy']['backend_qmax']} "
-            f"| {r['cpu_s']['foreign_percent']} |")
+            f"| {r.get('listen_overflows', '')} | {r['cpu_s']['foreign_percent']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -39,6 +39,7 @@ def test_summarize_counts_starved_connections_and_littles_law():
     assert result["served"] == 3
     assert result["completions_min"] == 0
     assert result["completions_median"] == 2.5
+    assert result["completions_max"] == 3
     assert result["requests"] == 8
     assert result["rps"] == 0.8
     assert result["errors"] == {"timeout": 1}
