@@ -18,7 +18,7 @@ generator's unfairness, not the server's). Every request has a client timeout
 is counted as ``unfinished``, not as an error.
 
 Recorded per connection: completions (2xx/3xx answers), errors by kind (``timeout``,
-``connect``, ``reset``, ``closed`` (no answer before EOF), ``non_2xx``) and latencies
+``connect``, ``reset``, ``closed`` (no answer before EOF), ``malformed``, ``non_2xx``) and latencies
 (seconds from sending the request to the last body byte). Reported per run:
 connections served (at least one completion) / total, min / median / max completions
 per connection, errors by kind, requests/s over the run (completions / run seconds), latency
@@ -177,6 +177,9 @@ async def one_connection(stats, host, port, request, start_at, deadline, timeout
                 keep_alive = False
             except asyncio.IncompleteReadError:
                 stats.errors["closed"] += 1
+                keep_alive = False
+            except (ValueError, IndexError, asyncio.LimitOverrunError):
+                stats.errors["malformed"] += 1  # not HTTP/1.1, or a head over HEAD_LIMIT
                 keep_alive = False
             except (ConnectionError, OSError) as exc:
                 stats.errors["connect" if reader is None else "reset"] += 1

@@ -59,7 +59,8 @@ def test_summarize_without_completions():
 
 def _serve(responses):
     """A local server that answers each connection's requests with the next raw response
-    from ``responses`` (closing the connection after a ``Connection: close`` one)."""
+    from ``responses`` (closing the connection after a ``Connection: close`` one or one
+    without a length)."""
     queue = list(responses)
 
     async def handle(reader, writer):
@@ -71,20 +72,22 @@ def _serve(responses):
             answer = queue.pop(0)
             writer.write(answer)
             await writer.drain()
-            if b"Connection: close" in answer:
-                break
+            if b"Connection: close" in answer or not (b"Content-Length" in answer or b"chunked" in answer):
+                break  # the end of a close-delimited answer is the close
         writer.close()
     return handle
 
 
 def test_read_response_framings_and_the_client_loop():
     """Content-Length, chunked and close-delimited bodies are read whole; a 503 is an
-    error, not a completion; the client reconnects after Connection: close."""
+    error, not a completion; the client reconnects after Connection: close; an answer
+    that is not HTTP counts as malformed instead of ending the run."""
     responses = [
         b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
         b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
         b"HTTP/1.1 200 OK\r\n\r\nclose-delimited",
+        b"SSH-2.0-not-http\r\n\r\n",
     ]
 
     async def scenario():
@@ -102,6 +105,7 @@ def test_read_response_framings_and_the_client_loop():
     stats = asyncio.run(scenario())
     assert stats.completions == 3
     assert stats.errors["non_2xx"] == 1
+    assert stats.errors["malformed"] == 1
     assert stats.connects >= 2          # reconnected after the close
     assert len(stats.latencies) == 3
 
