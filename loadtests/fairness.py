@@ -181,7 +181,7 @@ async def one_connection(stats, host, port, request, start_at, deadline, timeout
             except (ValueError, IndexError, asyncio.LimitOverrunError):
                 stats.errors["malformed"] += 1  # not HTTP/1.1, or a head over HEAD_LIMIT
                 keep_alive = False
-            except (ConnectionError, OSError) as exc:
+            except OSError:  # ConnectionRefusedError, ConnectionResetError, ...
                 stats.errors["connect" if reader is None else "reset"] += 1
                 keep_alive = False
                 if reader is None and loop.time() < deadline:
