@@ -38,10 +38,8 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import statistics
 import sys
-import time
 from collections import Counter
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
