@@ -135,6 +135,8 @@ class ScalingBalancer(TemporaryBalancer):
             "bind": f"127.0.0.1:{self.frontend_port}", "stats_bind": f"127.0.0.1:{self.stats_port}",
             "balance": "leastconn", "health_check": "/Plone/@@ok", "timeout_queue": 60,
             "max_body_size": 1073741824, "maxconn": 4096, "manage_networks": [],
+            # HAProxy's own sizing (2 fds per connection): no ulimit-n / strict-limits lines
+            "fd_limit": 2 * (4096 + 16) + 64,
             "run_directory": self.run_directory,
         })
 

@@ -154,7 +154,8 @@ def test_template_with_unknown_variable_fails(tmp_path):
 
 @pytest.mark.parametrize("trim_blocks", [False, True], ids=["recipe", "ansible-trim_blocks"])
 @pytest.mark.parametrize("networks", [[], ["127.0.0.1/32"]], ids=["no-zmi-block", "zmi-block"])
-def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks, networks):
+@pytest.mark.parametrize("fd_limit", [20000, 300], ids=["fd-limit-below-2x", "fd-limit-ample"])
+def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks, networks, fd_limit):
     """The recipe renders haproxy.cfg.j2 without trim_blocks, Ansible's template module
     with it: both must give a config haproxy -c accepts (a "{%- endif %}" once glued
     "default_backend" onto the ACL line under Ansible only)."""
@@ -169,7 +170,8 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
         part="t", servers=[{"name": "a", "host": "127.0.0.1", "port": 18081, "maxconn": 2,
                             "wsgi_server": "pyruvate"}],
         bind="127.0.0.1:18080", stats_bind="127.0.0.1:18404", balance="leastconn",
-        health_check="/Plone/@@ok", timeout_queue=60, max_body_size=1024, maxconn=100,
+        health_check="/Plone/@@ok", timeout_queue=60, max_body_size=1024,
+        maxconn=10000 if fd_limit == 20000 else 100, fd_limit=fd_limit,
         manage_networks=networks, run_directory=str(tmp_path))
     path = tmp_path / "haproxy.cfg"
     path.write_text(text)
@@ -177,6 +179,10 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
     assert check.returncode == 0, check.stdout + check.stderr
     assert "\n    default_backend zeoclients\n" in text
     assert ("acl admin_network src 127.0.0.1/32" in text) == bool(networks)
+    # ulimit-n and no strict-limits only where HAProxy's own 2-fds-per-connection sizing
+    # would exceed fd_limit; a line of their own either way
+    assert ("\n    ulimit-n 20000\n    no strict-limits\n" in text) == (fd_limit == 20000)
+    assert ("strict-limits" in text) == (fd_limit == 20000)
 
 
 @pytest.mark.parametrize("value, expected", [

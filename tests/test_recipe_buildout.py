@@ -164,7 +164,11 @@ def test_haproxy_config_from_client_parts(built):
     assert "bind 127.0.0.1:18080" in text
     assert "http-response set-header X-Served-By %[srv_name]" in text
     assert "http-request deny deny_status 413 if { req.hdr(content-length) -m int gt 1073741824 }" in text
-    assert "    maxconn 4096\n" in text  # global default
+    assert "    maxconn 10016\n" in text  # global default: frontend maxconn 10000 + 16
+    assert "    bind 127.0.0.1:18080 backlog 10000\n" in text
+    # 1 fd per client connection: below HAProxy's own 2 x maxconn estimate, so it must not
+    # refuse to start (strict-limits) under a hard limit of 20,000
+    assert "    ulimit-n 20000\n    no strict-limits\n" in text
     assert "admin_network" not in text  # /manage* not blocked unless manage-networks is set
     # it was checked by haproxy -c before being written
     check = subprocess.run(["haproxy", "-c", "-f", str(directory / "parts" / "haproxy" / "haproxy.cfg")],
@@ -239,6 +243,10 @@ BAD = [
      "[haproxy] manage-networks = 'intranet' is invalid: expected IPv4/IPv6 networks"),
     ("[haproxy]\nmaxconn = -1\n",
      "[haproxy] maxconn = '-1' is invalid: expected a positive integer"),
+    ("[haproxy]\nmaxconn = 19950\n",
+     "[haproxy] fd-limit = 20000 is too low for maxconn = 19950: expected at least 20035"),
+    ("[haproxy]\nfd-limit = many\n",
+     "[haproxy] fd-limit = 'many' is invalid: expected a positive integer"),
     ("[haproxy]\nbind = 18080\n",
      "[haproxy] bind = '18080' is invalid: expected one host:port"),
 ]

@@ -24,11 +24,19 @@ server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and 
     Largest request body in bytes, default 1073741824 (1 GiB, Zope's own default); larger
     ones get 413 from HAProxy, chunked request bodies 411.
 ``maxconn``
-    Client connections the site's frontend holds at once, default 4096; the global
+    Client connections the site's frontend holds at once, default 10000 (also its
+    ``bind ... backlog``; the kernel caps that at ``net.core.somaxconn``); the global
     ``maxconn`` is 16 more, so that the stats page stays reachable when they are all
-    taken. HAProxy needs about 2 file descriptors per connection and refuses to start when
-    the hard limit (``ulimit -Hn``) is below 2 x (maxconn + 16) + ~40 (measured: a hard
-    limit of 20,000 allows 9,964). The servers' own ``maxconn`` is their thread count.
+    taken. A connection beyond it waits in the kernel's accept queue until one closes:
+    with keep-alive clients that can be never (see docs/performance.md, "Fair queueing
+    under overload"). The servers' own ``maxconn`` is their thread count.
+``fd-limit``
+    File descriptors HAProxy may use (its ``ulimit-n``), default 20000. It must not exceed
+    the hard limit (``ulimit -Hn``, systemd ``LimitNOFILE``) of whoever starts HAProxy,
+    and must be at least maxconn + 16 + the servers' maxconn summed + 64: every server
+    has ``maxconn``, so HAProxy needs one descriptor per client connection, not the two
+    it assumes (when fd-limit is below its own 2 x (maxconn + 16) + 64, the config says
+    ``no strict-limits`` and HAProxy logs "FD limit ... too low" once at start).
 ``manage-networks``
     Whitespace-separated IPv4/IPv6 networks (CIDR or address) allowed to reach Zope's
     management screens (paths with a segment ``manage`` or ``manage_<word>``); others get 403 from
@@ -59,6 +67,13 @@ from plonedeploy.recipe.options import (
     parse_positive_int,
     render_template,
 )
+
+
+def fd_limit_needed(maxconn, servers):
+    """Smallest ``fd-limit`` (file descriptors) for a frontend ``maxconn``: one per client
+    connection (global maxconn = maxconn + 16), one per server connection (at most each
+    server's ``maxconn``), plus 64 for listeners, health checks, the stats socket and logs."""
+    return maxconn + 16 + sum(s["maxconn"] for s in servers) + 64
 
 
 def find_haproxy(configured=None):
@@ -138,7 +153,15 @@ class Recipe:
         self.max_body_size = parse_positive_int(
             name, options.setdefault("max-body-size", "1073741824"), "max-body-size"
         )
-        self.maxconn = parse_positive_int(name, options.setdefault("maxconn", "4096"), "maxconn")
+        self.maxconn = parse_positive_int(name, options.setdefault("maxconn", "10000"), "maxconn")
+        self.fd_limit = parse_positive_int(name, options.setdefault("fd-limit", "20000"), "fd-limit")
+        needed = fd_limit_needed(self.maxconn, self.servers)
+        if self.fd_limit < needed:
+            raise zc.buildout.UserError(
+                f"[{name}] fd-limit = {self.fd_limit} is too low for maxconn = {self.maxconn}: "
+                f"expected at least {needed} (maxconn + 16 + the servers' maxconn + 64), or a "
+                "smaller maxconn"
+            )
         self.manage_networks = [
             parse_network(name, "manage-networks", value)
             for value in options.setdefault("manage-networks", "").split()
@@ -163,6 +186,7 @@ class Recipe:
             "timeout_queue": self.timeout_queue,
             "max_body_size": self.max_body_size,
             "maxconn": self.maxconn,
+            "fd_limit": self.fd_limit,
             "manage_networks": self.manage_networks,
             "run_directory": options["run-directory"],
         }
