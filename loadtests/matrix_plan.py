@@ -1,0 +1,120 @@
+"""The benchmark matrix's plan: cells, the randomized run order, resume, the estimate.
+
+Pure functions (no processes, no network) used by loadtests/matrix.py and tested by
+tests/test_matrix.py.
+
+A *cell* is ``(server, threads, path, connections)``: one wsgi-server value with one
+``threads`` setting, one path label (``/``, ``/Plone``, ``@json``, ``blob``, ``hello``) and
+one wrk connection count. A *run* is ``(cell, index)`` with ``index`` in ``range(runs)``.
+"""
+import json
+import random
+
+SINGLE_THREADED_DEFAULT = 1
+MULTI_THREADED_DEFAULT = 2
+#: Seconds a run costs besides wrk's duration (wrk start and exit, psutil samples, JSON
+#: line), and a cell besides its warm-up; measured here with 2 s runs (see docs/servers.md).
+RUN_OVERHEAD_S = 0.45
+CELL_OVERHEAD_S = 0.3
+#: Seconds to build (when built: ~15 s) and start the parts: Zope starts use about 10 CPU
+#: seconds each on 2 shared cores, all parts start at once.
+STARTUP_BASE_S = 40.0
+STARTUP_PER_PART_S = 8.0
+
+
+def default_threads(server, single_threaded):
+    """``threads`` of ``server`` outside the sweep: 1 if single-threaded, else 2."""
+    return SINGLE_THREADED_DEFAULT if server in single_threaded else MULTI_THREADED_DEFAULT
+
+
+def cells(servers, paths, connections, threads, sweep_at, single_threaded):
+    """All cells of the matrix, in a stable order (list of 4-tuples).
+
+    Every server x path x connection level runs at the server's default threads (2, or 1
+    for ``single_threaded`` servers); at ``sweep_at`` connections (if it is one of
+    ``connections``) every value of ``threads`` runs too (only 1 for single-threaded
+    servers). ``sweep_at`` None: every connection level runs every ``threads`` value.
+    """
+    out = []
+    for server in servers:
+        allowed = [1] if server in single_threaded else list(threads)
+        for path in paths:
+            for conns in connections:
+                if sweep_at is None or conns == sweep_at:
+                    values = allowed
+                else:
+                    values = [default_threads(server, single_threaded)]
+                for t in sorted(set(values)):
+                    out.append((server, t, path, conns))
+    return out
+
+
+def parts_needed(cell_list):
+    """Sorted ``[(server, threads)]`` pairs the cells need (one ZEO client part each)."""
+    return sorted({(server, threads) for server, threads, _, _ in cell_list})
+
+
+def run_order(cell_list, runs, seed):
+    """The randomized interleaved order: ``runs`` rounds, each visiting every cell once in
+    a new random order (``random.Random(seed)``). Returns ``[(cell, index)]`` of length
+    ``len(cell_list) * runs``; run ``index`` of a cell is in round ``index``."""
+    rng = random.Random(seed)
+    order = []
+    for index in range(runs):
+        round_cells = list(cell_list)
+        rng.shuffle(round_cells)
+        order.extend((cell, index) for cell in round_cells)
+    return order
+
+
+def run_key(record):
+    """``(cell, index)`` of a results.jsonl record (dict with server, threads, path,
+    connections, run)."""
+    return ((record["server"], record["threads"], record["path"], record["connections"]),
+            record["run"])
+
+
+def load_results(path):
+    """Records (dicts) of a results.jsonl file; [] when it does not exist.
+
+    A last line cut by an interruption (invalid JSON) is skipped.
+    """
+    records = []
+    try:
+        with open(path, encoding="utf-8") as fp:
+            for line in fp:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    pass
+    except FileNotFoundError:
+        pass
+    return records
+
+
+def remaining(order, records):
+    """``order`` without the runs already in ``records`` (resume)."""
+    done = {run_key(r) for r in records}
+    return [item for item in order if item not in done]
+
+
+def estimate_seconds(n_runs, n_cells, n_parts, duration, warmup):
+    """Estimated wall seconds of a matrix: ``n_runs`` runs of ``duration`` s, a warm-up of
+    ``warmup`` s per cell (``n_cells`` cells still to measure), and starting ``n_parts``
+    parts (0 when nothing is left to measure)."""
+    if not n_runs:
+        return 0.0
+    return (n_runs * (duration + RUN_OVERHEAD_S) + n_cells * (warmup + CELL_OVERHEAD_S)
+            + STARTUP_BASE_S + n_parts * STARTUP_PER_PART_S)
+
+
+def trimmed_mean(values):
+    """Mean of ``values`` without the highest and the lowest (the 2016 AppDynamics method:
+    4 runs, mean of the middle two). With fewer than 3 values: their plain mean; None
+    values are ignored; None when nothing is left."""
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    if len(values) >= 3:
+        values = values[1:-1]
+    return sum(values) / len(values)
