@@ -167,8 +167,7 @@ def main(argv=None):
     results_path = os.path.join(out, "results.jsonl")
     records = matrix_plan.load_results(results_path)
     todo = matrix_plan.remaining(order, records)
-    todo_cells = {cell for cell, _ in todo}
-    estimate = matrix_plan.estimate_seconds(len(todo), len(todo_cells), len(pairs), args.duration, args.warmup)
+    estimate = matrix_plan.estimate_seconds(todo, len(pairs), args.duration, args.warmup)
     print(f"matrix: {len(args.servers)} servers, {len(args.paths)} paths, connections "
           f"{','.join(map(str, args.connections))}, threads {','.join(map(str, args.threads))} "
           f"(swept at {args.sweep_at or 'every level'}): {len(cells)} cells x {args.runs} runs = {len(order)} runs "
@@ -203,13 +202,15 @@ def main(argv=None):
             **{("duration_s" if k == "duration" else "warmup_s" if k == "warmup" else
                 "timeout_s" if k == "timeout" else k): getattr(args, k) for k in PLAN_KEYS}}
     status = 0
+    t0 = time.monotonic()
     if todo:
         status = measure_all(args, config, stack, pairs, ports, todo, wrk, results_path)
     records = matrix_plan.load_results(results_path)
     meta.update(runs_done=len(records), cells_done=len({matrix_plan.run_key(r)[0] for r in records}),
-                fd_limit=list(raise_fd_limit(0)))
+                fd_limit=list(raise_fd_limit(0)), wall_s=round(time.monotonic() - t0))
     matrix_report.write_all(records, meta, out, SINGLE_THREADED)
-    print(f"matrix: {len(records)} of {len(order)} runs measured; report {os.path.join(out, 'report.md')}")
+    print(f"matrix: {len(records)} of {len(order)} runs measured in {_minutes(meta['wall_s'])} "
+          f"(estimate {_minutes(estimate)}); report {os.path.join(out, 'report.md')}")
     if status == 0 and len(matrix_plan.remaining(order, records)) > 0:
         status = 1
     return status

@@ -12,14 +12,19 @@ import random
 
 SINGLE_THREADED_DEFAULT = 1
 MULTI_THREADED_DEFAULT = 2
-#: Seconds a run costs besides wrk's duration (wrk start and exit, psutil samples, JSON
-#: line), and a cell besides its warm-up; measured here with 2 s runs (see docs/servers.md).
-RUN_OVERHEAD_S = 0.45
+#: Seconds a run costs besides wrk's duration (wrk start and exit, psutil samples, the
+#: idle wait before it: at least 0.3 s), and a cell besides its warm-up; at 500 and more
+#: connections on a Zope path the idle wait is longer (the requests wrk abandoned are
+#: still served). Measured here with 2 s runs, 8 servers, 10 and 1,000 connections, on a
+#: machine 60-75 % busy with other work: 0.5 s, and 2.8 s more at 1,000 on "/".
+RUN_OVERHEAD_S = 0.5
+HIGH_CONNECTIONS = 500
+HIGH_DRAIN_S = 2.5
 CELL_OVERHEAD_S = 0.3
-#: Seconds to build (when built: ~15 s) and start the parts: Zope starts use about 10 CPU
-#: seconds each on 2 shared cores, all parts start at once.
+#: Seconds to build (when built: ~20 s) and start the parts, all at once: 8 parts (16
+#: servers) answered after 122 s here on a busy shared 2-core machine.
 STARTUP_BASE_S = 40.0
-STARTUP_PER_PART_S = 8.0
+STARTUP_PER_PART_S = 12.0
 
 
 def default_threads(server, single_threaded):
@@ -98,14 +103,20 @@ def remaining(order, records):
     return [item for item in order if item not in done]
 
 
-def estimate_seconds(n_runs, n_cells, n_parts, duration, warmup):
-    """Estimated wall seconds of a matrix: ``n_runs`` runs of ``duration`` s, a warm-up of
-    ``warmup`` s per cell (``n_cells`` cells still to measure), and starting ``n_parts``
-    parts (0 when nothing is left to measure)."""
-    if not n_runs:
+def estimate_seconds(runs, n_parts, duration, warmup):
+    """Estimated wall seconds of measuring ``runs`` (``[(cell, index)]``): ``duration`` s
+    plus RUN_OVERHEAD_S per run (HIGH_DRAIN_S more at HIGH_CONNECTIONS or more on a Zope
+    path), ``warmup`` + CELL_OVERHEAD_S s per distinct cell, and starting ``n_parts`` parts
+    (nothing when ``runs`` is empty)."""
+    if not runs:
         return 0.0
-    return (n_runs * (duration + RUN_OVERHEAD_S) + n_cells * (warmup + CELL_OVERHEAD_S)
-            + STARTUP_BASE_S + n_parts * STARTUP_PER_PART_S)
+    total = STARTUP_BASE_S + n_parts * STARTUP_PER_PART_S
+    total += len({cell for cell, _ in runs}) * (warmup + CELL_OVERHEAD_S)
+    for (_, _, path, conns), _ in runs:
+        total += duration + RUN_OVERHEAD_S
+        if conns >= HIGH_CONNECTIONS and path != "hello":
+            total += HIGH_DRAIN_S
+    return total
 
 
 def trimmed_mean(values):

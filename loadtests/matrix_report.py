@@ -126,7 +126,8 @@ def markdown(rows, meta, pngs):
         f"in randomized interleaved order (seed {meta['seed']}); figures are the mean of the runs "
         "without the highest and the lowest (errors, requests: sums; RSS: peak). wrk timeout "
         f"{meta['timeout_s']} s. {meta['cells_done']} of {meta['cells_planned']} cells measured, "
-        f"{meta['runs_done']} of {meta['runs_planned']} runs.",
+        f"{meta['runs_done']} of {meta['runs_planned']} runs; this invocation took "
+        f"{meta.get('wall_s', 0) / 60:.1f} min (estimate {meta['estimate_s'] / 60:.1f} min).",
         "",
         f"Noisy cells (foreign CPU above {meta['noisy_pct']} % of the machine, marked `!`): "
         f"{len(noisy)} of {len(rows)}.",

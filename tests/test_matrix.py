@@ -97,14 +97,16 @@ def test_resume_skips_recorded_runs_and_a_cut_last_line(tmp_path):
 
 
 def test_estimate():
-    # 10 runs of 2 s and 2 cells with 1 s warm-up, 3 parts to start
-    expected = (10 * (2 + matrix_plan.RUN_OVERHEAD_S) + 2 * (1 + matrix_plan.CELL_OVERHEAD_S)
+    low, high = ("pyruvate", 2, "/", 10), ("pyruvate", 2, "/", 1000)
+    hello = ("pyruvate", 2, "hello", 1000)
+    runs = [(c, i) for c in (low, high, hello) for i in range(4)]
+    expected = (12 * (2 + matrix_plan.RUN_OVERHEAD_S) + 4 * matrix_plan.HIGH_DRAIN_S   # only "/" at 1000
+                + 3 * (1 + matrix_plan.CELL_OVERHEAD_S)
                 + matrix_plan.STARTUP_BASE_S + 3 * matrix_plan.STARTUP_PER_PART_S)
-    assert matrix_plan.estimate_seconds(10, 2, 3, duration=2, warmup=1) == pytest.approx(expected)
-    assert matrix_plan.estimate_seconds(0, 0, 3, duration=2, warmup=1) == 0.0
-    default = matrix.parse_args([])
-    cells, pairs, order = matrix.plan(default)
-    minutes = matrix_plan.estimate_seconds(len(order), len(cells), len(pairs), 2, 1) / 60
+    assert matrix_plan.estimate_seconds(runs, 3, duration=2, warmup=1) == pytest.approx(expected)
+    assert matrix_plan.estimate_seconds([], 3, duration=2, warmup=1) == 0.0
+    cells, pairs, order = matrix.plan(matrix.parse_args([]))
+    minutes = matrix_plan.estimate_seconds(order, len(pairs), 2, 1) / 60
     assert minutes < 90                                   # the limit for the full run
 
 
