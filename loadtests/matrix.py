@@ -168,9 +168,15 @@ def main(argv=None):
     records = matrix_plan.load_results(results_path)
     todo = matrix_plan.remaining(order, records)
     estimate = matrix_plan.estimate_seconds(todo, len(pairs), args.duration, args.warmup)
+    if args.sweep_at is None:
+        sweep = "at every connection level"
+    elif args.sweep_at in args.connections:
+        sweep = f"at {args.sweep_at} connections, else the default 2 (bjoern, gevent: 1)"
+    else:
+        sweep = f"not swept: --sweep-at {args.sweep_at} is not among --connections; default 2 (bjoern, gevent: 1)"
     print(f"matrix: {len(args.servers)} servers, {len(args.paths)} paths, connections "
           f"{','.join(map(str, args.connections))}, threads {','.join(map(str, args.threads))} "
-          f"(swept at {args.sweep_at or 'every level'}): {len(cells)} cells x {args.runs} runs = {len(order)} runs "
+          f"({sweep}): {len(cells)} cells x {args.runs} runs = {len(order)} runs "
           f"of {args.duration} s (+{args.warmup} s warm-up per cell), {len(pairs)} parts; "
           f"{len(order) - len(todo)} runs already measured; estimate {_minutes(estimate)}", flush=True)
     if args.estimate:
