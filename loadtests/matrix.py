@@ -4,7 +4,7 @@ Usage (stack running with the site: ``make start``; Debian's ``wrk`` on PATH)::
 
     .venv/bin/python -m loadtests.matrix [--quick] [--servers pyruvate,waitress,...]
         [--paths /,/Plone,@json,blob,hello] [--connections 1,10,50,100,500,1000]
-        [--threads 1,2,4] [--sweep-at 100] [--runs 4] [--duration 2] [--warmup 1]
+        [--threads 1,2,4] [--sweep-at 100] [--runs 4] [--duration 1] [--warmup 1] [--drain-max 20]
         [--out var/reports] [--resume DIR] [--estimate]
 
 What it does (method of the 2016 AppDynamics benchmark, improved):
@@ -18,8 +18,10 @@ What it does (method of the 2016 AppDynamics benchmark, improved):
    ``--base-port`` (9510..9599); starts them all at once and waits until each answers;
 3. measures every cell ``--runs`` times in randomized interleaved order (rounds that
    each visit every cell once in a new random order), each cell warmed up once (wrk,
-   ``--warmup`` s, same connections) before its first run; a run is wrk with
-   ``--connections`` held for ``--duration`` s (loadtests/matrix_measure.py);
+   ``--warmup`` s, at most 10 connections: a warm-up at 1,000 would leave up to 1,000
+   abandoned requests to work off) before its first run; before every run it waits until
+   the server is idle (at most ``--drain-max`` s); a run is wrk with ``--connections``
+   held for ``--duration`` s (loadtests/matrix_measure.py);
 4. appends every run as one JSON line to ``<dir>/results.jsonl`` as soon as it is
    measured, so an interrupted matrix keeps what it measured and ``--resume <dir>``
    measures only the rest (with the options stored in ``<dir>/options.json``);
@@ -58,11 +60,11 @@ from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED  # noqa: E402
 
 ROOT = serverbuild.ROOT
 DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 50, 100, 500, 1000],
-            "threads": [1, 2, 4], "sweep_at": 100, "runs": 4, "duration": 2, "warmup": 1}
+            "threads": [1, 2, 4], "sweep_at": 100, "runs": 4, "duration": 1, "warmup": 1}
 QUICK = {"servers": ["pyruvate", "waitress"], "paths": list(MATRIX_PATHS), "connections": [1, 50],
          "threads": [2], "sweep_at": None, "runs": 4, "duration": 1, "warmup": 1}
 PLAN_KEYS = ("servers", "paths", "connections", "threads", "sweep_at", "runs", "duration", "warmup",
-             "timeout", "seed", "noisy_pct")
+             "timeout", "seed", "noisy_pct", "drain_max")
 
 
 def _list(parser, option, allowed=None, kind=str):
@@ -98,10 +100,14 @@ def parse_args(argv):
     parser.add_argument("--sweep-at", help="connection count at which --threads are swept (default 100; "
                         "'all': at every connection count)")
     parser.add_argument("--runs", type=int, help="runs per cell (default 4: mean of the middle two)")
-    parser.add_argument("--duration", type=int, help="seconds per run (default 2; --quick 1)")
+    parser.add_argument("--duration", type=int, help="seconds per run (default 1: the full default matrix then fits in 90 minutes; "
+                        "2 s runs: about 87 minutes here)")
     parser.add_argument("--warmup", type=int, help="seconds of warm-up per cell (default 1; 0: none)")
     parser.add_argument("--timeout", type=int, default=5,
                         help="seconds wrk waits for a response before counting a timeout error (default 5)")
+    parser.add_argument("--drain-max", type=int, default=20,
+                        help="seconds to wait at most before a run for the server to work off the requests "
+                        "wrk abandoned (default 20; a run that starts after the full wait is marked backlog)")
     parser.add_argument("--seed", type=int, help="random seed of the run order (default: random, stored)")
     parser.add_argument("--noisy-pct", type=float, default=25.0,
                         help="a cell is noisy when foreign CPU exceeds this %% of all cores (default 25)")
@@ -141,8 +147,8 @@ def parse_args(argv):
     for name in ("runs", "duration"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.warmup < 0 or args.timeout < 1:
-        parser.error("--warmup must be >= 0 and --timeout >= 1")
+    if args.warmup < 0 or args.timeout < 1 or args.drain_max < 1:
+        parser.error("--warmup must be >= 0, --timeout and --drain-max >= 1")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(10**6)
     return args
@@ -167,7 +173,7 @@ def main(argv=None):
     results_path = os.path.join(out, "results.jsonl")
     records = matrix_plan.load_results(results_path)
     todo = matrix_plan.remaining(order, records)
-    estimate = matrix_plan.estimate_seconds(todo, len(pairs), args.duration, args.warmup)
+    estimate = matrix_plan.estimate_seconds(todo, len(pairs), args.duration, args.warmup, args.drain_max)
     if args.sweep_at is None:
         sweep = "at every connection level"
     elif args.sweep_at in args.connections:
@@ -206,7 +212,8 @@ def main(argv=None):
     meta = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cores": psutil.cpu_count(),
             "cells_planned": len(cells), "runs_planned": len(order), "estimate_s": round(estimate),
             **{("duration_s" if k == "duration" else "warmup_s" if k == "warmup" else
-                "timeout_s" if k == "timeout" else k): getattr(args, k) for k in PLAN_KEYS}}
+                "timeout_s" if k == "timeout" else "drain_max_s" if k == "drain_max" else k): getattr(args, k)
+               for k in PLAN_KEYS}}
     status = 0
     t0 = time.monotonic()
     if todo:
@@ -295,12 +302,13 @@ def run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path):
         try:
             if cell not in warmed and args.warmup:
                 accept = MATRIX_PATHS[path][1]
-                run_wrk(wrk, base + MATRIX_PATHS[path][0], accept, conns, args.warmup, args.timeout,
-                        1 if conns <= 10 else 2)
+                run_wrk(wrk, base + MATRIX_PATHS[path][0], accept, min(conns, 10), args.warmup, args.timeout, 1)
             warmed.add(cell)
-            drain = wait_idle(procs[key].pid)  # the warm-up's (or last run's) abandoned requests
+            # the warm-up's (or the server's last run's) abandoned requests
+            drain = wait_idle(procs[key].pid, max_seconds=args.drain_max)
             record = measure(wrk, base, path, conns, args.duration, args.timeout, procs[key].pid, own)
             record["drain_before_s"] = round(drain, 1)
+            record["backlog"] = drain >= args.drain_max
         except RuntimeError as exc:
             failed += 1
             print(f"  run failed: {cell} #{index}: {str(exc)[:500]}", file=sys.stderr, flush=True)

@@ -20,6 +20,9 @@ MULTI_THREADED_DEFAULT = 2
 RUN_OVERHEAD_S = 0.5
 HIGH_CONNECTIONS = 500
 HIGH_DRAIN_S = 2.5
+#: /Plone pages per second one ZEO client serves (about 25 ms CPU each, one core): after a
+#: run at 1,000 connections its abandoned requests take about 1,000 / 40 = 25 s.
+SLOW_PAGE_RPS = 40.0
 CELL_OVERHEAD_S = 0.3
 #: Seconds to build (when built: ~20 s) and start the parts, all at once: 8 parts (16
 #: servers) answered after 122 s here on a busy shared 2-core machine.
@@ -103,11 +106,13 @@ def remaining(order, records):
     return [item for item in order if item not in done]
 
 
-def estimate_seconds(runs, n_parts, duration, warmup):
+def estimate_seconds(runs, n_parts, duration, warmup, drain_max=20):
     """Estimated wall seconds of measuring ``runs`` (``[(cell, index)]``): ``duration`` s
-    plus RUN_OVERHEAD_S per run (HIGH_DRAIN_S more at HIGH_CONNECTIONS or more on a Zope
-    path), ``warmup`` + CELL_OVERHEAD_S s per distinct cell, and starting ``n_parts`` parts
-    (nothing when ``runs`` is empty)."""
+    plus RUN_OVERHEAD_S per run, ``warmup`` + CELL_OVERHEAD_S s per distinct cell, and
+    starting ``n_parts`` parts (nothing when ``runs`` is empty). At HIGH_CONNECTIONS or
+    more on a Zope path a run adds the idle wait for the requests wrk abandoned:
+    HIGH_DRAIN_S, or on ``/Plone`` connections / SLOW_PAGE_RPS seconds, at most
+    ``drain_max``."""
     if not runs:
         return 0.0
     total = STARTUP_BASE_S + n_parts * STARTUP_PER_PART_S
@@ -115,7 +120,7 @@ def estimate_seconds(runs, n_parts, duration, warmup):
     for (_, _, path, conns), _ in runs:
         total += duration + RUN_OVERHEAD_S
         if conns >= HIGH_CONNECTIONS and path != "hello":
-            total += HIGH_DRAIN_S
+            total += min(conns / SLOW_PAGE_RPS if path == "/Plone" else HIGH_DRAIN_S, drain_max)
     return total
 
 

@@ -10,7 +10,8 @@ Per cell (server, threads, path, connections), from its runs (results.jsonl reco
   ``err_read``, ``err_write``, ``err_timeout``) and ``non_2xx``;
 - ``peak_rss_mib``: largest peak RSS of the server's process tree over the runs (MiB);
 - ``foreign_pct``: mean foreign CPU over the runs (% of all cores); ``noisy`` when it is
-  above the threshold.
+  above the threshold;
+- ``drain_s``: mean idle wait before the runs (s); ``backlog`` when a wait hit its cap.
 """
 import csv
 import json
@@ -22,7 +23,7 @@ TRIMMED = ("rps", "p50_ms", "p95_ms", "p99_ms", "max_ms", "cpu_ms_per_req")
 ERROR_KINDS = ("connect", "read", "write", "timeout")
 COLUMNS = (["server", "threads", "path", "connections", "runs"] + list(TRIMMED)
            + ["requests"] + [f"err_{k}" for k in ERROR_KINDS]
-           + ["non_2xx", "peak_rss_mib", "foreign_pct", "noisy"])
+           + ["non_2xx", "peak_rss_mib", "foreign_pct", "noisy", "drain_s", "backlog"])
 
 
 def aggregate(records, noisy_pct):
@@ -45,6 +46,8 @@ def aggregate(records, noisy_pct):
         row["peak_rss_mib"] = round(max(r["peak_rss_bytes"] for r in runs) / 2**20, 1)
         row["foreign_pct"] = round(sum(r["foreign_pct"] for r in runs) / len(runs), 1)
         row["noisy"] = row["foreign_pct"] > noisy_pct
+        row["drain_s"] = round(sum(r.get("drain_before_s", 0.0) for r in runs) / len(runs), 1)
+        row["backlog"] = any(r.get("backlog", False) for r in runs)
         rows.append(row)
     rows.sort(key=lambda r: (r["server"], r["path"], r["connections"], r["threads"]))
     return rows
@@ -130,7 +133,9 @@ def markdown(rows, meta, pngs):
         f"{meta.get('wall_s', 0) / 60:.1f} min (estimate {meta['estimate_s'] / 60:.1f} min).",
         "",
         f"Noisy cells (foreign CPU above {meta['noisy_pct']} % of the machine, marked `!`): "
-        f"{len(noisy)} of {len(rows)}.",
+        f"{len(noisy)} of {len(rows)}. Cells with a run that started while the server still worked "
+        f"off requests abandoned by an earlier run (idle wait cut at {meta.get('drain_max_s')} s, "
+        f"marked `B`): {sum(1 for r in rows if r['backlog'])}.",
         "",
     ]
     for name in pngs:
@@ -141,8 +146,8 @@ def markdown(rows, meta, pngs):
             continue
         lines += ["", f"## {path}", "",
                   "| server | threads | conns | req/s | p50 ms | p95 ms | p99 ms | max ms | CPU ms/req "
-                  "| socket errors c/r/w/t | non-2xx | peak RSS MiB | foreign CPU % | runs |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+                  "| socket errors c/r/w/t | non-2xx | peak RSS MiB | foreign CPU % | idle wait s | runs |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
         for r in cells:
             errors = "/".join(str(r[f"err_{k}"]) for k in ERROR_KINDS)
             lines.append(
@@ -150,7 +155,7 @@ def markdown(rows, meta, pngs):
                 f"| {_fmt(r['p50_ms'])} | {_fmt(r['p95_ms'])} | {_fmt(r['p99_ms'])} | {_fmt(r['max_ms'])} "
                 f"| {'' if r['cpu_ms_per_req'] is None else r['cpu_ms_per_req']} | {errors} "
                 f"| {r['non_2xx']} | {r['peak_rss_mib']} | {r['foreign_pct']}{' !' if r['noisy'] else ''} "
-                f"| {r['runs']} |")
+                f"| {r['drain_s']}{' B' if r['backlog'] else ''} | {r['runs']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -127,13 +127,20 @@ def test_aggregate_trims_sums_errors_and_flags_noisy():
     cell = ("waitress", 2, "/", 10)
     runs = [_record(cell, i, requests=100 * (i + 1), rps=rps, p50_ms=1.0, p95_ms=2.0, p99_ms=p99, max_ms=9.0,
                     cpu_ms_per_req=1.0, errors={"connect": 0, "read": i, "write": 0, "timeout": 0},
-                    non_2xx=1, peak_rss_bytes=rss * 2**20, foreign_pct=foreign)
-            for i, (rps, p99, rss, foreign) in enumerate([(100, 5, 200, 10), (300, 50, 210, 40),
-                                                          (200, 7, 190, 30), (220, 6, 205, 40)])]
+                    non_2xx=1, peak_rss_bytes=rss * 2**20, foreign_pct=foreign, drain_before_s=drain,
+                    backlog=drain >= 20)
+            for i, (rps, p99, rss, foreign, drain) in enumerate([(100, 5, 200, 10, 0.3), (300, 50, 210, 40, 20.1),
+                                                                 (200, 7, 190, 30, 0.3), (220, 6, 205, 40, 0.5)])]
     [row] = matrix_report.aggregate(runs, noisy_pct=25)
     assert row["rps"] == 210.0 and row["p99_ms"] == 6.5
     assert row["requests"] == 1000 and row["err_read"] == 6 and row["non_2xx"] == 4
     assert row["peak_rss_mib"] == 210.0 and row["foreign_pct"] == 30.0 and row["noisy"] is True
+    assert row["drain_s"] == 5.3 and row["backlog"] is True
+    report = matrix_report.markdown([row], dict(started="t", cores=2, servers=["waitress"], paths=["/"], runs=4,
+                                                duration_s=1, warmup_s=1, seed=1, timeout_s=5, cells_done=1,
+                                                cells_planned=1, runs_done=4, runs_planned=4, estimate_s=60,
+                                                noisy_pct=25, drain_max_s=20), [])
+    assert "| 30.0 ! | 5.3 B | 4 |" in report
 
 
 @pytest.mark.parametrize("argv, needle", [
