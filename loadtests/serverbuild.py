@@ -44,7 +44,7 @@ zodb-cache-size = 30000
 """
 
 PART = """
-[c_{server}]
+[{name}]
 <= client
 wsgi-server = {server}
 http-address = 127.0.0.1:{port}
@@ -75,21 +75,20 @@ def build_parts(directory, parts, zeo_address, blob_storage, timeout=600):
     text = HEAD.format(root=ROOT, parts=" ".join(name for name, _, _, _ in parts),
                        zeo_address=zeo_address, blob_storage=blob_storage)
     for name, server, port, threads in parts:
-        text += PART.format(server=server, port=port,
-                            threads="" if threads is None else f"threads = {threads}\n"
-                            ).replace(f"[c_{server}]", f"[{name}]", 1)
+        text += PART.format(name=name, server=server, port=port,
+                            threads="" if threads is None else f"threads = {threads}\n")
     cfg = directory / "buildout.cfg"
     cfg.write_text(text)
     return subprocess.run([BUILDOUT, "-c", str(cfg)], cwd=directory, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
 
-def start(directory, server, log_path, part=None):
-    """Start client ``c_<server>`` (or ``part``) of the build in ``directory`` as bin/stack
-    does (``bin/<part> console``, own process group, output to ``log_path``); returns Popen."""
+def start(directory, server, log_path):
+    """Start client ``c_<server>`` of the build in ``directory`` as bin/stack does
+    (``bin/c_<server> console``, own process group, output to ``log_path``); returns Popen."""
     directory = os.path.abspath(directory)
     with open(log_path, "w") as out:
-        return subprocess.Popen([os.path.join(directory, "bin", part or f"c_{server}"), "console"],
+        return subprocess.Popen([os.path.join(directory, "bin", f"c_{server}"), "console"],
                                 cwd=directory, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
