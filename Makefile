@@ -4,11 +4,13 @@
 #   make test    unit tests, real buildouts of the recipe, and the end-to-end integration test
 #
 # Other targets: multihost (Ansible over SSH into three network namespaces), blobbench (blob
-# downloads with/without the blobsendfile filter, needs wrk), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
+# downloads with/without the blobsendfile filter, needs wrk), matrix (benchmark matrix of the
+# WSGI servers, needs wrk and the running stack; docs/servers.md), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
 # Variables: AB_ARGS (passed to loadtests.abtest, e.g. AB_ARGS="--duration 30 --users 20";
 #            AB_ARGS="--balance leastconn,roundrobin" compares HAProxy balance modes),
 #            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'"),
-#            BLOBBENCH_ARGS (passed to loadtests.blobbench, e.g. BLOBBENCH_ARGS="--rounds 1 --fd-downloads 1000").
+#            BLOBBENCH_ARGS (passed to loadtests.blobbench, e.g. BLOBBENCH_ARGS="--rounds 1 --fd-downloads 1000"),
+#            MATRIX_ARGS (passed to loadtests.matrix, e.g. MATRIX_ARGS="--quick" or "--resume var/reports/matrix-<ts>").
 
 PYTHON ?= python3
 # .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/pins.md)
@@ -17,8 +19,9 @@ BUILDOUT_VENV := .venv-buildout
 AB_ARGS ?= --duration 60 --users 10 --spawn-rate 10
 PYTEST_ARGS ?=
 BLOBBENCH_ARGS ?=
+MATRIX_ARGS ?=
 
-.PHONY: demo test multihost blobbench system venv ansible-venv build start site status ab stop pins clean
+.PHONY: demo test multihost blobbench matrix system venv ansible-venv build start site status ab stop pins clean
 
 demo: system build
 	@# Whatever happens, stop what was started (by PID).
@@ -80,6 +83,9 @@ multihost: build ansible-venv
 
 blobbench:
 	$(VENV)/bin/python -m loadtests.blobbench $(BLOBBENCH_ARGS)
+
+matrix:
+	$(VENV)/bin/python -m loadtests.matrix $(MATRIX_ARGS)
 
 pins: venv $(BUILDOUT_VENV)/.installed
 	$(VENV)/bin/python scripts/update_pins.py

@@ -1,5 +1,8 @@
 """A buildout with one ZEO client part per wsgi-server value, for the server tests.
 
+:func:`build_parts` builds any list of parts (name, server, port, threads); the benchmark
+matrix (loadtests/matrix.py) uses it for one part per (server, threads) pair.
+
 Used by tests/test_recipe_buildout.py (does every server render and build?),
 tests/test_servers.py (does every server serve Zope?) and loadtests/servers_wrk.py (a
 quick side-by-side figure per server). The parts are named
@@ -7,6 +10,7 @@ quick side-by-side figure per server). The parts are named
 ``options.SERVERS``; all are ZEO clients of ``zeo_address`` with a shared blob directory.
 """
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -40,11 +44,11 @@ zodb-cache-size = 30000
 """
 
 PART = """
-[c_{server}]
+[{name}]
 <= client
 wsgi-server = {server}
 http-address = 127.0.0.1:{port}
-"""
+{threads}"""
 
 
 def ports(base_port):
@@ -57,9 +61,22 @@ def build(directory, base_port, zeo_address, blob_storage, timeout=600):
 
     Returns the ``subprocess.CompletedProcess`` (text; stdout and stderr captured).
     """
-    text = HEAD.format(root=ROOT, parts=" ".join(f"c_{s}" for s in SERVERS),
+    parts = [(f"c_{s}", s, p, None) for s, p in ports(base_port).items()]
+    return build_parts(directory, parts, zeo_address, blob_storage, timeout)
+
+
+def build_parts(directory, parts, zeo_address, blob_storage, timeout=600):
+    """Write ``directory/buildout.cfg`` with the ZEO client ``parts``; run bin/buildout.
+
+    ``parts``: ``[(part name, wsgi-server, http port, threads or None for the default)]``.
+    Returns the ``subprocess.CompletedProcess`` (text; stdout and stderr captured).
+    """
+    directory = pathlib.Path(directory)
+    text = HEAD.format(root=ROOT, parts=" ".join(name for name, _, _, _ in parts),
                        zeo_address=zeo_address, blob_storage=blob_storage)
-    text += "".join(PART.format(server=s, port=p) for s, p in ports(base_port).items())
+    for name, server, port, threads in parts:
+        text += PART.format(name=name, server=server, port=port,
+                            threads="" if threads is None else f"threads = {threads}\n")
     cfg = directory / "buildout.cfg"
     cfg.write_text(text)
     return subprocess.run([BUILDOUT, "-c", str(cfg)], cwd=directory, capture_output=True,

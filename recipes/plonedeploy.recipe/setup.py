@@ -18,6 +18,11 @@ PasteDeploy filter (``use = egg:plonedeploy.recipe#blobsendfile``):
 - ``blobsendfile``: hands whole-file ZODB blob downloads to the server's
   ``wsgi.file_wrapper`` as a real file (pyruvate then uses ``sendfile(2)``); added to the
   clients' pipeline by ``instance`` unless ``blob-sendfile = off``.
+
+PasteDeploy app (``use = egg:plonedeploy.recipe#hello``):
+
+- ``hello``: hello world, served by a client's server runner without Zope for the
+  benchmark matrix (``python -m plonedeploy.recipe.hello hello.ini``).
 """
 from setuptools import find_packages, setup
 
@@ -63,6 +68,10 @@ setup(
         # WSGI filter for the clients' pipeline (blob-sendfile = on): use = egg:plonedeploy.recipe#blobsendfile
         "paste.filter_factory": [
             "blobsendfile = plonedeploy.recipe.blobfilter:filter_factory",
+        ],
+        # hello-world app for loadtests/matrix.py: use = egg:plonedeploy.recipe#hello
+        "paste.app_factory": [
+            "hello = plonedeploy.recipe.hello:app_factory",
         ],
     },
 )

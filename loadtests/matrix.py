@@ -1,0 +1,333 @@
+"""Benchmark matrix: WSGI servers x paths x connections x threads, each cell measured 4 times.
+
+Usage (stack running with the site: ``make start``; Debian's ``wrk`` on PATH)::
+
+    .venv/bin/python -m loadtests.matrix [--quick] [--servers pyruvate,waitress,...]
+        [--paths /,/Plone,@json,blob,hello] [--connections 1,10,50,100,500,1000]
+        [--threads 1,2,4] [--sweep-at 100] [--runs 4] [--duration 1] [--warmup 1] [--drain-max 20]
+        [--out var/reports] [--resume DIR] [--estimate]
+
+What it does (method of the 2016 AppDynamics benchmark, improved):
+
+1. plans the cells: every server x path x connection level at the server's default
+   threads (2; 1 for the single-threaded bjoern and gevent), plus every ``--threads``
+   value at ``--sweep-at`` connections; prints cells, runs and the estimated wall time;
+2. builds ``--build`` (default var/matrix/): one ZEO client part per (server, threads),
+   ZEO clients of the stack's zeoserver, each with a hello-world server next to it (same
+   server runner and settings, no Zope; loadtests/matrix_servers.py), on ports from
+   ``--base-port`` (9510..9599); starts them all at once and waits until each answers;
+3. measures every cell ``--runs`` times in randomized interleaved order (rounds that
+   each visit every cell once in a new random order), each cell warmed up once (wrk,
+   ``--warmup`` s, at most 10 connections: a warm-up at 1,000 would leave up to 1,000
+   abandoned requests to work off) before its first run; before every run it waits until
+   the server is idle (at most ``--drain-max`` s); a run is wrk with ``--connections``
+   held for ``--duration`` s (loadtests/matrix_measure.py);
+4. appends every run as one JSON line to ``<dir>/results.jsonl`` as soon as it is
+   measured, so an interrupted matrix keeps what it measured and ``--resume <dir>``
+   measures only the rest (with the options stored in ``<dir>/options.json``);
+5. stops every server it started (by process group; also on Ctrl-C or an error) and
+   writes ``matrix.csv``, ``matrix.json``, ``matrix-<path>.png`` and ``report.md``
+   (loadtests/matrix_report.py) into ``<dir>`` (default
+   ``var/reports/matrix-<YYYYmmdd-HHMMSS>/``).
+
+Units: durations in seconds, latencies in milliseconds, throughput in requests/s, CPU in
+seconds (per request: milliseconds), RSS in MiB; foreign CPU in % of all cores.
+
+Exit status: 0 when every planned run is measured, 1 when runs failed or were
+interrupted (the report covers what was measured), 2 when the stack is not running, wrk
+is missing, an option is invalid or the servers could not be built or started. Traffic
+goes only to 127.0.0.1.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+
+import psutil
+
+from loadtests import matrix_plan, matrix_report, matrix_servers, serverbuild
+from loadtests.abtest import stack_pids
+from loadtests.connections import raise_fd_limit, run_wrk
+from loadtests.matrix_measure import MATRIX_PATHS, measure, wait_idle
+
+sys.path.insert(0, serverbuild.RECIPE_SRC)
+from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED  # noqa: E402
+
+ROOT = serverbuild.ROOT
+DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 50, 100, 500, 1000],
+            "threads": [1, 2, 4], "sweep_at": 100, "runs": 4, "duration": 1, "warmup": 1}
+QUICK = {"servers": ["pyruvate", "waitress"], "paths": list(MATRIX_PATHS), "connections": [1, 50],
+         "threads": [2], "sweep_at": None, "runs": 4, "duration": 1, "warmup": 1}
+PLAN_KEYS = ("servers", "paths", "connections", "threads", "sweep_at", "runs", "duration", "warmup",
+             "timeout", "seed", "noisy_pct", "drain_max")
+
+
+def _list(parser, option, allowed=None, kind=str):
+    def parse(text):
+        try:
+            values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        except ValueError:
+            parser.error(f"{option}: {text!r} is not a comma-separated list of integers")
+        bad = [v for v in values if (allowed is not None and v not in allowed) or (kind is int and v < 1)]
+        if bad or not values:
+            allowed_text = ", ".join(map(str, allowed)) if allowed else "positive integers"
+            parser.error(f"{option}: {', '.join(map(str, bad)) or 'empty'} not allowed; allowed: {allowed_text}")
+        return values
+    return parse
+
+
+def parse_args(argv):
+    """Options (argparse.Namespace); plan options left None are filled from DEFAULTS or
+    QUICK (``--quick``). Exits with status 2 and a message naming the option on bad values."""
+    parser = argparse.ArgumentParser(prog="python -m loadtests.matrix", description=__doc__.split("\n\n")[0],
+                                     epilog="See docs/servers.md, 'Benchmark matrix'.")
+    parser.add_argument("--quick", action="store_true",
+                        help="CI mode: pyruvate and waitress, connections 1,50, threads 2, 1 s runs")
+    parser.add_argument("--servers", type=_list(parser, "--servers", SERVERS),
+                        help=f"comma-separated wsgi-server values from {', '.join(SERVERS)} (default: all)")
+    parser.add_argument("--paths", type=_list(parser, "--paths", list(MATRIX_PATHS)),
+                        help=f"comma-separated path labels from {', '.join(MATRIX_PATHS)} (default: all)")
+    parser.add_argument("--connections", type=_list(parser, "--connections", kind=int),
+                        help="comma-separated wrk connection counts (default 1,10,50,100,500,1000)")
+    parser.add_argument("--threads", type=_list(parser, "--threads", kind=int),
+                        help="comma-separated threads values swept at --sweep-at connections (default 1,2,4; "
+                        "single-threaded servers only 1)")
+    parser.add_argument("--sweep-at", help="connection count at which --threads are swept (default 100; "
+                        "'all': at every connection count)")
+    parser.add_argument("--runs", type=int, help="runs per cell (default 4: mean of the middle two)")
+    parser.add_argument("--duration", type=int, help="seconds per run (default 1: the full default matrix then fits in 90 minutes; "
+                        "2 s runs: about 87 minutes here)")
+    parser.add_argument("--warmup", type=int, help="seconds of warm-up per cell (default 1; 0: none)")
+    parser.add_argument("--timeout", type=int, default=5,
+                        help="seconds wrk waits for a response before counting a timeout error (default 5)")
+    parser.add_argument("--drain-max", type=int, default=20,
+                        help="seconds to wait at most before a run for the server to work off the requests "
+                        "wrk abandoned (default 20; a run that starts after the full wait is marked backlog)")
+    parser.add_argument("--seed", type=int, help="random seed of the run order (default: random, stored)")
+    parser.add_argument("--noisy-pct", type=float, default=25.0,
+                        help="a cell is noisy when foreign CPU exceeds this %% of all cores (default 25)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
+                        help="folder for the matrix-<timestamp> output folder (default var/reports)")
+    parser.add_argument("--resume", metavar="DIR",
+                        help="continue the matrix in DIR (its options.json; runs in results.jsonl are skipped)")
+    parser.add_argument("--build", default=os.path.join(ROOT, "var", "matrix"),
+                        help="directory of the servers' buildout (default var/matrix)")
+    parser.add_argument("--base-port", type=int, default=9510,
+                        help="first port of the servers (two per part: Zope, hello; default 9510)")
+    parser.add_argument("--port-limit", type=int, default=matrix_servers.PORT_RANGE[1],
+                        help="last port the servers may use (default 9599)")
+    parser.add_argument("--stack-config", default=os.path.join(ROOT, "parts", "stack", "stack.json"),
+                        help="stack.json written by bin/buildout (default parts/stack/stack.json)")
+    parser.add_argument("--estimate", action="store_true", help="print the plan and its estimate, run nothing")
+    args = parser.parse_args(argv)
+    if args.resume:
+        try:
+            stored = json.load(open(os.path.join(args.resume, "options.json"), encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            parser.error(f"--resume {args.resume}: no readable options.json ({exc})")
+        for key in PLAN_KEYS:
+            setattr(args, key, stored[key])
+        return args
+    base = QUICK if args.quick else DEFAULTS
+    for key, value in base.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if isinstance(args.sweep_at, str):
+        if args.sweep_at == "all":
+            args.sweep_at = None
+        elif not args.sweep_at.isdigit() or int(args.sweep_at) < 1:
+            parser.error(f"--sweep-at: {args.sweep_at!r} not allowed; allowed: a connection count or 'all'")
+        else:
+            args.sweep_at = int(args.sweep_at)
+    for name in ("runs", "duration"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0 or args.timeout < 1 or args.drain_max < 1:
+        parser.error("--warmup must be >= 0, --timeout and --drain-max >= 1")
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(10**6)
+    return args
+
+
+def plan(args):
+    """``(cells, pairs, order)`` of the options: the cells, the (server, threads) parts and
+    the randomized run order (see loadtests/matrix_plan.py)."""
+    cells = matrix_plan.cells(args.servers, args.paths, args.connections, args.threads, args.sweep_at,
+                              SINGLE_THREADED)
+    return cells, matrix_plan.parts_needed(cells), matrix_plan.run_order(cells, args.runs, args.seed)
+
+
+def _minutes(seconds):
+    return f"{seconds / 60:.1f} min"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cells, pairs, order = plan(args)
+    out = args.resume or os.path.join(args.out, "matrix-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
+    results_path = os.path.join(out, "results.jsonl")
+    records = matrix_plan.load_results(results_path)
+    todo = matrix_plan.remaining(order, records)
+    estimate = matrix_plan.estimate_seconds(todo, len(pairs), args.duration, args.warmup, args.drain_max)
+    if args.sweep_at is None:
+        sweep = "at every connection level"
+    elif args.sweep_at in args.connections:
+        sweep = f"at {args.sweep_at} connections, else the default 2 (bjoern, gevent: 1)"
+    else:
+        sweep = f"not swept: --sweep-at {args.sweep_at} is not among --connections; default 2 (bjoern, gevent: 1)"
+    print(f"matrix: {len(args.servers)} servers, {len(args.paths)} paths, connections "
+          f"{','.join(map(str, args.connections))}, threads {','.join(map(str, args.threads))} "
+          f"({sweep}): {len(cells)} cells x {args.runs} runs = {len(order)} runs "
+          f"of {args.duration} s (+{args.warmup} s warm-up per cell), {len(pairs)} parts; "
+          f"{len(order) - len(todo)} runs already measured; estimate {_minutes(estimate)}", flush=True)
+    if args.estimate:
+        return 0
+    wrk = shutil.which("wrk")
+    if not wrk:
+        print("matrix: wrk not found (apt-get install wrk; make system)", file=sys.stderr)
+        return 2
+    try:
+        config = json.load(open(args.stack_config, encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"matrix: stack not built ({exc}): make build, make start", file=sys.stderr)
+        return 2
+    stack = stack_pids(config)
+    if "zeoserver" not in stack:
+        print("matrix: the stack's zeoserver is not running: make start", file=sys.stderr)
+        return 2
+    ports = matrix_servers.assign_ports(pairs, args.base_port)
+    last_port = max(p for pair in ports.values() for p in pair)
+    if args.base_port < 1 or last_port > args.port_limit:
+        print(f"matrix: {len(pairs)} parts need ports {args.base_port}-{last_port}, beyond --port-limit "
+              f"{args.port_limit}", file=sys.stderr)
+        return 2
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "options.json"), "w", encoding="utf-8") as fp:
+        json.dump({key: getattr(args, key) for key in PLAN_KEYS}, fp, indent=1)
+    meta = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cores": psutil.cpu_count(),
+            "cells_planned": len(cells), "runs_planned": len(order), "estimate_s": round(estimate),
+            **{("duration_s" if k == "duration" else "warmup_s" if k == "warmup" else
+                "timeout_s" if k == "timeout" else "drain_max_s" if k == "drain_max" else k): getattr(args, k)
+               for k in PLAN_KEYS}}
+    status = 0
+    t0 = time.monotonic()
+    if todo:
+        status = measure_all(args, config, stack, pairs, ports, todo, wrk, results_path)
+    records = matrix_plan.load_results(results_path)
+    meta.update(runs_done=len(records), cells_done=len({matrix_plan.run_key(r)[0] for r in records}),
+                fd_limit=list(raise_fd_limit(0)), wall_s=round(time.monotonic() - t0))
+    matrix_report.write_all(records, meta, out, SINGLE_THREADED)
+    print(f"matrix: {len(records)} of {len(order)} runs measured in {_minutes(meta['wall_s'])} "
+          f"(estimate {_minutes(estimate)}); report {os.path.join(out, 'report.md')}")
+    if status == 0 and len(matrix_plan.remaining(order, records)) > 0:
+        status = 1
+    return status
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path):
+    """Build and start the servers, measure the runs of ``todo`` (appending to
+    ``results_path``), stop the servers. Returns 0, 1 (runs failed or interrupted) or 2
+    (servers could not be built or started)."""
+    # Every wrk connection and every server-side socket is a descriptor: raise the soft
+    # limit before starting the servers, which inherit it (hard limit here: 20,000).
+    soft, _ = raise_fd_limit(2 * max(args.connections) + 512)
+    if soft < max(args.connections) + 64:
+        print(f"matrix: fd limit {soft} too low for {max(args.connections)} connections", file=sys.stderr)
+        return 2
+    zeo = f"127.0.0.1:{next(p['ready']['tcp'][1] for p in config['processes'] if p['name'] == 'zeoserver')}"
+    blobs = os.path.join(ROOT, "var", "blobstorage")
+    t0 = time.monotonic()
+    print(f"building {len(pairs)} parts in {args.build} ...", flush=True)
+    try:
+        matrix_servers.build(args.build, pairs, ports, zeo, blobs)
+    except RuntimeError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    print(f"built in {time.monotonic() - t0:.0f} s; starting {2 * len(pairs)} servers ...", flush=True)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    procs = {}
+    try:
+        procs = matrix_servers.start_all(args.build, pairs)
+        urls = {}
+        for (server, threads), (zope_port, hello_port) in ports.items():
+            urls[(server, threads, "zope")] = f"http://127.0.0.1:{zope_port}/"
+            urls[(server, threads, "hello")] = f"http://127.0.0.1:{hello_port}/"
+        matrix_servers.wait_all_up(urls, procs, progress=lambda up, total: print(
+            f"  {up}/{total} servers answering ({time.monotonic() - t0:.0f} s)", flush=True))
+        # The first request of each path loads its objects and templates (seconds on a
+        # busy machine): one per path and client before any timing, so no warm-up starts cold.
+        zope_paths = [MATRIX_PATHS[p] for p in args.paths if p != "hello"]
+        for (server, threads), (zope_port, _) in ports.items():
+            matrix_servers.prime(f"http://127.0.0.1:{zope_port}", zope_paths)
+        print(f"  primed {len(zope_paths)} paths on {len(ports)} clients ({time.monotonic() - t0:.0f} s)",
+              flush=True)
+        trees = {key: [p.pid for p in matrix_servers.tree(proc)] for key, proc in procs.items()}
+        stack_own = [p.pid for p in stack.values()]
+        return run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path)
+    except RuntimeError as exc:
+        print(f"matrix: {exc}; logs in {args.build}/var/log/", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("matrix: interrupted; the runs measured so far are kept", file=sys.stderr)
+        return 1
+    finally:
+        killed = matrix_servers.stop_all(procs)
+        signal.signal(signal.SIGTERM, previous)
+        print(f"stopped {len(procs)} servers" + (f" ({len(killed)} killed)" if killed else ""), flush=True)
+
+
+def run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path):
+    """Measure the runs of ``todo`` in order; returns 0, or 1 when some run failed."""
+    warmed, failed = set(), 0
+    started = time.monotonic()
+    for number, (cell, index) in enumerate(todo, start=1):
+        server, threads, path, conns = cell
+        kind = "hello" if path == "hello" else "zope"
+        port = ports[(server, threads)][1 if kind == "hello" else 0]
+        base = f"http://127.0.0.1:{port}"
+        key = (server, threads, kind)
+        if procs[key].poll() is not None:
+            raise RuntimeError(f"{matrix_servers.part_name(server, threads)} ({kind}) exited "
+                               f"with status {procs[key].returncode}")
+        own = stack_own + [pid for k, pids in trees.items() if k != key for pid in pids]
+        try:
+            if cell not in warmed and args.warmup:
+                accept = MATRIX_PATHS[path][1]
+                run_wrk(wrk, base + MATRIX_PATHS[path][0], accept, min(conns, 10), args.warmup, args.timeout, 1)
+            warmed.add(cell)
+            # the warm-up's (or the server's last run's) abandoned requests
+            drain = wait_idle(procs[key].pid, max_seconds=args.drain_max)
+            record = measure(wrk, base, path, conns, args.duration, args.timeout, procs[key].pid, own)
+            record["drain_before_s"] = round(drain, 1)
+            record["backlog"] = drain >= args.drain_max
+        except RuntimeError as exc:
+            failed += 1
+            print(f"  run failed: {cell} #{index}: {str(exc)[:500]}", file=sys.stderr, flush=True)
+            continue
+        record = dict(server=server, threads=threads, path=path, connections=conns, run=index,
+                      time=datetime.now(timezone.utc).isoformat(timespec="seconds"), **record)
+        with open(results_path, "a", encoding="utf-8") as fp:
+            fp.write(json.dumps(record) + "\n")
+            fp.flush()
+            os.fsync(fp.fileno())
+        elapsed = time.monotonic() - started
+        eta = elapsed / number * (len(todo) - number)
+        errors = sum(record["errors"].values())
+        print(f"[{number}/{len(todo)} ETA {eta / 60:.1f} min] {server} t{threads} {path} c{conns} #{index}: "
+              f"{record['rps']:.1f} req/s, p99 {record['p99_ms']:.1f} ms, errors {errors}, non-2xx "
+              f"{record['non_2xx']}, RSS {record['peak_rss_bytes'] / 2**20:.0f} MiB, foreign "
+              f"{record['foreign_pct']:.0f} %", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

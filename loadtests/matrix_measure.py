@@ -1,0 +1,150 @@
+"""One measured run of the benchmark matrix: wrk against one server, with psutil around it.
+
+:func:`measure` runs wrk (Debian's, ``loadtests/wrk_summary.lua`` for a one-line JSON
+summary) with a fixed number of connections for a fixed time, samples the RSS of the
+server's process tree every 0.2 s in a thread, and reads CPU times before and after: of
+the server's tree, of wrk, of our own processes (this script, the stack, the other matrix
+servers) and of the whole machine. What the machine did beyond ours is *foreign* CPU:
+other users of the shared machine.
+"""
+import resource
+import threading
+import time
+
+import psutil
+
+from loadtests.abtest import cpu_seconds, machine_busy_seconds
+from loadtests.connections import PATHS, run_wrk
+
+#: path labels of the matrix: the four of loadtests.connections plus the hello-world app.
+MATRIX_PATHS = dict(PATHS, hello=("/", ""))
+
+
+def _tree_processes(root_pid):
+    try:
+        parent = psutil.Process(root_pid)
+        return [parent] + parent.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _tree_cpu(root_pid):
+    """CPU seconds (user + system, incl. reaped children) of a process tree."""
+    return sum(cpu_seconds({p.pid: p for p in _tree_processes(root_pid)}).values())
+
+
+class RssSampler(threading.Thread):
+    """Samples the summed RSS (bytes) of the process tree of ``root_pid`` every
+    ``interval`` seconds until :meth:`stop`; ``peak`` is the largest sample."""
+
+    def __init__(self, root_pid, interval=0.2):
+        super().__init__(daemon=True)
+        self.root_pid, self.interval, self.peak = root_pid, interval, 0
+        self._stop_event = threading.Event()
+
+    def sample(self):
+        total = 0
+        for proc in _tree_processes(self.root_pid):
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                pass
+        self.peak = max(self.peak, total)
+
+    def run(self):
+        while not self._stop_event.is_set():
+            self.sample()
+            self._stop_event.wait(self.interval)
+
+    def stop(self):
+        self._stop_event.set()
+        self.join()
+        self.sample()
+
+
+def measure(wrk, base_url, path_label, connections, duration, timeout, server_pid, own_pids,
+            wrk_threads=None):
+    """Run wrk once against ``base_url`` + the path of ``path_label``; return a record dict.
+
+    ``connections``: wrk ``-c``; ``duration``: wrk ``-d`` (seconds); ``timeout``: wrk
+    ``--timeout`` (seconds; slower responses count as timeout errors); ``server_pid``: the
+    root PID of the server's process group; ``own_pids``: PIDs of our other processes (the
+    stack, the other matrix servers) whose CPU is not foreign. wrk threads: 1 up to 10
+    connections, else 2 (``wrk_threads`` overrides).
+
+    Record keys: ``requests``, ``rps`` (requests/s), ``p50_ms``/``p95_ms``/``p99_ms``/
+    ``max_ms`` (ms), ``errors`` (``{connect, read, write, timeout}`` socket errors),
+    ``non_2xx`` (wrk's non-2xx/3xx count), ``cpu_s`` (server tree CPU seconds),
+    ``cpu_ms_per_req``, ``peak_rss_bytes``, ``foreign_cpu_s`` and ``foreign_pct`` (% of
+    all cores during the run), ``wall_s``. Raises RuntimeError when wrk fails.
+    """
+    path, accept = MATRIX_PATHS[path_label]
+    threads = wrk_threads or (1 if connections <= 10 else 2)
+    threads = min(threads, connections)
+    own = {pid: p for pid in own_pids for p in [_safe_process(pid)] if p is not None}
+    sampler = RssSampler(server_pid)
+    server0, own0 = _tree_cpu(server_pid), sum(cpu_seconds(own).values())
+    me0 = _self_and_children_cpu()
+    busy0, t0 = machine_busy_seconds(), time.monotonic()
+    sampler.start()
+    try:
+        summary = run_wrk(wrk, base_url + path, accept, connections, duration, timeout, threads)
+    finally:
+        sampler.stop()
+    wall = time.monotonic() - t0
+    busy = machine_busy_seconds() - busy0
+    server_cpu = _tree_cpu(server_pid) - server0
+    ours = server_cpu + (sum(cpu_seconds(own).values()) - own0) + (_self_and_children_cpu() - me0)
+    foreign = max(busy - ours, 0.0)
+    seconds = summary["duration_us"] / 1e6
+    lat = summary["latency_us"]
+    errors = summary["errors"]
+    requests = summary["requests"]
+    return {
+        "requests": requests,
+        "rps": round(requests / seconds, 1) if seconds else 0.0,
+        "p50_ms": lat["p50"] / 1000, "p95_ms": lat["p95"] / 1000,
+        "p99_ms": lat["p99"] / 1000, "max_ms": lat["max"] / 1000,
+        "errors": {k: errors[k] for k in ("connect", "read", "write", "timeout")},
+        "non_2xx": errors["status"],
+        "cpu_s": round(server_cpu, 3),
+        "cpu_ms_per_req": round(1000 * server_cpu / requests, 3) if requests else None,
+        "peak_rss_bytes": sampler.peak,
+        "foreign_cpu_s": round(foreign, 2),
+        "foreign_pct": round(100 * foreign / (wall * (psutil.cpu_count() or 1)), 1) if wall else 0.0,
+        "wall_s": round(wall, 2),
+        "wrk_threads": threads,
+    }
+
+
+def wait_idle(root_pid, max_seconds=60.0, window=0.3, idle_cores=0.1):
+    """Wait until the process tree of ``root_pid`` uses less than ``idle_cores`` cores over
+    a ``window`` (seconds), at most ``max_seconds``; returns the seconds waited.
+
+    Why: wrk abandons the requests in flight when it stops, but a server without
+    disconnect detection (pyruvate, waitress's threads) still serves the requests it
+    queued -- up to one per connection. Without this wait they would run into the next
+    run of that server and lower its figures.
+    """
+    started = time.monotonic()
+    before = _tree_cpu(root_pid)
+    while time.monotonic() - started < max_seconds:
+        time.sleep(window)
+        now = _tree_cpu(root_pid)
+        if now - before < idle_cores * window:
+            break
+        before = now
+    return time.monotonic() - started
+
+
+def _safe_process(pid):
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def _self_and_children_cpu():
+    """CPU seconds of this process and its reaped children (wrk)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime

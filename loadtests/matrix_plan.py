@@ -1,0 +1,136 @@
+"""The benchmark matrix's plan: cells, the randomized run order, resume, the estimate.
+
+Pure functions (no processes, no network) used by loadtests/matrix.py and tested by
+tests/test_matrix.py.
+
+A *cell* is ``(server, threads, path, connections)``: one wsgi-server value with one
+``threads`` setting, one path label (``/``, ``/Plone``, ``@json``, ``blob``, ``hello``) and
+one wrk connection count. A *run* is ``(cell, index)`` with ``index`` in ``range(runs)``.
+"""
+import json
+import random
+
+SINGLE_THREADED_DEFAULT = 1
+MULTI_THREADED_DEFAULT = 2
+#: Seconds a run costs besides wrk's duration (wrk start and exit, psutil samples, the
+#: idle wait before it: at least 0.3 s), and a cell besides its warm-up; at 500 and more
+#: connections on a Zope path the idle wait is longer (the requests wrk abandoned are
+#: still served). Measured here with 2 s runs, 8 servers, 10 and 1,000 connections, on a
+#: machine 60-75 % busy with other work: 0.5 s, and 2.8 s more at 1,000 on "/".
+RUN_OVERHEAD_S = 0.5
+HIGH_CONNECTIONS = 500
+HIGH_DRAIN_S = 2.5
+#: /Plone pages per second one ZEO client serves (about 25 ms CPU each, one core): after a
+#: run at 1,000 connections its abandoned requests take about 1,000 / 40 = 25 s.
+SLOW_PAGE_RPS = 40.0
+CELL_OVERHEAD_S = 0.3
+#: Seconds to build (when built: ~20 s) and start the parts, all at once: 8 parts (16
+#: servers) answered after 122 s here on a busy shared 2-core machine.
+STARTUP_BASE_S = 40.0
+STARTUP_PER_PART_S = 12.0
+
+
+def default_threads(server, single_threaded):
+    """``threads`` of ``server`` outside the sweep: 1 if single-threaded, else 2."""
+    return SINGLE_THREADED_DEFAULT if server in single_threaded else MULTI_THREADED_DEFAULT
+
+
+def cells(servers, paths, connections, threads, sweep_at, single_threaded):
+    """All cells of the matrix, in a stable order (list of 4-tuples).
+
+    Every server x path x connection level runs at the server's default threads (2, or 1
+    for ``single_threaded`` servers); at ``sweep_at`` connections (if it is one of
+    ``connections``) every value of ``threads`` runs too (only 1 for single-threaded
+    servers). ``sweep_at`` None: every connection level runs every ``threads`` value.
+    """
+    out = []
+    for server in servers:
+        allowed = [1] if server in single_threaded else list(threads)
+        for path in paths:
+            for conns in connections:
+                if sweep_at is None or conns == sweep_at:
+                    values = allowed
+                else:
+                    values = [default_threads(server, single_threaded)]
+                for t in sorted(set(values)):
+                    out.append((server, t, path, conns))
+    return out
+
+
+def parts_needed(cell_list):
+    """Sorted ``[(server, threads)]`` pairs the cells need (one ZEO client part each)."""
+    return sorted({(server, threads) for server, threads, _, _ in cell_list})
+
+
+def run_order(cell_list, runs, seed):
+    """The randomized interleaved order: ``runs`` rounds, each visiting every cell once in
+    a new random order (``random.Random(seed)``). Returns ``[(cell, index)]`` of length
+    ``len(cell_list) * runs``; run ``index`` of a cell is in round ``index``."""
+    rng = random.Random(seed)
+    order = []
+    for index in range(runs):
+        round_cells = list(cell_list)
+        rng.shuffle(round_cells)
+        order.extend((cell, index) for cell in round_cells)
+    return order
+
+
+def run_key(record):
+    """``(cell, index)`` of a results.jsonl record (dict with server, threads, path,
+    connections, run)."""
+    return ((record["server"], record["threads"], record["path"], record["connections"]),
+            record["run"])
+
+
+def load_results(path):
+    """Records (dicts) of a results.jsonl file; [] when it does not exist.
+
+    A last line cut by an interruption (invalid JSON) is skipped.
+    """
+    records = []
+    try:
+        with open(path, encoding="utf-8") as fp:
+            for line in fp:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    pass
+    except FileNotFoundError:
+        pass
+    return records
+
+
+def remaining(order, records):
+    """``order`` without the runs already in ``records`` (resume)."""
+    done = {run_key(r) for r in records}
+    return [item for item in order if item not in done]
+
+
+def estimate_seconds(runs, n_parts, duration, warmup, drain_max=20):
+    """Estimated wall seconds of measuring ``runs`` (``[(cell, index)]``): ``duration`` s
+    plus RUN_OVERHEAD_S per run, ``warmup`` + CELL_OVERHEAD_S s per distinct cell, and
+    starting ``n_parts`` parts (nothing when ``runs`` is empty). At HIGH_CONNECTIONS or
+    more on a Zope path a run adds the idle wait for the requests wrk abandoned:
+    HIGH_DRAIN_S, or on ``/Plone`` connections / SLOW_PAGE_RPS seconds, at most
+    ``drain_max``."""
+    if not runs:
+        return 0.0
+    total = STARTUP_BASE_S + n_parts * STARTUP_PER_PART_S
+    total += len({cell for cell, _ in runs}) * (warmup + CELL_OVERHEAD_S)
+    for (_, _, path, conns), _ in runs:
+        total += duration + RUN_OVERHEAD_S
+        if conns >= HIGH_CONNECTIONS and path != "hello":
+            total += min(conns / SLOW_PAGE_RPS if path == "/Plone" else HIGH_DRAIN_S, drain_max)
+    return total
+
+
+def trimmed_mean(values):
+    """Mean of ``values`` without the highest and the lowest (the 2016 AppDynamics method:
+    4 runs, mean of the middle two). With fewer than 3 values: their plain mean; None
+    values are ignored; None when nothing is left."""
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    if len(values) >= 3:
+        values = values[1:-1]
+    return sum(values) / len(values)

@@ -1,0 +1,171 @@
+"""Aggregate the benchmark matrix's runs into cells; write matrix.csv, matrix.json, PNGs
+and report.md.
+
+Per cell (server, threads, path, connections), from its runs (results.jsonl records):
+
+- trimmed mean (drop the highest and the lowest run, mean of the rest: of 4 runs the
+  middle two) of ``rps`` (requests/s), ``p50_ms``, ``p95_ms``, ``p99_ms``, ``max_ms``
+  (milliseconds) and ``cpu_ms_per_req`` (server CPU milliseconds per request);
+- summed over all runs: ``requests``, socket errors by kind (``err_connect``,
+  ``err_read``, ``err_write``, ``err_timeout``) and ``non_2xx``;
+- ``peak_rss_mib``: largest peak RSS of the server's process tree over the runs (MiB);
+- ``foreign_pct``: mean foreign CPU over the runs (% of all cores); ``noisy`` when it is
+  above the threshold;
+- ``drain_s``: mean idle wait before the runs (s); ``backlog`` when a wait hit its cap.
+"""
+import csv
+import json
+import os
+
+from loadtests.matrix_plan import trimmed_mean
+
+TRIMMED = ("rps", "p50_ms", "p95_ms", "p99_ms", "max_ms", "cpu_ms_per_req")
+ERROR_KINDS = ("connect", "read", "write", "timeout")
+COLUMNS = (["server", "threads", "path", "connections", "runs"] + list(TRIMMED)
+           + ["requests"] + [f"err_{k}" for k in ERROR_KINDS]
+           + ["non_2xx", "peak_rss_mib", "foreign_pct", "noisy", "drain_s", "backlog"])
+
+
+def aggregate(records, noisy_pct):
+    """Cell rows (dicts with the keys of COLUMNS), sorted by server, path, connections,
+    threads, from results.jsonl ``records``. ``noisy_pct``: foreign CPU threshold (%)."""
+    by_cell = {}
+    for r in records:
+        by_cell.setdefault((r["server"], r["threads"], r["path"], r["connections"]), []).append(r)
+    rows = []
+    for (server, threads, path, conns), runs in by_cell.items():
+        row = {"server": server, "threads": threads, "path": path, "connections": conns,
+               "runs": len(runs)}
+        for key in TRIMMED:
+            value = trimmed_mean([r[key] for r in runs])
+            row[key] = None if value is None else round(value, 3 if key == "cpu_ms_per_req" else 1)
+        row["requests"] = sum(r["requests"] for r in runs)
+        for kind in ERROR_KINDS:
+            row[f"err_{kind}"] = sum(r["errors"][kind] for r in runs)
+        row["non_2xx"] = sum(r["non_2xx"] for r in runs)
+        row["peak_rss_mib"] = round(max(r["peak_rss_bytes"] for r in runs) / 2**20, 1)
+        row["foreign_pct"] = round(sum(r["foreign_pct"] for r in runs) / len(runs), 1)
+        row["noisy"] = row["foreign_pct"] > noisy_pct
+        row["drain_s"] = round(sum(r.get("drain_before_s", 0.0) for r in runs) / len(runs), 1)
+        row["backlog"] = any(r.get("backlog", False) for r in runs)
+        rows.append(row)
+    rows.sort(key=lambda r: (r["server"], r["path"], r["connections"], r["threads"]))
+    return rows
+
+
+def write_csv(rows, path):
+    """One line per cell, columns COLUMNS."""
+    with open(path, "w", newline="", encoding="utf-8") as fp:
+        writer = csv.DictWriter(fp, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_json(rows, meta, path):
+    """``{"meta": meta, "cells": rows}``."""
+    with open(path, "w", encoding="utf-8") as fp:
+        json.dump({"meta": meta, "cells": rows}, fp, indent=1)
+
+
+def default_threads_rows(rows, single_threaded):
+    """The rows at each server's default threads (2, or 1 when single-threaded): one line
+    per server in the per-connection plots."""
+    return [r for r in rows if r["threads"] == (1 if r["server"] in single_threaded else 2)]
+
+
+def plot(rows, paths, single_threaded, directory):
+    """One PNG per path (``matrix-<path>.png``): req/s, p99 latency, errors (socket errors
+    + non-2xx, per run) and peak RSS against connections, one line per server (at its
+    default threads). Returns the file names written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = default_threads_rows(rows, single_threaded)
+    written = []
+    for path in paths:
+        cells = [r for r in rows if r["path"] == path]
+        if not cells:
+            continue
+        fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+        panels = [("rps", "requests/s", lambda r: r["rps"]),
+                  ("p99", "p99 latency (ms)", lambda r: r["p99_ms"]),
+                  ("errors", "errors per run (socket + non-2xx)",
+                   lambda r: (sum(r[f"err_{k}"] for k in ERROR_KINDS) + r["non_2xx"]) / r["runs"]),
+                  ("rss", "peak RSS (MiB)", lambda r: r["peak_rss_mib"])]
+        for ax, (_, label, value) in zip(axes.flat, panels):
+            for server in sorted({r["server"] for r in cells}):
+                points = sorted((r["connections"], value(r)) for r in cells if r["server"] == server)
+                points = [(x, y) for x, y in points if y is not None]
+                if points:
+                    ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=server)
+            ax.set_xscale("log")
+            ax.set_xlabel("connections (wrk)")
+            ax.set_ylabel(label)
+            ax.grid(True, alpha=0.3)
+        axes.flat[0].legend(fontsize="small")
+        fig.suptitle(f"{path}: per server at its default threads (2; bjoern, gevent 1)")
+        fig.tight_layout()
+        name = "matrix-" + ("root" if path == "/" else path.strip("/@").lower()) + ".png"
+        fig.savefig(os.path.join(directory, name), dpi=80)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def _fmt(value):
+    return "" if value is None else f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+
+
+def markdown(rows, meta, pngs):
+    """report.md text: the settings, noisy cells, and a table per path."""
+    noisy = [r for r in rows if r["noisy"]]
+    lines = [
+        "# Benchmark matrix",
+        "",
+        f"Started {meta['started']}; {meta['cores']} cores; servers {', '.join(meta['servers'])}; "
+        f"{meta['runs']} runs per cell of {meta['duration_s']} s after a {meta['warmup_s']} s warm-up, "
+        f"in randomized interleaved order (seed {meta['seed']}); figures are the mean of the runs "
+        "without the highest and the lowest (errors, requests: sums; RSS: peak). wrk timeout "
+        f"{meta['timeout_s']} s. {meta['cells_done']} of {meta['cells_planned']} cells measured, "
+        f"{meta['runs_done']} of {meta['runs_planned']} runs; this invocation took "
+        f"{meta.get('wall_s', 0) / 60:.1f} min (estimate {meta['estimate_s'] / 60:.1f} min).",
+        "",
+        f"Noisy cells (foreign CPU above {meta['noisy_pct']} % of the machine, marked `!`): "
+        f"{len(noisy)} of {len(rows)}. Cells with a run that started while the server still worked "
+        f"off requests abandoned by an earlier run (idle wait cut at {meta.get('drain_max_s')} s, "
+        f"marked `B`): {sum(1 for r in rows if r['backlog'])}.",
+        "",
+    ]
+    for name in pngs:
+        lines.append(f"![{name}]({name})")
+    for path in meta["paths"]:
+        cells = [r for r in rows if r["path"] == path]
+        if not cells:
+            continue
+        lines += ["", f"## {path}", "",
+                  "| server | threads | conns | req/s | p50 ms | p95 ms | p99 ms | max ms | CPU ms/req "
+                  "| socket errors c/r/w/t | non-2xx | peak RSS MiB | foreign CPU % | idle wait s | runs |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+        for r in cells:
+            errors = "/".join(str(r[f"err_{k}"]) for k in ERROR_KINDS)
+            lines.append(
+                f"| {r['server']} | {r['threads']} | {r['connections']} | {_fmt(r['rps'])} "
+                f"| {_fmt(r['p50_ms'])} | {_fmt(r['p95_ms'])} | {_fmt(r['p99_ms'])} | {_fmt(r['max_ms'])} "
+                f"| {'' if r['cpu_ms_per_req'] is None else r['cpu_ms_per_req']} | {errors} "
+                f"| {r['non_2xx']} | {r['peak_rss_mib']} | {r['foreign_pct']}{' !' if r['noisy'] else ''} "
+                f"| {r['drain_s']}{' B' if r['backlog'] else ''} | {r['runs']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_all(records, meta, directory, single_threaded):
+    """Write matrix.csv, matrix.json, matrix-<path>.png and report.md into ``directory``;
+    returns the cell rows."""
+    rows = aggregate(records, meta["noisy_pct"])
+    write_csv(rows, os.path.join(directory, "matrix.csv"))
+    write_json(rows, meta, os.path.join(directory, "matrix.json"))
+    pngs = plot(rows, meta["paths"], single_threaded, directory)
+    with open(os.path.join(directory, "report.md"), "w", encoding="utf-8") as fp:
+        fp.write(markdown(rows, meta, pngs))
+    return rows

@@ -1,0 +1,204 @@
+"""The benchmark matrix (loadtests/matrix.py): its pure parts, and one real --quick run.
+
+Unit tests: the trimmed mean (4 runs, drop highest and lowest), the plan (threads swept
+only at --sweep-at connections, single-threaded servers only at 1), the randomized
+interleaved order (every cell x run exactly once, round by round), resume (done runs
+skipped, a cut last line ignored), the estimate, the hello ini, the aggregation and
+option errors.
+
+Integration test: ``--quick`` (pyruvate and waitress, connections 1 and 50, 1 s runs) on
+the paths ``/``, ``blob`` and ``hello`` against the session stack (real ZEO, real clients,
+real wrk), then ``--resume`` of the same folder, which must measure nothing new. About
+3 minutes here (all five paths: about 4).
+"""
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from loadtests import matrix, matrix_plan, matrix_report, matrix_servers
+
+from conftest import ROOT, port_taken
+
+SINGLE = ("bjoern", "gevent")
+
+
+# -- trimmed mean ---------------------------------------------------------------------
+
+def test_trimmed_mean_of_four_is_mean_of_middle_two():
+    assert matrix_plan.trimmed_mean([10, 1, 4, 6]) == 5.0        # drops 1 and 10
+    assert matrix_plan.trimmed_mean([3, 3, 3, 100]) == 3.0
+    assert matrix_plan.trimmed_mean([2, 8, 5]) == 5.0            # three runs: the middle one
+
+
+def test_trimmed_mean_with_few_or_missing_values():
+    assert matrix_plan.trimmed_mean([4, 6]) == 5.0               # too few to trim
+    assert matrix_plan.trimmed_mean([None, 7]) == 7.0
+    assert matrix_plan.trimmed_mean([]) is None
+
+
+# -- plan and order -------------------------------------------------------------------
+
+def test_threads_swept_only_at_sweep_level_and_single_threaded_at_one():
+    cells = matrix_plan.cells(["pyruvate", "bjoern"], ["/"], [1, 100, 1000], [1, 2, 4], 100, SINGLE)
+    assert sorted(c for c in cells if c[0] == "pyruvate") == [
+        ("pyruvate", 1, "/", 100), ("pyruvate", 2, "/", 1), ("pyruvate", 2, "/", 100),
+        ("pyruvate", 2, "/", 1000), ("pyruvate", 4, "/", 100)]
+    assert sorted(c for c in cells if c[0] == "bjoern") == [
+        ("bjoern", 1, "/", 1), ("bjoern", 1, "/", 100), ("bjoern", 1, "/", 1000)]
+    assert matrix_plan.parts_needed(cells) == [("bjoern", 1), ("pyruvate", 1), ("pyruvate", 2),
+                                               ("pyruvate", 4)]
+
+
+def test_default_plan_size():
+    args = matrix.parse_args([])
+    cells, pairs, order = matrix.plan(args)
+    # 6 multi-threaded servers x 5 paths x (6 levels + 2 extra threads at 100) + 2 x 5 x 6
+    assert len(cells) == 6 * 5 * 8 + 2 * 5 * 6 == 300
+    assert len(pairs) == 6 * 3 + 2 == 20
+    assert len(order) == 4 * 300
+
+
+def test_order_covers_every_cell_and_run_once_round_by_round():
+    cells = matrix_plan.cells(["pyruvate", "waitress"], ["/", "hello"], [1, 10], [2], None, SINGLE)
+    order = matrix_plan.run_order(cells, 4, seed=7)
+    assert sorted(order) == sorted((c, i) for c in cells for i in range(4))
+    for index in range(4):                               # round i holds exactly the runs #i
+        assert {c for c, i in order[index * len(cells):(index + 1) * len(cells)] if i == index} == set(cells)
+    rounds = [[c for c, i in order if i == index] for index in range(4)]
+    assert any(r != rounds[0] for r in rounds[1:])        # shuffled anew each round
+    assert order == matrix_plan.run_order(cells, 4, seed=7)   # seeded: reproducible
+
+
+# -- resume ---------------------------------------------------------------------------
+
+def _record(cell, index, **extra):
+    server, threads, path, conns = cell
+    return dict(dict(server=server, threads=threads, path=path, connections=conns, run=index), **extra)
+
+
+def test_resume_skips_recorded_runs_and_a_cut_last_line(tmp_path):
+    cells = matrix_plan.cells(["pyruvate"], ["/", "blob"], [1, 50], [2], None, SINGLE)
+    order = matrix_plan.run_order(cells, 4, seed=1)
+    results = tmp_path / "results.jsonl"
+    done = order[:5]
+    results.write_text("".join(json.dumps(_record(c, i)) + "\n" for c, i in done) + '{"server": "pyr')
+    records = matrix_plan.load_results(str(results))
+    assert len(records) == 5
+    left = matrix_plan.remaining(order, records)
+    assert left == order[5:]
+    assert matrix_plan.remaining(order, [_record(c, i) for c, i in order]) == []
+    assert matrix_plan.load_results(str(tmp_path / "missing.jsonl")) == []
+
+
+def test_estimate():
+    low, high = ("pyruvate", 2, "/", 10), ("pyruvate", 2, "/", 1000)
+    hello = ("pyruvate", 2, "hello", 1000)
+    runs = [(c, i) for c in (low, high, hello) for i in range(4)]
+    expected = (12 * (2 + matrix_plan.RUN_OVERHEAD_S) + 4 * matrix_plan.HIGH_DRAIN_S   # only "/" at 1000
+                + 3 * (1 + matrix_plan.CELL_OVERHEAD_S)
+                + matrix_plan.STARTUP_BASE_S + 3 * matrix_plan.STARTUP_PER_PART_S)
+    assert matrix_plan.estimate_seconds(runs, 3, duration=2, warmup=1) == pytest.approx(expected)
+    assert matrix_plan.estimate_seconds([], 3, duration=2, warmup=1) == 0.0
+    cells, pairs, order = matrix.plan(matrix.parse_args([]))
+    minutes = matrix_plan.estimate_seconds(order, len(pairs), 2, 1) / 60
+    assert minutes < 90                                   # the issue's limit for the full run
+
+
+# -- hello ini, aggregation, options --------------------------------------------------
+
+def test_hello_ini_keeps_server_section_on_another_port():
+    text = ("[server:main]\nuse = egg:pyruvate#main\nsocket = 127.0.0.1:9510\nworkers = 2\n\n"
+            "[app:zope]\nuse = egg:Zope#main\nport = 9510\n")
+    ini = matrix_servers.hello_ini(text, 9510, 9511)
+    assert "socket = 127.0.0.1:9511\nworkers = 2" in ini
+    assert "9510" not in ini and "egg:Zope" not in ini and "[app:zope]" not in ini
+    assert ini.endswith("[app:main]\nuse = egg:plonedeploy.recipe#hello\n")
+    with pytest.raises(ValueError):
+        matrix_servers.hello_ini("[app:main]\n", 9510, 9511)
+
+
+def test_aggregate_trims_sums_errors_and_flags_noisy():
+    cell = ("waitress", 2, "/", 10)
+    runs = [_record(cell, i, requests=100 * (i + 1), rps=rps, p50_ms=1.0, p95_ms=2.0, p99_ms=p99, max_ms=9.0,
+                    cpu_ms_per_req=1.0, errors={"connect": 0, "read": i, "write": 0, "timeout": 0},
+                    non_2xx=1, peak_rss_bytes=rss * 2**20, foreign_pct=foreign, drain_before_s=drain,
+                    backlog=drain >= 20)
+            for i, (rps, p99, rss, foreign, drain) in enumerate([(100, 5, 200, 10, 0.3), (300, 50, 210, 40, 20.1),
+                                                                 (200, 7, 190, 30, 0.3), (220, 6, 205, 40, 0.5)])]
+    [row] = matrix_report.aggregate(runs, noisy_pct=25)
+    assert row["rps"] == 210.0 and row["p99_ms"] == 6.5
+    assert row["requests"] == 1000 and row["err_read"] == 6 and row["non_2xx"] == 4
+    assert row["peak_rss_mib"] == 210.0 and row["foreign_pct"] == 30.0 and row["noisy"] is True
+    assert row["drain_s"] == 5.3 and row["backlog"] is True
+    report = matrix_report.markdown([row], dict(started="t", cores=2, servers=["waitress"], paths=["/"], runs=4,
+                                                duration_s=1, warmup_s=1, seed=1, timeout_s=5, cells_done=1,
+                                                cells_planned=1, runs_done=4, runs_planned=4, estimate_s=60,
+                                                noisy_pct=25, drain_max_s=20), [])
+    assert "| 30.0 ! | 5.3 B | 4 |" in report
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--servers", "pyruvate,nginx"], "allowed: pyruvate, waitress"),
+    (["--paths", "/x"], "allowed: /, /Plone, @json, blob, hello"),
+    (["--connections", "0"], "--connections"),
+    (["--sweep-at", "many"], "--sweep-at"),
+    (["--runs", "0"], "--runs"),
+])
+def test_bad_options_name_the_option(argv, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        matrix.parse_args(argv)
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+# -- integration ----------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_quick_matrix_against_the_stack_then_resume_measures_nothing(stack, tmp_path):
+    if not shutil.which("wrk"):
+        pytest.fail("wrk not installed (make system)")
+    taken = [p for p in range(9510, 9514) if port_taken(p)]
+    assert not taken, f"matrix ports in use: {taken}"
+    out = tmp_path / "reports"
+    build = tmp_path / "build"
+    # Three of the five paths (Zope's root, the blob, hello) keep the test near 3 minutes.
+    cmd = [sys.executable, "-m", "loadtests.matrix", "--quick", "--paths", "/,blob,hello", "--out", str(out),
+           "--build", str(build), "--seed", "42"]
+    started = time.monotonic()
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    wall = time.monotonic() - started
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    print(f"--quick wall time {wall:.0f} s")
+    [folder] = list(out.iterdir())
+    for name in ("results.jsonl", "options.json", "matrix.csv", "matrix.json", "report.md", "matrix-root.png",
+                 "matrix-hello.png", "matrix-blob.png"):
+        assert (folder / name).stat().st_size > 0, name
+    records = matrix_plan.load_results(str(folder / "results.jsonl"))
+    assert len(records) == 2 * 3 * 2 * 4                  # servers x paths x connections x runs
+    rows = {(r["server"], r["path"], int(r["connections"])): r for r in csv.DictReader(open(folder / "matrix.csv"))}
+    assert len(rows) == 12
+    for server in ("pyruvate", "waitress"):
+        for path in ("/", "hello"):
+            row = rows[(server, path, 1)]
+            assert int(row["requests"]) > 0 and float(row["rps"]) > 0, row
+            assert int(row["non_2xx"]) == 0, row
+            assert float(row["peak_rss_mib"]) > 0, row
+    cells = json.load(open(folder / "matrix.json"))["cells"]
+    assert {c["path"] for c in cells} == {"/", "blob", "hello"}
+    report = (folder / "report.md").read_text()
+    assert "## hello" in report and "foreign CPU" in report
+    assert "stopped 4 servers" in first.stdout
+    assert not [p for p in range(9510, 9514) if port_taken(p)], "matrix servers still listening"
+
+    again = subprocess.run([sys.executable, "-m", "loadtests.matrix", "--resume", str(folder), "--build", str(build)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "48 runs already measured" in again.stdout
+    assert "building" not in again.stdout                  # nothing left: no server started
+    assert len(matrix_plan.load_results(str(folder / "results.jsonl"))) == 48
