@@ -61,7 +61,7 @@ RECIPE_SRC = os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src")
 BLOB_PATH = "/Plone/blob-5mb/@@download/file"
 BLOB_SIZE = 5 * 1024 * 1024
 WORK_DIR = os.path.join(ROOT, "var", "blobbench")
-WRK_SCRIPT = os.path.join(HERE, "wrk_json.lua")
+WRK_SCRIPT = os.path.join(HERE, "wrk_summary.lua")  # shared with loadtests.connections and .matrix
 
 
 # ----------------------------------------------------------------------------- variants
@@ -209,13 +209,14 @@ def check_variant(variant, reference):
 # ----------------------------------------------------------------------------- measuring
 
 def run_wrk(url, connections, duration, threads=1):
-    """Run wrk; return its WRKJSON summary dict."""
+    """Run wrk; return the summary dict wrk_summary.lua prints (requests, bytes, errors,
+    latency_us percentiles)."""
     cmd = ["wrk", f"-t{min(threads, connections)}", f"-c{connections}", f"-d{duration}s",
            "--timeout", "30s", "-s", WRK_SCRIPT, url]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 120, check=False)
     for line in result.stdout.splitlines():
-        if line.startswith("WRKJSON "):
-            return json.loads(line[len("WRKJSON "):])
+        if line.startswith("PLONEDEPLOY_WRK "):
+            return json.loads(line[len("PLONEDEPLOY_WRK "):])
     raise RuntimeError(f"wrk gave no summary (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
 
 
@@ -293,7 +294,9 @@ def measure(variant, connections, duration, procs, threads=1):
 
 
 def abort_download(url, keep=65536):
-    """Start a download, read ``keep`` bytes, then reset the connection."""
+    """Start a download of ``url``, read ``keep`` bytes, then reset the connection (RST,
+    not FIN: the client vanishes). Used here and by tests/test_blob_sendfile.py and
+    tests/test_reliability.py; raises ``OSError`` if the server cannot be reached."""
     host_port = url.split("/")[2]
     host, port = host_port.rsplit(":", 1)
     path = "/" + url.split("/", 3)[3]

@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import time
 from urllib.parse import urlsplit
@@ -28,6 +27,7 @@ import pytest
 import requests
 
 from conftest import ROOT, STACK_JSON, Stack
+from loadtests.blobbench import abort_download
 
 pytestmark = pytest.mark.integration
 
@@ -100,20 +100,6 @@ def _download(url):
         return answer.status_code, received
 
 
-def _abort(url, keep=65536):
-    """Start a download, read ``keep`` bytes, then reset the connection."""
-    parts = urlsplit(url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
-        sock.sendall(f"GET {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: close\r\n\r\n".encode())
-        got = 0
-        while got < keep:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            got += len(chunk)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
-
-
 def _fds(pids):
     return {name: psutil.Process(pid).num_fds() for name, pid in pids.items()}
 
@@ -139,7 +125,7 @@ def test_descriptors_stable_after_many_downloads(stack, base):
     baseline = _settled_fds(pids, _fds(pids), timeout=2)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = list(pool.map(_download, [url] * DOWNLOADS))
-        list(pool.map(_abort, [url] * 30))
+        list(pool.map(abort_download, [url] * 30))
     assert results == [(200, BLOB_SIZE)] * DOWNLOADS
     after = _settled_fds(pids, baseline)
     print(f"\n{base}: {DOWNLOADS} downloads + 30 aborted, descriptors {baseline} -> {after}")

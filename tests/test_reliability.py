@@ -6,7 +6,6 @@ the full-length runs. Every test leaves the stack as it found it: all servers UP
 import json
 import os
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import pytest
 import requests
 
 from conftest import ROOT, STACK, run
+from loadtests.blobbench import abort_download
 
 pytestmark = pytest.mark.integration
 
@@ -108,19 +108,10 @@ def _hostile_round(stack):
     return answers
 
 
-def _vanishing_downloads(port, count=30, keep=65536):
-    """Start ``count`` blob downloads on ``port`` and reset each after ``keep`` bytes."""
+def _vanishing_downloads(port, count=30):
+    """Start ``count`` blob downloads on ``port`` and reset each after 64 kB."""
     for _ in range(count):
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-            sock.sendall(f"GET {BLOB} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-            got = 0
-            while got < keep:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                got += len(chunk)
-            # RST instead of FIN: the peer vanishes
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        abort_download(f"http://127.0.0.1:{port}{BLOB}")
 
 
 def test_hostile_requests_then_memory_and_fds_come_back(stack):
