@@ -81,14 +81,15 @@ def parse_http_address(part, value, option="http-address"):
     return host, number
 
 
-def parse_positive_int(part, value, option="threads"):
+def parse_positive_int(part, value, option="threads", allowed="a positive integer such as 2"):
     """Parse a positive integer option (``"2"`` -> ``2``): threads, seconds, bytes.
 
-    Raises ``zc.buildout.UserError`` for zero, negative or non-integer values.
+    Raises ``zc.buildout.UserError`` for zero, negative or non-integer values; its message
+    ends with ``allowed`` (what the option takes).
     """
     text = str(value).strip()
     if not text.isdigit() or int(text) < 1:
-        fail(part, option, value, "a positive integer such as 2")
+        fail(part, option, value, allowed)
     return int(text)
 
 
@@ -115,10 +116,7 @@ def parse_threads(part, server, value=None):
     """
     if value is None:
         return 1 if server in SINGLE_THREADED else DEFAULT_THREADS
-    text = str(value).strip()
-    if not text.isdigit() or int(text) < 1:
-        fail(part, "threads", value, "a positive integer such as 2, or auto")
-    threads = int(text)
+    threads = parse_positive_int(part, value, "threads", "a positive integer such as 2, or auto")
     if server in SINGLE_THREADED and threads != 1:
         fail(part, "threads", value,
              f"1 for wsgi-server = {server} (it calls the app from one thread, one request at a time)")
