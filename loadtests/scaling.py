@@ -43,6 +43,7 @@ from loadtests import haproxy_stats, serverbuild
 from loadtests.abtest import cpu_seconds, machine_busy_seconds, stack_pids
 from loadtests.balancers import BalancerError, TemporaryBalancer
 from loadtests.connections import run_wrk
+from plonedeploy.recipe import edge
 from plonedeploy.recipe.options import render_template
 
 ROOT = serverbuild.ROOT
@@ -138,6 +139,8 @@ class ScalingBalancer(TemporaryBalancer):
             # HAProxy's own sizing (2 fds per connection): no ulimit-n / strict-limits lines
             "fd_limit": 2 * (4096 + 16) + 64,
             "run_directory": self.run_directory,
+            # Its load comes from 127.0.0.1: not limited per source.
+            **edge.template_context(["127.0.0.1"], per_source_exempt=["127.0.0.1/32"]),
         })
 
 

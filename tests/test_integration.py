@@ -23,14 +23,15 @@ BLOB_SIZE = 5 * 1024 * 1024
 BASES = Stack().bases if os.path.exists(STACK_JSON) else {}
 
 
-def test_stack_runs_four_processes(stack):
+def test_stack_runs_five_processes(stack):
     pids = stack.pids()
-    assert sorted(pids) == ["client2", "haproxy", "instance", "zeoserver"]
+    assert sorted(pids) == ["client2", "haproxy", "instance", "uploads", "zeoserver"]
     for name, pid in pids.items():
         assert psutil.pid_exists(pid), name
     status = run([STACK, "status"], timeout=30).stdout
     assert "haproxy server instance: UP" in status
     assert "haproxy server client2: UP" in status
+    assert "haproxy server uploads: UP" in status  # the upload lane's client
 
 
 def test_clients_run_the_configured_servers(stack):

@@ -1,12 +1,13 @@
 """Unit tests of the recipe's validation and rendering rules (no build needed)."""
 import configparser
 import os
+import re
 
 import pytest
 import zc.buildout
 
 from conftest import ROOT
-from plonedeploy.recipe import options
+from plonedeploy.recipe import edge, options
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -155,7 +156,8 @@ def test_template_with_unknown_variable_fails(tmp_path):
 @pytest.mark.parametrize("trim_blocks", [False, True], ids=["recipe", "ansible-trim_blocks"])
 @pytest.mark.parametrize("networks", [[], ["127.0.0.1/32"]], ids=["no-zmi-block", "zmi-block"])
 @pytest.mark.parametrize("fd_limit", [20000, 300], ids=["fd-limit-below-2x", "fd-limit-ample"])
-def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks, networks, fd_limit):
+@pytest.mark.parametrize("uploads", [False, True], ids=["no-upload-lane", "upload-lane"])
+def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks, networks, fd_limit, uploads):
     """The recipe renders haproxy.cfg.j2 without trim_blocks, Ansible's template module
     with it: both must give a config haproxy -c accepts (a "{%- endif %}" once glued
     "default_backend" onto the ACL line under Ansible only)."""
@@ -172,7 +174,11 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
         bind="127.0.0.1:18080", stats_bind="127.0.0.1:18404", balance="leastconn",
         health_check="/Plone/@@ok", timeout_queue=60, max_body_size=1024,
         maxconn=10000 if fd_limit == 20000 else 100, fd_limit=fd_limit,
-        manage_networks=networks, run_directory=str(tmp_path))
+        manage_networks=networks, run_directory=str(tmp_path),
+        **edge.template_context(
+            ["127.0.0.1", "www.example.org"], per_source_exempt=networks,
+            upload_servers=[{"name": "u", "host": "127.0.0.1", "port": 18079, "maxconn": 8,
+                             "wsgi_server": "waitress", "max_body": 1024}] if uploads else []))
     path = tmp_path / "haproxy.cfg"
     path.write_text(text)
     check = subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, check=False)
@@ -183,6 +189,14 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
     # would exceed fd_limit; a line of their own either way
     assert ("\n    ulimit-n 20000\n    no strict-limits\n" in text) == (fd_limit == 20000)
     assert ("strict-limits" in text) == (fd_limit == 20000)
+    assert "acl allowed_host req.hdr(host),lower -m reg '^(127\\.0\\.0\\.1|www\\.example\\.org)(:[0-9]+)?$'" in text
+    assert ("\n    tcp-request connection track-sc0 src if !per_source_exempt\n" in text) == bool(networks)
+    assert ("\n    tcp-request connection track-sc0 src\n" in text) == (not networks)
+    assert "\n    http-request wait-for-body time 10s\n" in text
+    assert ("\n    use_backend uploads if body_large || !body_whole || tus_upload\n" in text) == uploads
+    assert ("\n    server u 127.0.0.1:18079 maxconn 8 check" in text) == uploads
+    # one balance line (loadtests.balancers rewrites it), the pool's
+    assert len(re.findall(r"^\s*balance\s", text, re.MULTILINE)) == 1
 
 
 @pytest.mark.parametrize("value, expected", [

@@ -30,7 +30,7 @@ develop = {root}/recipes/plonedeploy.recipe
 eggs-directory = {root}/eggs
 newest = false
 allow-picked-versions = false
-parts = zeoserver instance client2 haproxy stack
+parts = zeoserver instance client2 uploads haproxy stack
 
 [zeoserver]
 recipe = plone.recipe.zeoserver
@@ -50,10 +50,17 @@ wsgi-server = waitress
 http-address = 127.0.0.1:18082
 threads = 3
 
+[uploads]
+<= instance
+wsgi-server = waitress
+http-address = 127.0.0.1:18079
+threads = 1
+
 [haproxy]
 recipe = plonedeploy.recipe:haproxy
 template = {root}/haproxy/haproxy.cfg.j2
 backends = instance client2
+upload-backends = uploads
 bind = 127.0.0.1:18080
 stats-bind = 127.0.0.1:18404
 
@@ -61,6 +68,7 @@ stats-bind = 127.0.0.1:18404
 recipe = plonedeploy.recipe:stack
 zeoserver = zeoserver
 clients = instance client2
+upload-clients = uploads
 haproxy = haproxy
 """
 
@@ -170,6 +178,16 @@ def test_haproxy_config_from_client_parts(built):
     # refuse to start (strict-limits) under a hard limit of 20,000
     assert "    ulimit-n 20000\n    no strict-limits\n" in text
     assert "admin_network" not in text  # /manage* not blocked unless manage-networks is set
+    # the edge (docs/operations.md, "Edge limits"): the body is held before a server is
+    # chosen, larger bodies go to the upload lane, Host is the bind's host unless set
+    assert "\n    http-request wait-for-body time 10s\n" in text
+    assert "acl body_large req.hdr(content-length) -m int gt 8192" in text
+    assert "backend uploads" in text and "server uploads 127.0.0.1:18079 maxconn 8 check" in text
+    assert "# uploads: waitress, bodies up to 1073741824 bytes" in text
+    assert "acl allowed_host req.hdr(host),lower -m reg '^(127\\.0\\.0\\.1)(:[0-9]+)?$'" in text
+    assert "sc_conn_cur(0) gt 100" in text and "sc_http_req_rate(0) gt 1000" in text
+    assert "\n    tcp-request connection track-sc0 src\n" in text  # nobody exempt by default
+    assert "http-request use-service prometheus-exporter if { path /metrics }" in text
     # it was checked by haproxy -c before being written
     check = subprocess.run(["haproxy", "-c", "-f", str(directory / "parts" / "haproxy" / "haproxy.cfg")],
                            capture_output=True, text=True, check=False)
@@ -179,8 +197,9 @@ def test_haproxy_config_from_client_parts(built):
 def test_stack_script_and_config(built):
     directory, _ = built
     config = json.loads((directory / "parts" / "stack" / "stack.json").read_text())
-    assert [p["name"] for p in config["processes"]] == ["zeoserver", "instance", "client2", "haproxy"]
+    assert [p["name"] for p in config["processes"]] == ["zeoserver", "instance", "client2", "uploads", "haproxy"]
     assert config["server_kinds"] == {"instance": "pyruvate", "client2": "waitress"}
+    assert config["upload_servers"] == ["uploads"] and config["upload_backend"] == "uploads"
     assert config["stats_url"] == "http://127.0.0.1:18404/stats;csv"
     help_text = subprocess.run([str(directory / "bin" / "stack"), "--help"], capture_output=True,
                                text=True, check=True).stdout
@@ -244,25 +263,48 @@ BAD = [
     ("[haproxy]\nmaxconn = -1\n",
      "[haproxy] maxconn = '-1' is invalid: expected a positive integer"),
     ("[haproxy]\nmaxconn = 19950\n",
-     "[haproxy] fd-limit = 20000 is too low for maxconn = 19950: expected at least 20035"),
+     "[haproxy] fd-limit = 20000 is too low for maxconn = 19950: expected at least 20043"),
     ("[haproxy]\nfd-limit = many\n",
      "[haproxy] fd-limit = 'many' is invalid: expected a positive integer"),
     ("[haproxy]\nbind = 18080\n",
      "[haproxy] bind = '18080' is invalid: expected one host:port"),
+    ("[instance]\nmax-request-body-size = lots\n",
+     "[instance] max-request-body-size = 'lots' is invalid: expected a number of bytes"),
+    ("[haproxy]\nupload-backends =\n",
+     "[haproxy] inconsistent body limits (max-body-size, upload-threshold, max-request-body-size of the "
+     "clients):\n  [instance] max-request-body-size = 1048576 is smaller than max-body-size"),
+    ("[haproxy]\nupload-backends = instance\n",
+     "[haproxy] inconsistent body limits (max-body-size, upload-threshold, max-request-body-size of the "
+     "clients):\n  [instance] is in upload-backends but runs pyruvate"),
+    ("[haproxy]\nupload-threshold = 20000\n",
+     "[haproxy] inconsistent body limits (max-body-size, upload-threshold, max-request-body-size of the "
+     "clients):\n  upload-threshold = 20000 is larger than HAProxy can buffer"),
+    ("[uploads]\nmax-request-body-size = 1000\n",
+     "[haproxy] inconsistent body limits (max-body-size, upload-threshold, max-request-body-size of the "
+     "clients):\n  [uploads] max-request-body-size = 1000 is smaller than max-body-size = 1073741824"),
+    ("[haproxy]\nserver-names = www.example.org:443\n",
+     "[haproxy] server-names = 'www.example.org:443' is invalid: expected host names"),
+    ("[haproxy]\nbind = 0.0.0.0:18080\n",
+     "[haproxy] server-names is required when bind = 0.0.0.0:18080 listens on all addresses"),
+    ("[haproxy]\nper-source-requests = 0\n",
+     "[haproxy] per-source-requests = '0' is invalid: expected a positive integer"),
+    ("[haproxy]\nper-source-exempt = everyone\n",
+     "[haproxy] per-source-exempt = 'everyone' is invalid: expected IPv4/IPv6 networks"),
 ]
 
 
 def test_threads_auto_follows_cores_and_clients(tmp_path):
-    """threads = auto: 2 clients on 2 cores -> 2 threads; on 1 core -> 1 (docs/tuning.md).
-    The choice is logged with its reason and flows into pool-size, the connection cache
-    budget and HAProxy's maxconn. One buildout: client2 claims 1 core, instance 2."""
-    result = buildout(tmp_path, "[instance]\nthreads = auto\ncpu-cores = 2\nzodb-cache-memory = 256MB\n"
+    """threads = auto: 3 clients (the upload client counts) on 4 cores -> 2 threads; on 1
+    core -> 1 (docs/tuning.md). The choice is logged with its reason and flows into
+    pool-size, the connection cache budget and HAProxy's maxconn. One buildout: client2
+    claims 1 core, instance 4."""
+    result = buildout(tmp_path, "[instance]\nthreads = auto\ncpu-cores = 4\nzodb-cache-memory = 256MB\n"
                                 "[client2]\nthreads = auto\ncpu-cores = 1\n")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     haproxy_cfg = (tmp_path / "parts" / "haproxy" / "haproxy.cfg").read_text()
     for part, expected in (("instance", 2), ("client2", 1)):
-        assert f"[{part}] threads = auto -> {expected}: 2 ZEO client" in output, output
+        assert f"[{part}] threads = auto -> {expected}: 3 ZEO client" in output, output
         zope_conf = (tmp_path / "parts" / part / "etc" / "zope.conf").read_text()
         assert f"pool-size {expected}" in zope_conf
         # 256 MiB for all connection caches of the client together

@@ -21,8 +21,11 @@ server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and 
     Seconds a request may wait for a free server slot before HAProxy answers 503,
     default 60.
 ``max-body-size``
-    Largest request body in bytes, default 1073741824 (1 GiB, Zope's own default); larger
-    ones get 413 from HAProxy, chunked request bodies 411.
+    Largest request body in bytes, default 1073741824 (1 GiB, Zope's own
+    ``form-disk-limit``); larger ones get 413 from HAProxy before any server sees them,
+    chunked request bodies 411. Checked with ``upload-threshold`` and each client's
+    ``max-request-body-size`` (``edge.body_limit_errors``): no server may receive a body
+    larger than its own cap.
 ``maxconn``
     Client connections the site's frontend holds at once, default 10000 (also its
     ``bind ... backlog``; the kernel caps that at ``net.core.somaxconn``); the global
@@ -41,6 +44,39 @@ server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and 
     Whitespace-separated IPv4/IPv6 networks (CIDR or address) allowed to reach Zope's
     management screens (paths with a segment ``manage`` or ``manage_<word>``); others get 403 from
     HAProxy. Empty (default): not blocked.
+``upload-backends``
+    Whitespace-separated ``plonedeploy.recipe:instance`` parts that form the **upload
+    lane** (backend ``uploads``): every request whose body is larger than
+    ``upload-threshold``, or does not fit in HAProxy's buffer with its headers, and every
+    plone.restapi TUS request (``/@tus-upload``), goes there instead of to ``backends``.
+    Their server must spool bodies to disk before a thread sees them (waitress;
+    ``edge.SPOOLING_SERVERS``). Empty (default): no upload lane; then ``max-body-size``
+    must fit HAProxy's buffer if any page server holds bodies in memory.
+``upload-threshold``
+    Bytes, default 8192: the largest body the page lane (``backends``) receives. HAProxy
+    waits for such a body whole (``option http-buffer-request``) for at most ``timeout
+    http-request`` (10 s) before any server is chosen, so a trickled body gets 408 and
+    never takes a Zope thread. At most 15360 (HAProxy's buffer less its rewrite reserve).
+``upload-maxconn``
+    Requests each upload server holds at once (its HAProxy ``maxconn``), default 8. An
+    upload in transit costs the spooling server a connection, not a thread, so this may
+    exceed its ``threads``; further uploads wait in HAProxy's queue.
+``server-names``
+    Whitespace-separated host names (or IPv4 addresses, or ``[IPv6]``) the site answers
+    to, any port. A request with another ``Host`` gets 421 from HAProxy, one without
+    ``Host`` 400 (RFC 9112 section 3.2); neither reaches Zope. Default: the host of
+    ``bind``; required when ``bind`` listens on all addresses.
+``per-source-connections``
+    Concurrent connections one client address may hold, default 100; the next request
+    beyond it gets 429 with ``Retry-After``. A browser opens at most 6 per host (HTTP/1.1).
+``per-source-requests``
+    Requests one client address may send per ``per-source-period`` seconds, default 1000
+    (100/s sustained); beyond it 429 with ``Retry-After``.
+``per-source-period``
+    Seconds of the request-rate window, default 10 (also the ``Retry-After`` value).
+``per-source-exempt``
+    Whitespace-separated networks (CIDR or address) not limited per source, default empty
+    (the demo exempts 127.0.0.1 so that its load tests are not throttled).
 ``template``
     Jinja2 template, default ``${buildout:directory}/haproxy/haproxy.cfg.j2``.
 ``haproxy``
@@ -59,9 +95,11 @@ import tempfile
 
 import zc.buildout
 
+from plonedeploy.recipe import edge
 from plonedeploy.recipe.options import (
     BALANCE_ALGORITHMS,
     check_choice,
+    fail,
     parse_http_address,
     parse_network,
     parse_positive_int,
@@ -113,26 +151,20 @@ class Recipe:
             )
         if len(set(names)) != len(names):
             raise zc.buildout.UserError(f"[{name}] backends = {options['backends']!r} names a part twice")
-        self.servers = []
-        for part in names:
-            if part not in buildout:
-                raise zc.buildout.UserError(f"[{name}] backends names {part!r}, which is not a section")
-            client = buildout[part]
-            host, port = parse_http_address(part, client.get("http-address", ""))
-            self.servers.append({
-                "name": part,
-                "host": host,
-                "port": port,
-                "maxconn": parse_positive_int(part, client.get("threads", "")),
-                "wsgi_server": client.get("wsgi-server", "unknown"),
-            })
-        addresses = [(s["host"], s["port"]) for s in self.servers]
-        if len(set(addresses)) != len(addresses):
-            raise zc.buildout.UserError(f"[{name}] two backends share one http-address")
+        upload_names = options.setdefault("upload-backends", "").split()
+        if len(set(upload_names)) != len(upload_names):
+            raise zc.buildout.UserError(
+                f"[{name}] upload-backends = {options['upload-backends']!r} names a part twice")
+        self.upload_maxconn = parse_positive_int(
+            name, options.setdefault("upload-maxconn", "8"), "upload-maxconn")
+        self.servers = [self.client(buildout, name, "backends", part) for part in names]
+        self.upload_servers = [self.client(buildout, name, "upload-backends", part, self.upload_maxconn)
+                               for part in upload_names]
         # Recorded as an option so that a change in any client part re-renders this one.
         options["servers"] = "\n".join(
-            f"{s['name']} {s['host']}:{s['port']} maxconn={s['maxconn']} {s['wsgi_server']}"
-            for s in self.servers
+            f"{s['name']} {s['host']}:{s['port']} maxconn={s['maxconn']} {s['wsgi_server']} "
+            f"max-body={s['max_body']}"
+            for s in self.servers + self.upload_servers
         )
         self.bind = parse_http_address(name, options.setdefault("bind", "127.0.0.1:8080"), "bind")
         self.stats_bind = parse_http_address(
@@ -153,9 +185,32 @@ class Recipe:
         self.max_body_size = parse_positive_int(
             name, options.setdefault("max-body-size", "1073741824"), "max-body-size"
         )
+        self.upload_threshold = parse_positive_int(
+            name, options.setdefault("upload-threshold", str(edge.DEFAULT_UPLOAD_THRESHOLD)),
+            "upload-threshold", f"a number of bytes, at most {edge.BUFFERABLE}")
+        errors = edge.body_limit_errors(self.max_body_size, self.upload_threshold,
+                                        self.servers, self.upload_servers)
+        if errors:
+            raise zc.buildout.UserError(
+                f"[{name}] inconsistent body limits (max-body-size, upload-threshold, "
+                "max-request-body-size of the clients):\n  " + "\n  ".join(errors))
+        # After the body limits, which name a client put in both lanes more clearly.
+        addresses = [(s["host"], s["port"]) for s in self.servers + self.upload_servers]
+        if len(set(addresses)) != len(addresses):
+            raise zc.buildout.UserError(f"[{name}] two backends share one http-address")
+        self.server_names = self.parse_server_names(name, options)
+        self.per_source = {
+            key: parse_positive_int(name, options.setdefault(f"per-source-{key}", str(default)),
+                                    f"per-source-{key}")
+            for key, default in edge.DEFAULT_PER_SOURCE.items()
+        }
+        self.per_source_exempt = [
+            parse_network(name, "per-source-exempt", value)
+            for value in options.setdefault("per-source-exempt", "").split()
+        ]
         self.maxconn = parse_positive_int(name, options.setdefault("maxconn", "10000"), "maxconn")
         self.fd_limit = parse_positive_int(name, options.setdefault("fd-limit", "20000"), "fd-limit")
-        needed = fd_limit_needed(self.maxconn, self.servers)
+        needed = fd_limit_needed(self.maxconn, self.servers + self.upload_servers)
         if self.fd_limit < needed:
             raise zc.buildout.UserError(
                 f"[{name}] fd-limit = {self.fd_limit} is too low for maxconn = {self.maxconn}: "
@@ -174,6 +229,49 @@ class Recipe:
         )
         options["binary"] = find_haproxy(options.get("haproxy"))
 
+    @staticmethod
+    def client(buildout, name, option, part, maxconn=None):
+        """``{name, host, port, maxconn, wsgi_server, max_body}`` of ZEO client part ``part``.
+
+        ``maxconn``: the client's ``threads`` (page lane) unless given (upload lane).
+        Raises ``zc.buildout.UserError`` if ``part`` is not a section or its options are bad.
+        """
+        if part not in buildout:
+            raise zc.buildout.UserError(f"[{name}] {option} names {part!r}, which is not a section")
+        client = buildout[part]
+        host, port = parse_http_address(part, client.get("http-address", ""))
+        server = client.get("wsgi-server", "unknown")
+        max_body = client.get("max-request-body-size") or str(edge.default_body_cap(server))
+        return {
+            "name": part,
+            "host": host,
+            "port": port,
+            "maxconn": maxconn or parse_positive_int(part, client.get("threads", "")),
+            "wsgi_server": server,
+            "max_body": parse_positive_int(part, max_body, "max-request-body-size", "a number of bytes"),
+        }
+
+    @staticmethod
+    def parse_server_names(name, options):
+        """The ``server-names`` list; default the host of ``bind``. Raises UserError."""
+        bind_host = options["bind"].rpartition(":")[0]
+        if "server-names" not in options:
+            if bind_host in ("0.0.0.0", "*", "[::]", "::", ""):
+                raise zc.buildout.UserError(
+                    f"[{name}] server-names is required when bind = {options['bind']} listens on "
+                    "all addresses: the host names the site answers to, e.g. www.example.org")
+            options["server-names"] = bind_host
+        names = options["server-names"].split()
+        if not names:
+            fail(name, "server-names", options["server-names"],
+                 "host names such as www.example.org 127.0.0.1 (at least one)")
+        for entry in names:
+            error = edge.server_name_error(entry)
+            if error:
+                fail(name, "server-names", options["server-names"],
+                     f"host names, IPv4 addresses or [IPv6] addresses without ports ({error})")
+        return names
+
     def install(self):
         options = self.options
         context = {
@@ -188,6 +286,8 @@ class Recipe:
             "maxconn": self.maxconn,
             "fd_limit": self.fd_limit,
             "manage_networks": self.manage_networks,
+            **edge.template_context(self.server_names, self.upload_servers, self.upload_threshold,
+                                    self.per_source_exempt, self.per_source),
             "run_directory": options["run-directory"],
         }
         text = render_template(options["template"], context)

@@ -37,6 +37,13 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eg
     ``plonedeploy.recipe`` is added to ``eggs``; whole-file blob downloads then reach the
     server's ``wsgi.file_wrapper`` as a real file (pyruvate: ``sendfile(2)``). Off: the
     stock pipeline.
+``max-request-body-size``
+    Bytes: the largest request body this client may receive. Default 1073741824 (1 GiB,
+    plone.recipe.zope2instance's own) for waitress, which spools bodies to disk and
+    enforces it itself; 1048576 (1 MiB, Zope's ``form-memory-limit``) for the other
+    servers, which hold a body in memory and have no limit of their own (pyruvate): for
+    them the balancer enforces it (``plonedeploy.recipe:haproxy`` checks that no lane
+    sends a client more than its cap; ``edge.body_limit_errors``).
 ``templates-directory``
     Where ``<server>.ini.in`` live; default ``${buildout:directory}/templates``.
 
@@ -57,6 +64,7 @@ import zc.buildout
 from plone.recipe.zope2instance import make
 from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
 
+from plonedeploy.recipe.edge import default_body_cap
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
     DEFAULT_SERVER,
@@ -131,6 +139,9 @@ class Recipe(Zope2InstanceRecipe):
             logger.info("[%s] zodb-cache-memory %s -> zodb-cache-size-bytes %s per connection "
                         "(%s threads, one ZODB connection cache each)",
                         name, options["zodb-cache-memory"].strip(), budget // self.threads, self.threads)
+        cap = options.get("max-request-body-size", "").strip() or str(default_body_cap(self.server))
+        options["max-request-body-size"] = str(parse_positive_int(
+            name, cap, "max-request-body-size", "a number of bytes such as 1048576"))
         self.blob_sendfile = parse_switch(name, "blob-sendfile", options.get("blob-sendfile", "on"))
         options["blob-sendfile"] = "on" if self.blob_sendfile else "off"
         if not self.blob_sendfile and BLOB_FILTER in options.get("pipeline", "").split():

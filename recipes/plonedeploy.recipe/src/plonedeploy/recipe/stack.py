@@ -7,6 +7,10 @@ Buildout part options (all part names of this buildout, the one source of truth)
 ``clients``
     Whitespace-separated plonedeploy.recipe:instance parts, started as ``bin/<part> console``
     (foreground, no debug mode, one process: the ctl script exec()s the WSGI server).
+``upload-clients``
+    Optional; plonedeploy.recipe:instance parts of HAProxy's upload lane (backend
+    ``uploads``, the haproxy part's ``upload-backends``): started after ``clients``,
+    waited for, restarted and reported like them, but not part of the A/B pool.
 ``haproxy``
     The plonedeploy.recipe:haproxy part (its ``config``, ``bind`` and ``stats-bind``).
 
@@ -68,9 +72,14 @@ class Recipe:
             "stage": 0,
         }]
         clients = options["clients"].split()
+        upload_clients = options.get("upload-clients", "").split()
+        overlap = set(clients) & set(upload_clients)
+        if overlap:
+            raise zc.buildout.UserError(
+                f"[{name}] {', '.join(sorted(overlap))} in both clients and upload-clients")
         # Clients start one after the other: on an empty database each one creates the
         # Zope root at start-up, and two doing so at once end in a ConflictError.
-        for stage, part in enumerate(clients, start=1):
+        for stage, part in enumerate(clients + upload_clients, start=1):
             host, port = parse_http_address(part, buildout[part]["http-address"])
             processes.append({
                 "name": part,
@@ -85,7 +94,7 @@ class Recipe:
             "name": options["haproxy"],
             "argv": [hap["binary"], "-db", "-f", hap["config"]],
             "ready": {"http": stats_url},
-            "stage": len(clients) + 1,
+            "stage": len(clients) + len(upload_clients) + 1,
         })
         self.config = {
             "run_dir": os.path.join(directory, "var", "run"),
@@ -94,6 +103,9 @@ class Recipe:
             "stats_url": stats_url,
             "backend": "zeoclients",
             "servers": clients,
+            # The upload lane's clients and their backend (not in the A/B pool).
+            "upload_servers": upload_clients,
+            "upload_backend": "uploads",
             # For loadtests.abtest: where to send traffic and what each server runs.
             "frontend_url": "http://%s:%s" % parse_http_address(options["haproxy"], hap["bind"], "bind"),
             "balance": hap["balance"],
@@ -277,22 +289,32 @@ def stop_process(config, name, timeout):
     print(f"{name}: {how} (pid {pid})", flush=True)
 
 
+def all_clients(config):
+    """Every ZEO client of the stack: the pool's ``servers``, then the upload lane's."""
+    return config["servers"] + config.get("upload_servers", [])
+
+
+def backend_of(config, name):
+    """HAProxy backend of client ``name``: the pool's, or the upload lane's."""
+    return config["upload_backend"] if name in config.get("upload_servers", []) else config["backend"]
+
+
 def server_states(config, timeout=2.0):
-    """Return ``{server name: status}`` from HAProxy's stats CSV for the stack's backend.
+    """Return ``{client name: status}`` from HAProxy's stats CSV, for every ZEO client.
 
     Status is HAProxy's ``status`` column (``UP``, ``DOWN``, ``MAINT``, ``UP 1/2`` ...).
     Raises OSError if the stats page does not answer.
     """
     return {name: row["status"] for name, row in _server_rows(config, timeout).items()
-            if name in config["servers"]}
+            if name in all_clients(config)}
 
 
 def _server_rows(config, timeout=2.0):
-    """``{server name: stats CSV row}`` of the stack's backend; raises OSError."""
+    """``{client name: stats CSV row}`` of each client in its own backend; raises OSError."""
     with urllib.request.urlopen(config["stats_url"], timeout=timeout) as response:
         text = response.read().decode("utf-8")
     return {row["svname"]: row for row in csv.DictReader(io.StringIO(text.lstrip("# ")))
-            if row["pxname"] == config["backend"]}
+            if row["svname"] in all_clients(config) and row["pxname"] == backend_of(config, row["svname"])}
 
 
 def runtime_api(config, command, timeout=5.0):
@@ -322,7 +344,7 @@ def runtime_api(config, command, timeout=5.0):
 def _current_sessions(config, server):
     row = _server_rows(config).get(server)
     if row is None:
-        raise StackError(f"haproxy: no server {server} in backend {config['backend']}")
+        raise StackError(f"haproxy: no server {server} in backend {backend_of(config, server)}")
     return int(row["scur"] or 0)
 
 
@@ -332,7 +354,7 @@ def restart_client(config, proc, timeout):
     Waits at most ``timeout`` seconds for each step (drain, start, UP); raises StackError.
     """
     name = proc["name"]
-    server = f"{config['backend']}/{name}"
+    server = f"{backend_of(config, name)}/{name}"
     runtime_api(config, f"set server {server} state drain")
     deadline = time.monotonic() + timeout
     while _current_sessions(config, name) and time.monotonic() < deadline:
@@ -358,8 +380,8 @@ def wait_up(config, timeout):
             states = server_states(config)
         except OSError:
             states = {}
-        if states and all(states.get(s) == "UP" for s in config["servers"]):
-            print("haproxy: all servers UP: " + ", ".join(config["servers"]), flush=True)
+        if states and all(states.get(s) == "UP" for s in all_clients(config)):
+            print("haproxy: all servers UP: " + ", ".join(all_clients(config)), flush=True)
             return
         time.sleep(1)
     raise StackError(
@@ -413,12 +435,13 @@ def main(config_path, argv=None):
             wait_up(config, args.timeout)
         elif args.command == "restart":
             by_name = {p["name"]: p for p in config["processes"]}
-            names = args.names or config["servers"]
+            names = args.names or all_clients(config)
             unknown = [n for n in names if n not in by_name]
             if unknown:
                 raise StackError(f"no process {', '.join(unknown)}; processes: {', '.join(by_name)}")
             for name in names:
-                if name in config["servers"] and len(config["servers"]) > 1:
+                lane = config.get("upload_servers", []) if name in config.get("upload_servers", []) else config["servers"]
+                if name in lane and len(lane) > 1:
                     restart_client(config, by_name[name], args.timeout)
                 else:  # ZEO, HAProxy or a lone client: plain stop and start
                     stop_process(config, name, 30.0)
