@@ -300,22 +300,32 @@ def tus_upload(host, port, password, size, rate=None, filename="upload.bin", fol
     return response.getheader("Location"), body.sha256.hexdigest(), time.monotonic() - started
 
 
-def download_sha256(host, port, path):
-    """sha256 hex and byte count of ``GET path`` (read in 1 MiB pieces)."""
-    conn = http.client.HTTPConnection(host, port, timeout=600)
-    conn.request("GET", path, headers={"Host": "127.0.0.1"})
-    response = conn.getresponse()
-    digest, total = hashlib.sha256(), 0
+def download_sha256(host, port, path, settle=5.0):
+    """sha256 hex and byte count of ``GET path`` (read in 1 MiB pieces).
+
+    A 404 is retried for up to ``settle`` seconds: content just committed by the upload
+    client reaches the other ZEO clients by ZEO's asynchronous invalidations, so a page
+    client may not see it for a moment. Raises RuntimeError for any other status.
+    """
+    deadline = time.monotonic() + settle
     while True:
-        data = response.read(MIB)
-        if not data:
-            break
-        digest.update(data)
-        total += len(data)
-    conn.close()
-    if response.status != 200:
-        raise RuntimeError(f"GET {path}: {response.status}")
-    return digest.hexdigest(), total
+        conn = http.client.HTTPConnection(host, port, timeout=600)
+        conn.request("GET", path, headers={"Host": "127.0.0.1"})
+        response = conn.getresponse()
+        digest, total = hashlib.sha256(), 0
+        while True:
+            data = response.read(MIB)
+            if not data:
+                break
+            digest.update(data)
+            total += len(data)
+        conn.close()
+        if response.status == 404 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            continue
+        if response.status != 200:
+            raise RuntimeError(f"GET {path}: {response.status}")
+        return digest.hexdigest(), total
 
 
 class RssWatch:

@@ -6,6 +6,7 @@ of ``loadtests.attacks`` (the same that print the table of docs/operations.md). 
 """
 import glob
 import os
+import time
 
 import pytest
 import requests
@@ -127,6 +128,9 @@ def test_concurrent_connections_per_source_answer_429(edge):
     try:
         for _ in range(100):
             held.append(socket.create_connection((host, port), timeout=5, source_address=("127.0.0.3", 0)))
+        # connect() returns once the kernel queued the connection; HAProxy accepts (and
+        # counts) it in its next loop, so give it a moment before the 101st.
+        time.sleep(1.0)
         answer = attacks.send(host, port, attacks.request_head("GET", "/Plone/@@ok"), source="127.0.0.3")
     finally:
         for sock in held:
