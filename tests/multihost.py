@@ -13,7 +13,8 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
    the multihost inventory's group_vars with these addresses and one prefix per host
    under /tmp/pdmh (the namespaces share this machine's file system);
 3. verifies: every program RUNNING in its namespace; the four paths through HAProxy at
-   10.231.0.4:8080 (blob 5,242,880 bytes); ZEO listens only on 10.231.0.2 and the app
+   10.231.0.4:8080 (blob 5,242,880 bytes); the edge rules (a foreign Host gets 421, a
+   100 kB POST goes to the upload client, a 100-byte one to the pool); ZEO listens only on 10.231.0.2 and the app
    host's ZEO connections go from 10.231.0.3 to 10.231.0.2:8100 (namespace network);
    nothing listens on the demo ports of this namespace's loopback;
 4. runs site.yml a second time (expects changed=0);
@@ -32,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -183,6 +185,20 @@ def verify():
             check("blob 5MB through HAProxy", len(body) == 5 * 1024 * 1024,
                   f"{len(body)} bytes from {response.headers.get('X-Served-By')}")
     check("blob identical from both clients", len(digests) == 1)
+    # The edge rules, deployed by the same template as the buildout stack's.
+    for host, status in (("evil.example", 421), ("10.231.0.4:8080", 200)):
+        request = urllib.request.Request(base + "/Plone/@@ok", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                got = response.status
+        except urllib.error.HTTPError as exc:
+            got = exc.code
+        check(f"Host {host} -> {status}", got == status, f"got {got}")
+    for size, lane in ((100, {"client1", "client2"}), (100_000, {"uploads"})):
+        request = urllib.request.Request(base + "/Plone/@@ok", data=b"x" * size, method="POST")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            served = response.headers.get("X-Served-By")
+        check(f"POST of {size} bytes served by {' or '.join(sorted(lane))}", served in lane, f"by {served}")
     listening = in_ns("pdmh-zeo", "ss", "-Htln", capture=True)
     check("ZEO listens on 10.231.0.2:8100 only", "10.231.0.2:8100" in listening
           and "0.0.0.0:8100" not in listening and "127.0.0.1:8100" not in listening, listening.split())
@@ -190,11 +206,11 @@ def verify():
     check("app1's ZEO connections: 10.231.0.3 -> 10.231.0.2:8100 over the namespace network",
           "10.231.0.3:" in conns and "10.231.0.2:8100" in conns, conns.split())
     clients = in_ns("pdmh-app", "ss", "-Htln", capture=True)
-    check("clients listen on 10.231.0.3:8081 and :8082, not on 0.0.0.0",
-          "10.231.0.3:8081" in clients and "10.231.0.3:8082" in clients and "0.0.0.0:808" not in clients)
+    check("clients listen on 10.231.0.3:8081, :8082 and :8079 (uploads), not on 0.0.0.0",
+          all(f"10.231.0.3:{port}" in clients for port in (8081, 8082, 8079)) and "0.0.0.0:80" not in clients)
     local = sh("ss", "-Htln", capture=True)
     check("nothing of the deployment on this namespace's demo ports",
-          not re.search(r":(8100|8081|8082)\s", local))
+          not re.search(r":(8100|8079|8081|8082)\s", local))
     return ok
 
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.ansible
 
 ANSIBLE = os.path.join(ROOT, "ansible")
 BIN = os.path.join(ANSIBLE, ".venv", "bin")
-PORTS = (18080, 18081, 18082, 18100, 18404)
+PORTS = (18079, 18080, 18081, 18082, 18100, 18404)
 FRONTEND = "http://127.0.0.1:18080"
 BLOB_SIZE = 5 * 1024 * 1024
 
@@ -119,6 +119,17 @@ BAD = [
      'haproxy_manage_networks a list of CIDR networks such as 127.0.0.1/32 (got ["intranet"])'),
     ({"zeoserver_address": "0.0.0.0:18100"}, "not 0.0.0.0"),
     ({"process_manager_kind": "runit"}, "value of process_manager_kind must be one of: supervisor, systemd"),
+    # the recipe's own edge rules (edge.py through filter_plugins/plonedeploy_edge.py)
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081},
+                            {"name": "up", "port": 18079, "wsgi_server": "pyruvate", "lane": "uploads"}]},
+     "[up] is in upload-backends but runs pyruvate"),
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081}]},
+     "[c1] max-request-body-size = 1048576 is smaller than max-body-size"),
+    ({"haproxy_upload_threshold": 20000}, "upload-threshold = 20000 is larger than HAProxy can buffer"),
+    ({"haproxy_server_names": ["www.example.org:443"]}, "'www.example.org:443' has a port"),
+    ({"haproxy_per_source_exempt": ["everyone"]}, 'haproxy_per_source_exempt CIDR networks, got ["everyone"]'),
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "lane": "fast"}]},
+     "value of lane must be one of: pages, uploads, got: fast"),
 ]
 
 
@@ -136,7 +147,7 @@ def test_bad_variables_fail_before_any_change(tmp_path, bad, message):
 
 
 def test_processes_run_under_supervisor(deployed):
-    names = ("zeoserver", "client1", "client2", "haproxy")
+    names = ("zeoserver", "client1", "client2", "uploads", "haproxy")
     for _ in range(30):  # supervisor says STARTING for its first startsecs (5 s)
         status = run(deployed["supervisorctl"] + ["status"], timeout=60).stdout
         if all(re.search(rf"^{n}\s+RUNNING", status, re.MULTILINE) for n in names):
@@ -150,6 +161,8 @@ def test_four_paths_through_haproxy(deployed):
     rows = haproxy_stats.fetch("http://127.0.0.1:18404/stats;csv")
     states = {r["svname"]: r["status"] for r in rows if r["pxname"] == "zeoclients"}
     assert states == {"client1": "UP", "client2": "UP", "BACKEND": "UP"}, states
+    uploads = {r["svname"]: r["status"] for r in rows if r["pxname"] == "uploads"}
+    assert uploads == {"uploads": "UP", "BACKEND": "UP"}, uploads
     assert requests.get(FRONTEND + "/", timeout=30).status_code == 200
     page = requests.get(FRONTEND + "/Plone", timeout=30)
     assert page.status_code == 200 and "<html" in page.text[:2000].lower()
@@ -191,6 +204,20 @@ def test_ab_report_against_deployed_stack(deployed, tmp_path):
     report = json.loads((folder / "report.json").read_text())
     assert {n: s["wsgi_server"] for n, s in report["servers"].items()} == {"client1": "pyruvate", "client2": "waitress"}
     assert all(s["requests"] > 0 and s["failures"] == 0 for s in report["servers"].values())
+
+
+def test_edge_rules_deployed(deployed):
+    """The Ansible HAProxy applies the same edge as the buildout one: Host allowlist, the
+    upload lane for large bodies, per-source limits (from 127.0.0.2; 127.0.0.1 is exempt)."""
+    from loadtests import attacks
+
+    assert attacks.send("127.0.0.1", 18080, attacks.request_head("GET", "/Plone", host="evil.example")).status == 421
+    assert attacks.send("127.0.0.1", 18080, attacks.request_head("GET", "/Plone", host=None)).status == 400
+    big = requests.post(FRONTEND + "/Plone/@@ok", data=b"x" * 100_000, timeout=30)
+    small = requests.post(FRONTEND + "/Plone/@@ok", data=b"x" * 100, timeout=30)
+    assert big.headers["X-Served-By"] == "uploads" and small.headers["X-Served-By"] in ("client1", "client2")
+    answers = attacks.rate_limit("127.0.0.1", 18080, 1010, source="127.0.0.2")
+    assert answers[-1].status == 429 and answers[0].status == 200
 
 
 def _client_pids(supervisorctl):

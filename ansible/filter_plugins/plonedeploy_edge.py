@@ -1,0 +1,45 @@
+"""Jinja2 filters that give the Ansible roles the recipe's own edge rules.
+
+The rules live once, in ``recipes/plonedeploy.recipe/src/plonedeploy/recipe/edge.py`` of
+this checkout (plain Python, no zc.buildout): the haproxy role validates and renders with
+them exactly as ``plonedeploy.recipe:haproxy`` does.
+
+- ``name | plonedeploy_body_cap``: default ``max-request-body-size`` (bytes) of a client on
+  WSGI server ``name``.
+- ``page_servers | plonedeploy_body_limit_errors(upload_servers, max_body_size, threshold)``:
+  list of error messages (empty when the limits are consistent); servers are dicts with
+  ``name``, ``wsgi_server``, ``max_body``.
+- ``names | plonedeploy_server_name_errors``: list of messages for invalid host names.
+- ``names | plonedeploy_host_regex``: the HAProxy regex of the allowed Host values.
+"""
+import os
+import sys
+
+_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
+                    "recipes", "plonedeploy.recipe", "src")
+if _SRC not in sys.path:
+    sys.path.insert(0, os.path.normpath(_SRC))
+
+from plonedeploy.recipe import edge  # noqa: E402  (after the path above)
+
+
+def body_limit_errors(page_servers, upload_servers, max_body_size, upload_threshold):
+    return edge.body_limit_errors(int(max_body_size), int(upload_threshold),
+                                  [dict(s, max_body=int(s["max_body"])) for s in page_servers],
+                                  [dict(s, max_body=int(s["max_body"])) for s in upload_servers])
+
+
+def server_name_errors(names):
+    return [error for error in (edge.server_name_error(str(n)) for n in names) if error]
+
+
+class FilterModule:
+    """plonedeploy's edge filters (see the module docstring)."""
+
+    def filters(self):
+        return {
+            "plonedeploy_body_cap": edge.default_body_cap,
+            "plonedeploy_body_limit_errors": body_limit_errors,
+            "plonedeploy_server_name_errors": server_name_errors,
+            "plonedeploy_host_regex": lambda names: edge.host_regex([str(n) for n in names]),
+        }
