@@ -3,7 +3,9 @@
 # package), Python's venv module, wrk (the load generator of loadtests.connections and
 # loadtests.blobbench), strace (tests/test_blob_sendfile.py counts the pyruvate client's
 # sendfile calls with it), and for wsgi-server = bjoern (an sdist with a C extension)
-# libev's and Python's headers and a C compiler. Does nothing when they are already there.
+# libev's and Python's headers and a C compiler; rsync (bin/backup copies the blob storage
+# with hard links to the previous copy) and logrotate (parts/logrotate/logrotate.conf).
+# Does nothing when they are already there.
 set -euo pipefail
 need=()
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
@@ -13,6 +15,8 @@ command -v wrk >/dev/null 2>&1 || need+=(wrk)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' || need+=(python3-dev)
 command -v strace >/dev/null 2>&1 || need+=(strace)
+command -v rsync >/dev/null 2>&1 || need+=(rsync)
+command -v logrotate >/dev/null 2>&1 || [ -x /usr/sbin/logrotate ] || need+=(logrotate)
 if [ ${#need[@]} -eq 0 ]; then
   echo "system packages: present ($(/usr/sbin/haproxy -v 2>/dev/null | head -n1 || haproxy -v | head -n1); $(command -v wrk))"
   exit 0

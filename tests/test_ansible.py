@@ -67,7 +67,11 @@ def deployed(tmp_path_factory):
         "plonedeploy_prefix": prefix,
         "zeoserver_eggs_directory": os.path.join(ROOT, "eggs"),
         "zeoclient_eggs_directory": os.path.join(ROOT, "eggs"),
-        "zeoserver_pack_enabled": False,  # no crontab entries for a temporary prefix
+        # no crontab entries for a temporary prefix
+        "zeoserver_pack_enabled": False,
+        "zeoserver_backup_enabled": False,
+        "zeoserver_logrotate_enabled": False,
+        "zeoclient_logrotate_enabled": False,
     }
     supervisorctl = ["supervisorctl", "-c", os.path.join(prefix, "etc", "supervisord.conf")]
     try:
@@ -118,6 +122,9 @@ BAD = [
     ({"haproxy_manage_networks": ["intranet"]},
      'haproxy_manage_networks a list of CIDR networks such as 127.0.0.1/32 (got ["intranet"])'),
     ({"zeoserver_address": "0.0.0.0:18100"}, "not 0.0.0.0"),
+    ({"zeoserver_backup_keep": -1}, "zeoserver_backup_keep must be >= 0"),
+    ({"zeoserver_logrotate_rotate": 0}, "zeoserver_logrotate_rotate >= 1"),
+    ({"zeoclient_clients": [{"name": "backup", "port": 18081}]}, "not one of buildout, versions"),
     ({"process_manager_kind": "runit"}, "value of process_manager_kind must be one of: supervisor, systemd"),
     # the recipe's own edge rules (edge.py through filter_plugins/plonedeploy_edge.py)
     ({"zeoclient_clients": [{"name": "c1", "port": 18081},
@@ -180,6 +187,23 @@ def test_clients_run_the_configured_servers(deployed):
     assert "use = egg:pyruvate#main" in ini and "socket = 127.0.0.1:18081" in ini
     ini = open(os.path.join(prefix, "zeoclient", "parts", "client2", "etc", "wsgi.ini")).read()
     assert "use = egg:waitress#main" in ini and "listen = 127.0.0.1:18082" in ini
+
+
+def test_backup_and_logrotate_are_built(deployed):
+    """The zeoserver build has bin/backup, bin/restore (backups under
+    zeoserver_backup_directory) and a logrotate config that logrotate accepts; bin/backup
+    backs up the deployed ZEO server's Data.fs and blobs."""
+    prefix = deployed["prefix"]
+    build = os.path.join(prefix, "zeoserver")
+    for script in ("backup", "snapshotbackup", "restore"):
+        assert os.access(os.path.join(build, "bin", script), os.X_OK), script
+    run([os.path.join(build, "bin", "backup")], timeout=300)
+    assert [n for n in os.listdir(os.path.join(prefix, "backups", "backups")) if n.endswith(".fsz")]
+    assert os.path.islink(os.path.join(prefix, "backups", "blobstoragebackups", "latest"))
+    for part in ("zeoserver", "zeoclient"):
+        conf = os.path.join(prefix, part, "parts", "logrotate", "logrotate.conf")
+        result = run(["logrotate", "-d", "-s", os.path.join(prefix, "logrotate.state"), conf], timeout=60)
+        assert "error" not in result.stderr.lower(), result.stderr
 
 
 def test_second_run_changes_nothing(deployed):
