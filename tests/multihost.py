@@ -108,7 +108,12 @@ def setup():
             "plonedeploy_prefix": f"{WORK}/{name}",
             "zeoserver_eggs_directory": os.path.join(ROOT, "eggs"),
             "zeoclient_eggs_directory": os.path.join(ROOT, "eggs"),
+            # no crontab entries for a temporary prefix (and no cron package to fetch: the
+            # namespaces have no route to Debian's mirrors)
             "zeoserver_pack_enabled": False,
+            "zeoserver_backup_enabled": False,
+            "zeoserver_logrotate_enabled": False,
+            "zeoclient_logrotate_enabled": False,
             "buildout_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
         }
     path = os.path.join(WORK, "hosts.json")
