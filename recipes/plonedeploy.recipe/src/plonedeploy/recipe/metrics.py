@@ -49,6 +49,7 @@ after ``blobsendfile``::
     pipeline = blobsendfile metrics translogger egg:Zope#httpexceptions zope
 """
 import logging
+import threading
 import time
 
 logger = logging.getLogger("plonedeploy.metrics")
@@ -84,6 +85,7 @@ class CountingMonitor:
         self.previous = previous
         self.loads = 0
         self.stores = 0
+        self._lock = threading.Lock()
 
     def closedConnection(self, conn):  # noqa: N802 -- ZODB's name
         if self.previous is not None:
@@ -91,9 +93,10 @@ class CountingMonitor:
             self.previous.closedConnection(conn)
         else:
             loads, stores = conn.getTransferCounts(clear=True)
-        # Under the GIL; a lost increment between two threads would only undercount.
-        self.loads += loads
-        self.stores += stores
+        # Connections close in the request threads; "+=" is not atomic between them.
+        with self._lock:
+            self.loads += loads
+            self.stores += stores
 
     def __getattr__(self, name):
         # getActivityAnalysis etc. of a previous monitor (Zope's Control_Panel uses them).
