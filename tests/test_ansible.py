@@ -140,6 +140,11 @@ BAD = [
     ({"haproxy_per_source_exempt": ["everyone"]}, 'haproxy_per_source_exempt CIDR networks, got ["everyone"]'),
     ({"zeoclient_clients": [{"name": "c1", "port": 18081, "lane": "fast"}]},
      "value of lane must be one of: pages, uploads, got: fast"),
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "metrics_port": 18091},
+                            {"name": "c2", "port": 18082, "metrics_port": 18091}]},
+     "(metrics_port, if set, another unique one)"),
+    ({"monitoring_disk_used_percent": 120}, "0 < monitoring_disk_used_percent < 100"),
+    ({"monitoring_queue_for": "soon"}, "monitoring_queue_for a duration such as 1m"),
 ]
 
 
