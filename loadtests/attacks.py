@@ -4,6 +4,7 @@ Usage (the stack running: ``make start``)::
 
     .venv/bin/python -m loadtests.attacks [--stack-config parts/stack/stack.json]
         [--slow-connections 8] [--slow-seconds 20] [--big-post-mib 512] [--upload-mib 200]
+        [--slow-upload-mib 30] [--rate-requests 1100]
 
 Each case is sent to the HAProxy frontend of ``stack.json`` (127.0.0.1 only) while the
 RSS (MiB) of every stack process is sampled every 0.1 s; the table (case, answer, seconds
@@ -12,10 +13,11 @@ to the answer, RSS before / peak / after per process) is printed and written to
 limits", embeds that table. The functions are the ones tests/test_edge.py asserts on.
 
 Cases: slow request bodies (N connections, each trickling a 100-byte body 1 byte per
-0.5 s) while ``GET /Plone`` is timed; a POST of ``--big-post-mib`` MiB (upload lane,
+0.5 s) while ``GET /Plone`` is timed; the same with 100 MiB announced (upload lane); a POST of ``--big-post-mib`` MiB (upload lane,
 spooled to disk); a body over ``max-body-size``; a forged Host, a 10 kB Host, no Host;
 the per-source request rate from 127.0.0.2 (127.0.0.1 is exempt in the demo); a TUS
-upload (plone.restapi) of ``--upload-mib`` MiB stored as a blob and read back.
+upload (plone.restapi) of ``--upload-mib`` MiB stored as a blob and read back; an honest
+slow upload of ``--slow-upload-mib`` MiB at 1 MiB/s.
 """
 import argparse
 import base64
@@ -64,14 +66,15 @@ def _parse_head(data):
     return status, headers
 
 
-def send(host, port, head, body=b"", body_rate=None, timeout=30.0, source=None):
+def send(host, port, head, body=b"", body_rate=None, timeout=30.0, source=None, burst=0):
     """Send a raw request and return its :class:`Answer`.
 
     ``head``: the request line and headers as bytes, ending in a blank line (CRLF CRLF);
     ``body``: bytes sent after it, all at once, or ``body_rate`` bytes per second (in
     pieces every 0.5 s, or 1 byte per 0.5 s when the rate is below 2): a trickle; an
     answer that arrives before the body is sent ends the sending. ``source``: local
-    address to send from (e.g. ``127.0.0.2``). Never raises for network errors.
+    address to send from (e.g. ``127.0.0.2``); ``burst``: bytes of the body sent at once
+    before the trickle starts. Never raises for network errors.
     """
     started = time.monotonic()
     try:
@@ -86,8 +89,9 @@ def send(host, port, head, body=b"", body_rate=None, timeout=30.0, source=None):
                 sock.sendall(body)
             else:
                 step = max(1, int(body_rate / 2))
+                sock.sendall(body[:burst])
                 sock.settimeout(0.5)
-                sent = 0
+                sent = burst
                 while sent < len(body):
                     sock.sendall(body[sent:sent + step])
                     sent += step
@@ -176,19 +180,22 @@ class PageProbe(threading.Thread):
                 "max_s": float(values.max())}
 
 
-def slow_bodies(host, port, connections, seconds, content_length=100):
-    """``connections`` POSTs at once, each trickling its body 1 byte per 0.5 s.
+def slow_bodies(host, port, connections, seconds, content_length=100, burst=0):
+    """``connections`` POSTs at once, each trickling its body 1 byte per 0.5 s after
+    sending ``burst`` bytes of it at once.
 
-    Returns the list of their :class:`Answer` (HAProxy should answer each 408 after its
-    ``timeout http-request``, 10 s, having sent it to no server). ``seconds``: how long
-    each may trickle at most.
+    Returns the list of their :class:`Answer`. Small bodies: HAProxy answers each 408
+    after 10 s (``wait-for-body``), having sent it to no server. A large ``content_length``
+    with a ``burst`` beyond HAProxy's buffer goes to the upload lane, which holds it
+    (status -1: the client gave up after ``seconds``) without taking a page slot.
     """
     answers = [None] * connections
     head = request_head("POST", "/Plone", content_length=content_length,
                         headers=[("Content-Type", "application/x-www-form-urlencoded")])
+    body = b"a" * min(content_length, burst + int(2 * seconds) + 2)
 
     def one(i):
-        answers[i] = send(host, port, head, b"a" * content_length, body_rate=1, timeout=seconds)
+        answers[i] = send(host, port, head, body, body_rate=1, timeout=seconds, burst=burst)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(connections)]
     for thread in threads:
@@ -359,7 +366,7 @@ def run_all(config, args, password):
     """Run every case against ``config`` (stack.json); return the list of result rows."""
     host, port = config["frontend_url"].split("//")[1].split(":")
     port = int(port)
-    procs = {n: p for n, p in stack_pids(config).items() if n != "zeoserver"}
+    procs = stack_pids(config)
     rows = []
 
     def case(name, expected, call, probe_pages=False):
@@ -389,6 +396,10 @@ def run_all(config, args, password):
 
     case(f"{args.slow_connections} slow request bodies (1 byte / 0.5 s)", "408 after 10 s, /Plone answers",
          lambda: statuses(slow_bodies(host, port, args.slow_connections, args.slow_seconds)), probe_pages=True)
+    case(f"{args.slow_connections} slow large bodies (100 MiB announced, 64 KiB sent, then 1 byte / 0.5 s)",
+         "held by the upload lane until the client gives up, /Plone answers",
+         lambda: statuses(slow_bodies(host, port, args.slow_connections, args.slow_seconds,
+                                      content_length=100 * MIB, burst=64 * 1024)), probe_pages=True)
     case(f"POST of {args.big_post_mib} MiB", "upload lane, spooled to disk",
          lambda: statuses([big_post(host, port, args.big_post_mib * MIB)]))
     case("body over max-body-size (Content-Length 2 GiB)", "413 at once",
@@ -410,6 +421,17 @@ def run_all(config, args, password):
 
     case(f"TUS upload of {args.upload_mib} MiB, read back", "stored as a blob, byte-identical", upload,
          probe_pages=True)
+
+    def slow_upload():
+        url, sent, seconds = tus_upload(host, port, password, args.slow_upload_mib * MIB, rate=MIB,
+                                        filename="slow-upload.bin")
+        path = "/" + url.split("/", 3)[3] + "/@@download/file"
+        got, size = download_sha256(host, port, path)
+        return {"answers": {"204": 1}, "answer_s": round(seconds, 2),
+                "identical": got == sent and size == args.slow_upload_mib * MIB}
+
+    case(f"TUS upload of {args.slow_upload_mib} MiB at 1 MiB/s", "succeeds (progress, not total time, counts)",
+         slow_upload)
     return rows
 
 
@@ -422,7 +444,8 @@ def markdown(rows):
     for row in rows:
         pages = row.get("pages")
         probe = f"{pages['p99_s']:.2f}, {pages['failures']} of {pages['requests'] + pages['failures']}" if pages else "-"
-        answers = ", ".join(f"{n}x {s}" for s, n in row["answers"].items())
+        answers = ", ".join(f"{n}x {'no answer (client gave up)' if s == '-1' else s}"
+                            for s, n in row["answers"].items())
         if "identical" in row:
             answers += ", identical" if row["identical"] else ", DIFFERENT"
         rss = " | ".join("/".join(str(v) for v in row["rss_mib"][n]) for n in names)
@@ -439,6 +462,8 @@ def main(argv=None):
                         help="seconds each slow body may trickle (default 20)")
     parser.add_argument("--big-post-mib", type=int, default=512, help="MiB of the big POST (default 512)")
     parser.add_argument("--upload-mib", type=int, default=200, help="MiB of the TUS upload (default 200)")
+    parser.add_argument("--slow-upload-mib", type=int, default=30,
+                        help="MiB of the honest slow upload at 1 MiB/s (default 30: 30 s)")
     parser.add_argument("--rate-requests", type=int, default=1100,
                         help="requests from 127.0.0.2 (default 1100: the default limit is 1000 per 10 s)")
     args = parser.parse_args(argv)

@@ -8,7 +8,8 @@ in four lines, each of which must appear exactly once:
 - ``balance <algorithm>`` in the backend -> the mode;
 - ``bind`` of ``frontend plone`` and of ``listen stats`` -> two other 127.0.0.1 ports;
 - ``stats socket`` (the runtime API socket in var/run) -> removed, so the copy never
-  replaces the deployed HAProxy's socket file.
+  replaces the deployed HAProxy's socket file; an HTTPS ``bind ... ssl`` line (``tls-bind``)
+  is removed too.
 
 Everything else (servers, maxconn = threads, health checks, queue timeout, retries,
 request limits, ``X-Served-By``) is the deployed file byte for byte. The copy is checked
@@ -93,6 +94,9 @@ def derive_config(text, mode, frontend_port, stats_port):
     text = _replace_once(
         text, r"^(listen\s+stats\s*\n(?:[ \t]+.*\n|\s*\n)*?\s*bind\s+)\S+:\d+",
         rf"\g<1>127.0.0.1:{stats_port}", "stats 'bind' line")
+    # The HTTPS listener (tls-bind) is the deployed HAProxy's: the copy serves plain HTTP only.
+    text = re.sub(r"^(\s*)bind (\S+) ssl .*$", r"\g<1># bind \2 ssl: left out, the deployed HAProxy owns it",
+                  text, flags=re.MULTILINE)
     text = _replace_once(
         text, r"^(\s*)stats socket .*$",
         r"\g<1># stats socket: left out, the deployed HAProxy owns it", "'stats socket' line")

@@ -4,8 +4,9 @@
 # loadtests.blobbench), strace (tests/test_blob_sendfile.py counts the pyruvate client's
 # sendfile calls with it), and for wsgi-server = bjoern (an sdist with a C extension)
 # libev's and Python's headers and a C compiler; rsync (bin/backup copies the blob storage
-# with hard links to the previous copy) and logrotate (parts/logrotate/logrotate.conf).
-# Does nothing when they are already there.
+# with hard links to the previous copy) and logrotate (parts/logrotate/logrotate.conf);
+# openssl (the build makes HAProxy's self-signed certificate with it) and curl (the TLS
+# tests speak HTTP/2 with it). Does nothing when they are already there.
 set -euo pipefail
 need=()
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
@@ -17,6 +18,8 @@ python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(
 command -v strace >/dev/null 2>&1 || need+=(strace)
 command -v rsync >/dev/null 2>&1 || need+=(rsync)
 command -v logrotate >/dev/null 2>&1 || [ -x /usr/sbin/logrotate ] || need+=(logrotate)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 if [ ${#need[@]} -eq 0 ]; then
   echo "system packages: present ($(/usr/sbin/haproxy -v 2>/dev/null | head -n1 || haproxy -v | head -n1); $(command -v wrk))"
   exit 0

@@ -26,10 +26,12 @@ All traffic stays on this machine: the bridge and namespaces exist only during t
 """
 import argparse
 import hashlib
+import http.client
 import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -170,7 +172,20 @@ def verify():
         programs = dict(re.findall(r"^(\S+)\s+(\S+)", status, re.MULTILINE))
         check(f"{name}: programs RUNNING", programs and all(s == "RUNNING" for s in programs.values()),
               json.dumps(programs))
-    base = "http://10.231.0.4:8080"
+    # The site over https (port 443, the self-signed certificate the haproxy role made);
+    # the plain port answers 301 there (haproxy_tls_redirect, on by default).
+    base = "https://10.231.0.4"
+    insecure = ssl.create_default_context()
+    insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=insecure))
+    urllib.request.install_opener(opener)
+    plain = http.client.HTTPConnection("10.231.0.4", 8080, timeout=30)
+    plain.request("GET", "/Plone?x=1", headers={"Host": "10.231.0.4:8080"})
+    answer = plain.getresponse()
+    check("plain HTTP answers 301 to https", answer.status == 301
+          and answer.getheader("Location") == "https://10.231.0.4/Plone?x=1",
+          f"{answer.status} {answer.getheader('Location')}")
+    plain.close()
     for path, extra in (("/", {}), ("/Plone", {}), ("/Plone", {"Accept": "application/json"})):
         request = urllib.request.Request(base + path, headers=extra)
         with urllib.request.urlopen(request, timeout=60) as response:
@@ -186,7 +201,7 @@ def verify():
                   f"{len(body)} bytes from {response.headers.get('X-Served-By')}")
     check("blob identical from both clients", len(digests) == 1)
     # The edge rules, deployed by the same template as the buildout stack's.
-    for host, status in (("evil.example", 421), ("10.231.0.4:8080", 200)):
+    for host, status in (("evil.example", 421), ("10.231.0.4", 200)):
         request = urllib.request.Request(base + "/Plone/@@ok", headers={"Host": host})
         try:
             with urllib.request.urlopen(request, timeout=30) as response:

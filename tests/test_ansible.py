@@ -26,7 +26,7 @@ pytestmark = pytest.mark.ansible
 
 ANSIBLE = os.path.join(ROOT, "ansible")
 BIN = os.path.join(ANSIBLE, ".venv", "bin")
-PORTS = (18079, 18080, 18081, 18082, 18100, 18404,
+PORTS = (18079, 18080, 18081, 18082, 18100, 18404, 18443,
          18091, 18092, 18093, 18190, 18191)  # clients' metrics, Prometheus, node-exporter
 PROMETHEUS = "http://127.0.0.1:18190"
 FRONTEND = "http://127.0.0.1:18080"
@@ -138,6 +138,7 @@ BAD = [
     ({"haproxy_upload_threshold": 20000}, "upload-threshold = 20000 is larger than HAProxy can buffer"),
     ({"haproxy_server_names": ["www.example.org:443"]}, "'www.example.org:443' has a port"),
     ({"haproxy_per_source_exempt": ["everyone"]}, 'haproxy_per_source_exempt CIDR networks, got ["everyone"]'),
+    ({"haproxy_tls_bind": "443"}, "haproxy_tls_bind must be host:port (or empty for no TLS)"),
     ({"zeoclient_clients": [{"name": "c1", "port": 18081, "lane": "fast"}]},
      "value of lane must be one of: pages, uploads, got: fast"),
     ({"zeoclient_clients": [{"name": "c1", "port": 18081, "metrics_port": 18091},
@@ -281,6 +282,18 @@ def test_edge_rules_deployed(deployed):
     assert big.headers["X-Served-By"] == "uploads" and small.headers["X-Served-By"] in ("client1", "client2")
     answers = attacks.rate_limit("127.0.0.1", 18080, 1010, source="127.0.0.2")
     assert answers[-1].status == 429 and answers[0].status == 200
+
+
+def test_https_with_generated_certificate(deployed):
+    """haproxy_tls_bind with no certificate given: a self-signed one made on the host
+    (key 0600); HTTP/2 over TLS; Zope builds https links."""
+    key = os.path.join(deployed["prefix"], "haproxy", "tls", "haproxy.pem.key")
+    assert oct(os.stat(key).st_mode & 0o777) == "0o600"
+    result = run(["curl", "-sk", "--http2", "-o", "/dev/null", "-w", "%{http_version} %{http_code}",
+                  "https://127.0.0.1:18443/Plone"], timeout=60)
+    assert result.stdout == "2 200", result.stdout
+    data = run(["curl", "-sk", "-H", "Accept: application/json", "https://127.0.0.1:18443/Plone"], timeout=60)
+    assert json.loads(data.stdout)["@id"] == "https://127.0.0.1:18443/Plone"
 
 
 def _client_pids(supervisorctl):

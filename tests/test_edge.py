@@ -106,10 +106,11 @@ def test_allowed_hosts_served(edge, host_header):
 
 
 def test_request_rate_per_source_answers_429(edge):
-    """From 127.0.0.2 (127.0.0.1 is exempt in the demo): beyond 1000 requests per 10 s,
-    429 with Retry-After; 127.0.0.1 meanwhile is not limited."""
+    """From 127.0.0.4 (127.0.0.1 is exempt in the demo; other tests use 127.0.0.2 and
+    must not find it limited): beyond 1000 requests per 10 s, 429 with Retry-After;
+    127.0.0.1 meanwhile is not limited."""
     host, port, _ = edge
-    answers = attacks.rate_limit(host, port, 1050, source="127.0.0.2")
+    answers = attacks.rate_limit(host, port, 1050, source="127.0.0.4")
     statuses = [a.status for a in answers]
     assert statuses[:990] == [200] * 990, sorted(set(statuses))
     assert statuses[-40:] == [429] * 40, statuses[-40:]

@@ -7,7 +7,7 @@ import pytest
 import zc.buildout
 
 from conftest import ROOT
-from plonedeploy.recipe import edge, options
+from plonedeploy.recipe import edge, options, tls
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -158,7 +158,9 @@ def test_template_with_unknown_variable_fails(tmp_path):
 @pytest.mark.parametrize("networks", [[], ["127.0.0.1/32"]], ids=["no-zmi-block", "zmi-block"])
 @pytest.mark.parametrize("fd_limit", [20000, 300], ids=["fd-limit-below-2x", "fd-limit-ample"])
 @pytest.mark.parametrize("uploads", [False, True], ids=["no-upload-lane", "upload-lane"])
-def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks, networks, fd_limit, uploads):
+@pytest.mark.parametrize("with_tls", [False, True], ids=["plain", "tls"])
+def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks, networks, fd_limit, uploads,
+                                                           with_tls):
     """The recipe renders haproxy.cfg.j2 without trim_blocks, Ansible's template module
     with it: both must give a config haproxy -c accepts (a "{%- endif %}" once glued
     "default_backend" onto the ACL line under Ansible only)."""
@@ -166,6 +168,9 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
 
     import jinja2
 
+    pem = tmp_path / "site.pem"
+    if with_tls:
+        tls.make_self_signed(str(pem), ["127.0.0.1"])
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(ROOT, "haproxy")),
                              undefined=jinja2.StrictUndefined, trim_blocks=trim_blocks,
                              keep_trailing_newline=True)
@@ -179,7 +184,8 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
         **edge.template_context(
             ["127.0.0.1", "www.example.org"], per_source_exempt=networks,
             upload_servers=[{"name": "u", "host": "127.0.0.1", "port": 18079, "maxconn": 8,
-                             "wsgi_server": "waitress", "max_body": 1024}] if uploads else []))
+                             "wsgi_server": "waitress", "max_body": 1024}] if uploads else []),
+        **tls.template_context("127.0.0.1:18443" if with_tls else "", str(pem), True, tls.DEFAULT_HSTS_MAX_AGE))
     path = tmp_path / "haproxy.cfg"
     path.write_text(text)
     check = subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, check=False)
@@ -196,6 +202,8 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
     assert "\n    http-request wait-for-body time 10s\n" in text
     assert ("\n    use_backend uploads if body_large || !body_whole || tus_upload\n" in text) == uploads
     assert ("\n    server u 127.0.0.1:18079 maxconn 8 check" in text) == uploads
+    assert ("\n    http-request redirect location https://" in text) == with_tls
+    assert ("ssl crt" in text) == with_tls and ("Strict-Transport-Security" in text) == with_tls
     # one balance line (loadtests.balancers rewrites it), the pool's
     assert len(re.findall(r"^\s*balance\s", text, re.MULTILINE)) == 1
 

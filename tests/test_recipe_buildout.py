@@ -215,6 +215,38 @@ def test_manage_networks_block_the_zmi(tmp_path):
     assert "    maxconn 9000\n" in text
 
 
+def test_tls_certificate_and_redirect(tmp_path):
+    """tls-bind without tls-certificate: the build makes a self-signed certificate for the
+    server names (0600); the plain port answers 301 to the same URL over https."""
+    import socket
+    import time
+
+    result = buildout(tmp_path, "[haproxy]\nbind = 127.0.0.1:18580\nstats-bind = 127.0.0.1:18504\n"
+                                "tls-bind = 127.0.0.1:18543\nserver-names = 127.0.0.1 localhost\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    pem = tmp_path / "var" / "tls" / "haproxy.pem"
+    assert oct(pem.stat().st_mode & 0o777) == "0o600"
+    config = tmp_path / "parts" / "haproxy" / "haproxy.cfg"
+    text = config.read_text()
+    assert f"bind 127.0.0.1:18543 ssl crt {pem} alpn h2,http/1.1" in text
+    assert "ssl-default-bind-options ssl-min-ver TLSv1.2" in text
+    proc = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(50):
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", 18580)) == 0:
+                    break
+            time.sleep(0.1)
+        answer = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{redirect_url}",
+                                 "http://127.0.0.1:18580/Plone/front?x=1"], capture_output=True, text=True,
+                                timeout=30, check=False).stdout
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert answer == "301 https://127.0.0.1:18543/Plone/front?x=1", answer
+
+
 def test_second_buildout_keeps_parts(built):
     directory, _ = built
     result = subprocess.run([BUILDOUT, "-c", str(directory / "buildout.cfg")], cwd=directory,
@@ -288,6 +320,14 @@ BAD = [
      "[haproxy] server-names is required when bind = 0.0.0.0:18080 listens on all addresses"),
     ("[haproxy]\nper-source-requests = 0\n",
      "[haproxy] per-source-requests = '0' is invalid: expected a positive integer"),
+    ("[haproxy]\ntls-redirect = on\n",
+     "[haproxy] tls-redirect is set but tls-bind is empty"),
+    ("[haproxy]\ntls-bind = 127.0.0.1:18443\ntls-certificate = /nonexistent.pem\n",
+     "[haproxy] tls-certificate = '/nonexistent.pem' is invalid: expected a readable PEM file"),
+    ("[haproxy]\ntls-bind = 127.0.0.1:18443\nhsts-max-age = forever\n",
+     "[haproxy] hsts-max-age = 'forever' is invalid: expected a number of seconds"),
+    ("[haproxy]\ntls-bind = 127.0.0.1:18080\n",
+     "[haproxy] tls-bind = 127.0.0.1:18080 is the same address as bind"),
     ("[haproxy]\nper-source-exempt = everyone\n",
      "[haproxy] per-source-exempt = 'everyone' is invalid: expected IPv4/IPv6 networks"),
     ("[instance]\nmetrics-address = 18091\n",

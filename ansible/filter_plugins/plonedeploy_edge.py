@@ -11,6 +11,8 @@ them exactly as ``plonedeploy.recipe:haproxy`` does.
   ``name``, ``wsgi_server``, ``max_body``.
 - ``names | plonedeploy_server_name_errors``: list of messages for invalid host names.
 - ``names | plonedeploy_host_regex``: the HAProxy regex of the allowed Host values.
+- ``"intermediate" | plonedeploy_tls_profile``: Mozilla's ciphers, ciphersuites and
+  bind options (``tls.profile``); ``name | plonedeploy_san``: its subjectAltName entry.
 """
 import os
 import sys
@@ -20,7 +22,7 @@ _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pa
 if _SRC not in sys.path:
     sys.path.insert(0, os.path.normpath(_SRC))
 
-from plonedeploy.recipe import edge  # noqa: E402  (after the path above)
+from plonedeploy.recipe import edge, tls  # noqa: E402  (after the path above)
 
 
 def body_limit_errors(page_servers, upload_servers, max_body_size, upload_threshold):
@@ -42,4 +44,6 @@ class FilterModule:
             "plonedeploy_body_limit_errors": body_limit_errors,
             "plonedeploy_server_name_errors": server_name_errors,
             "plonedeploy_host_regex": lambda names: edge.host_regex([str(n) for n in names]),
+            "plonedeploy_tls_profile": tls.profile,
+            "plonedeploy_san": lambda name: tls.san_entry(str(name)),
         }

@@ -77,6 +77,23 @@ server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and 
 ``per-source-exempt``
     Whitespace-separated networks (CIDR or address) not limited per source, default empty
     (the demo exempts 127.0.0.1 so that its load tests are not throttled).
+``tls-bind``
+    ``host:port`` of the HTTPS listener of the same frontend (TLS 1.2 and 1.3 with
+    Mozilla's "intermediate" ciphers, ALPN ``h2,http/1.1``, HSTS; ``tls.py``). Requests over
+    it reach Zope through its VirtualHostMonster (``/VirtualHostBase/https/<Host>/...``), so
+    every link in the page starts with ``https://``. Empty (default): no TLS.
+``tls-certificate``
+    PEM file with the certificate (chain) and its private key, HAProxy's ``crt`` format.
+    Default: a self-signed certificate for ``server-names``, made by the build with
+    Debian's ``openssl`` into ``${buildout:directory}/var/tls/<part>.pem`` (mode 0600) and
+    made anew when the names change or it ends within 30 days.
+``tls-redirect``
+    ``on``/``off``: answer requests on the plain ``bind`` with 301 to the same URL over
+    https (the ``tls-bind`` port). Default ``on`` when ``tls-bind`` is set; buildout.cfg
+    sets ``off``, because the load tests use the plain port.
+``hsts-max-age``
+    Seconds of ``Strict-Transport-Security`` on HTTPS answers, default 63072000 (two
+    years, Mozilla's value); ``0`` sends none.
 ``template``
     Jinja2 template, default ``${buildout:directory}/haproxy/haproxy.cfg.j2``.
 ``haproxy``
@@ -95,7 +112,7 @@ import tempfile
 
 import zc.buildout
 
-from plonedeploy.recipe import edge
+from plonedeploy.recipe import edge, tls
 from plonedeploy.recipe.options import (
     BALANCE_ALGORITHMS,
     check_choice,
@@ -103,6 +120,7 @@ from plonedeploy.recipe.options import (
     parse_http_address,
     parse_network,
     parse_positive_int,
+    parse_switch,
     render_template,
 )
 
@@ -208,6 +226,7 @@ class Recipe:
             parse_network(name, "per-source-exempt", value)
             for value in options.setdefault("per-source-exempt", "").split()
         ]
+        self.parse_tls(buildout, name, options)
         self.maxconn = parse_positive_int(name, options.setdefault("maxconn", "10000"), "maxconn")
         self.fd_limit = parse_positive_int(name, options.setdefault("fd-limit", "20000"), "fd-limit")
         needed = fd_limit_needed(self.maxconn, self.servers + self.upload_servers)
@@ -251,6 +270,39 @@ class Recipe:
             "max_body": parse_positive_int(part, max_body, "max-request-body-size", "a number of bytes"),
         }
 
+    def parse_tls(self, buildout, name, options):
+        """Read the ``tls-*`` and ``hsts-max-age`` options; raises UserError."""
+        self.tls_bind = None
+        self.tls_redirect = False
+        self.hsts_max_age = 0
+        text = options.setdefault("tls-bind", "").strip()
+        if not text:
+            for key in ("tls-certificate", "tls-redirect"):
+                if options.get(key, "").strip():
+                    raise zc.buildout.UserError(f"[{name}] {key} is set but tls-bind is empty: set "
+                                                "tls-bind (host:port of the HTTPS listener) or remove it")
+            return
+        self.tls_bind = parse_http_address(name, text, "tls-bind")
+        if self.tls_bind == self.bind:
+            raise zc.buildout.UserError(f"[{name}] tls-bind = {text} is the same address as bind")
+        self.tls_redirect = parse_switch(name, "tls-redirect", options.setdefault("tls-redirect", "on"))
+        hsts = options.setdefault("hsts-max-age", str(tls.DEFAULT_HSTS_MAX_AGE)).strip()
+        self.hsts_max_age = 0 if hsts == "0" else parse_positive_int(
+            name, hsts, "hsts-max-age", "a number of seconds such as 63072000, or 0 for no header")
+        given = options.get("tls-certificate", "").strip()
+        self.tls_generate = not given
+        if given:
+            if not os.path.isfile(given):
+                fail(name, "tls-certificate", given, "a readable PEM file with the certificate and its key")
+            options["tls-certificate"] = given
+        else:
+            options["tls-certificate"] = os.path.join(
+                buildout["buildout"]["directory"], "var", "tls", f"{name}.pem")
+            if not shutil.which("openssl"):
+                raise zc.buildout.UserError(
+                    f"[{name}] tls-certificate is empty and openssl is not installed to make a "
+                    "self-signed one: apt-get install openssl, or give tls-certificate")
+
     @staticmethod
     def parse_server_names(name, options):
         """The ``server-names`` list; default the host of ``bind``. Raises UserError."""
@@ -288,8 +340,16 @@ class Recipe:
             "manage_networks": self.manage_networks,
             **edge.template_context(self.server_names, self.upload_servers, self.upload_threshold,
                                     self.per_source_exempt, self.per_source),
+            **tls.template_context(self.tls_bind and f"{self.tls_bind[0]}:{self.tls_bind[1]}",
+                                   options["tls-certificate"] if self.tls_bind else "",
+                                   self.tls_redirect, self.hsts_max_age),
             "run_directory": options["run-directory"],
         }
+        if self.tls_bind and self.tls_generate and tls.needs_new(options["tls-certificate"], self.server_names):
+            try:
+                tls.make_self_signed(options["tls-certificate"], self.server_names)
+            except tls.TLSError as exc:
+                raise zc.buildout.UserError(f"[{self.name}] cannot make a self-signed certificate: {exc}")
         text = render_template(options["template"], context)
         os.makedirs(options["location"], exist_ok=True)
         os.makedirs(options["run-directory"], exist_ok=True)

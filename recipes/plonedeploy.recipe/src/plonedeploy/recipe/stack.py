@@ -124,6 +124,9 @@ class Recipe:
             "upload_backend": "uploads",
             # For loadtests.abtest: where to send traffic and what each server runs.
             "frontend_url": "http://%s:%s" % parse_http_address(options["haproxy"], hap["bind"], "bind"),
+            # The same frontend over TLS (HTTP/2), or null without tls-bind.
+            "tls_url": ("https://%s:%s" % parse_http_address(options["haproxy"], hap["tls-bind"], "tls-bind")
+                        if hap.get("tls-bind", "").strip() else None),
             "balance": hap["balance"],
             # HAProxy's runtime API (drain/enable servers for a rolling restart).
             "haproxy_socket": os.path.join(hap["run-directory"], "haproxy.sock"),
