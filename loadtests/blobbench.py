@@ -124,8 +124,9 @@ def off_buildout_config(extends, clients, ports, haproxy=None):
         "",
     ]
     for part in clients:
+        # metrics-address empty: the stack's own client holds that port meanwhile.
         lines += [f"[{part}-off]", f"<= {part}", "blob-sendfile = off",
-                  f"http-address = 127.0.0.1:{ports[part]}", ""]
+                  f"http-address = 127.0.0.1:{ports[part]}", "metrics-address =", ""]
     if haproxy:
         part, port, stats = haproxy
         lines += [f"[{part}-off]", f"<= {part}", "backends = " + " ".join(f"{c}-off" for c in clients),

@@ -13,6 +13,7 @@ import re
 import socket
 import threading
 import time
+import urllib.request
 
 import psutil
 import pytest
@@ -25,7 +26,9 @@ pytestmark = pytest.mark.ansible
 
 ANSIBLE = os.path.join(ROOT, "ansible")
 BIN = os.path.join(ANSIBLE, ".venv", "bin")
-PORTS = (18079, 18080, 18081, 18082, 18100, 18404, 18443)
+PORTS = (18079, 18080, 18081, 18082, 18100, 18404, 18443,
+         18091, 18092, 18093, 18190, 18191)  # clients' metrics, Prometheus, node-exporter
+PROMETHEUS = "http://127.0.0.1:18190"
 FRONTEND = "http://127.0.0.1:18080"
 BLOB_SIZE = 5 * 1024 * 1024
 
@@ -138,6 +141,11 @@ BAD = [
     ({"haproxy_tls_bind": "443"}, "haproxy_tls_bind must be host:port (or empty for no TLS)"),
     ({"zeoclient_clients": [{"name": "c1", "port": 18081, "lane": "fast"}]},
      "value of lane must be one of: pages, uploads, got: fast"),
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "metrics_port": 18091},
+                            {"name": "c2", "port": 18082, "metrics_port": 18091}]},
+     "(metrics_port, if set, another unique one)"),
+    ({"monitoring_disk_used_percent": 120}, "0 < monitoring_disk_used_percent < 100"),
+    ({"monitoring_queue_for": "soon"}, "monitoring_queue_for a duration such as 1m"),
 ]
 
 
@@ -155,7 +163,7 @@ def test_bad_variables_fail_before_any_change(tmp_path, bad, message):
 
 
 def test_processes_run_under_supervisor(deployed):
-    names = ("zeoserver", "client1", "client2", "uploads", "haproxy")
+    names = ("zeoserver", "client1", "client2", "uploads", "haproxy", "prometheus", "node-exporter")
     for _ in range(30):  # supervisor says STARTING for its first startsecs (5 s)
         status = run(deployed["supervisorctl"] + ["status"], timeout=60).stdout
         if all(re.search(rf"^{n}\s+RUNNING", status, re.MULTILINE) for n in names):
@@ -163,6 +171,26 @@ def test_processes_run_under_supervisor(deployed):
         time.sleep(1)
     for name in names:
         assert re.search(rf"^{name}\s+RUNNING", status, re.MULTILINE), status
+
+
+def test_prometheus_scrapes_every_target_up(deployed):
+    """Prometheus (monitoring role) finds HAProxy's exporter, the three clients' exporters,
+    node-exporter and itself, all up, and has loaded the alert rules."""
+    expected = {("prometheus", "127.0.0.1:18190"), ("haproxy", "127.0.0.1:18404"),
+                ("zeoclients", "127.0.0.1:18091"), ("zeoclients", "127.0.0.1:18092"),
+                ("zeoclients", "127.0.0.1:18093"), ("node", "127.0.0.1:18191")}
+    for _ in range(60):  # the first scrape of each target comes within one interval (15 s)
+        with urllib.request.urlopen(PROMETHEUS + "/api/v1/targets", timeout=10) as response:
+            targets = json.load(response)["data"]["activeTargets"]
+        health = {(t["labels"]["job"], t["labels"]["instance"]): t["health"] for t in targets}
+        if set(health) == expected and set(health.values()) == {"up"}:
+            break
+        time.sleep(1)
+    assert set(health) == expected and set(health.values()) == {"up"}, health
+    with urllib.request.urlopen(PROMETHEUS + "/api/v1/rules", timeout=10) as response:
+        rules = [r["name"] for g in json.load(response)["data"]["groups"] for r in g["rules"]]
+    assert sorted(rules) == ["DiskAlmostFull", "HAProxyQueueing", "HAProxyServerDown",
+                             "HTTP5xxRate", "ScrapeTargetDown"]
 
 
 def test_four_paths_through_haproxy(deployed):
@@ -207,12 +235,23 @@ def test_backup_and_logrotate_are_built(deployed):
         assert "error" not in result.stderr.lower(), result.stderr
 
 
+def changed_tasks(output):
+    """The ``TASK [...]`` lines of the tasks that reported ``changed:`` in a playbook's output."""
+    tasks, current = [], None
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            current = line.rstrip(" *")
+        elif line.startswith("changed:") and current and current not in tasks:
+            tasks.append(current)
+    return tasks
+
+
 def test_second_run_changes_nothing(deployed):
     started = time.monotonic()
     second = playbook("site.yml", extra=deployed["extra"], timeout=900)
     _record("site.yml, second run", second, time.monotonic() - started)
     counts = recap(second.stdout)
-    assert counts["changed"] == 0 and counts["failed"] == 0, counts
+    assert counts["changed"] == 0 and counts["failed"] == 0, (counts, changed_tasks(second.stdout))
 
 
 def test_check_diff_reports_no_change(deployed):

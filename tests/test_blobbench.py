@@ -33,7 +33,8 @@ def test_extra_buildout_config():
     assert cfg["buildout"]["directory"] == ROOT  # the stack's blob storage and logs
     assert cfg["buildout"]["installed"].startswith(blobbench.WORK_DIR)  # not the stack's .installed.cfg
     assert cfg["buildout"]["parts"].split() == ["instance-off", "client2-off", "haproxy-off"]
-    assert "[instance-off]\n<= instance\nblob-sendfile = off\nhttp-address = 127.0.0.1:9183\n" in text
+    assert ("[instance-off]\n<= instance\nblob-sendfile = off\nhttp-address = 127.0.0.1:9183\n"
+            "metrics-address =\n") in text
     assert cfg["haproxy-off"]["backends"] == "instance-off client2-off"
     assert cfg["haproxy-off"]["bind"] == "127.0.0.1:9185"
     assert cfg["haproxy-off"]["run-directory"].startswith(blobbench.WORK_DIR)  # own admin socket

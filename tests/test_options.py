@@ -114,9 +114,10 @@ def test_insert_pool_size_needs_main_db():
         options.insert_pool_size("<zodb_db other>\n</zodb_db>\n", 2)
 
 
-def _render_stage_one(server, blob_sendfile=True):
+def _render_stage_one(server, blob_sendfile=True, metrics_address=None):
     context = {"part": "p", "server": server, "host": "127.0.0.1", "port": 8081,
-               "http_address": "127.0.0.1:8081", "threads": 3, "blob_sendfile": blob_sendfile}
+               "http_address": "127.0.0.1:8081", "threads": 3, "blob_sendfile": blob_sendfile,
+               "metrics_address": metrics_address}
     return options.render_template(os.path.join(ROOT, "templates", f"{server}.ini.in"), context)
 
 
@@ -239,6 +240,27 @@ def test_template_defines_blob_filter_only_when_on(server):
     off.read_string(_render_stage_one(server, blob_sendfile=False))
     assert "filter:blobsendfile" not in off
     assert set(off.sections()) == set(on.sections()) - {"filter:blobsendfile"}
+
+
+@pytest.mark.parametrize("server", ["pyruvate", "waitress"])
+def test_template_defines_metrics_filter_only_with_address(server):
+    on = configparser.ConfigParser(interpolation=None)
+    on.read_string(_render_stage_one(server, metrics_address="127.0.0.1:8091"))
+    assert dict(on["filter:metrics"]) == {"use": "egg:plonedeploy.recipe#metrics", "address": "127.0.0.1:8091"}
+    off = configparser.ConfigParser(interpolation=None)
+    off.read_string(_render_stage_one(server))
+    assert set(off.sections()) == set(on.sections()) - {"filter:metrics"}
+
+
+def test_metrics_filter_goes_after_blob_filter():
+    stock = "translogger\negg:Zope#httpexceptions\nzope"
+    with_blob = options.add_pipeline_filter(stock)
+    assert options.insert_pipeline_filter_after(with_blob, "metrics", "blobsendfile").split() == [
+        "blobsendfile", "metrics", "translogger", "egg:Zope#httpexceptions", "zope"]
+    # blob-sendfile = off: first; named already: left where the operator put it
+    assert options.insert_pipeline_filter_after(stock, "metrics", "blobsendfile").split()[0] == "metrics"
+    own = "blobsendfile translogger metrics zope"
+    assert options.insert_pipeline_filter_after(own, "metrics", "blobsendfile").split() == own.split()
 
 
 @pytest.mark.parametrize("server, cores, clients, expected", [

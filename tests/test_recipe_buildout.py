@@ -330,7 +330,49 @@ BAD = [
      "[haproxy] tls-bind = 127.0.0.1:18080 is the same address as bind"),
     ("[haproxy]\nper-source-exempt = everyone\n",
      "[haproxy] per-source-exempt = 'everyone' is invalid: expected IPv4/IPv6 networks"),
+    ("[instance]\nmetrics-address = 18091\n",
+     "[instance] metrics-address = '18091' is invalid: expected one host:port"),
+    ("[instance]\nmetrics-address = 127.0.0.1:18081\n",
+     "[instance] metrics-address = '127.0.0.1:18081' is invalid: expected a host:port other than "
+     "http-address = 127.0.0.1:18081"),
+    # client2 and uploads inherit instance's address ("<= instance"): the stack refuses it.
+    ("[instance]\nmetrics-address = 127.0.0.1:18091\n",
+     "[client2] metrics-address = '127.0.0.1:18091' is invalid: [instance] metrics-address listens "
+     "there already"),
+    ("[client2]\nmetrics-address = 127.0.0.1:18079\n",
+     "[client2] metrics-address = '127.0.0.1:18079' is invalid: [uploads] http-address listens there"),
+    ("[instance]\npipeline = metrics zope\n",
+     "[instance] pipeline names metrics but metrics-address is not set"),
 ]
+
+
+METRICS = ("[instance]\nmetrics-address = 127.0.0.1:18091\n"
+           "[client2]\nmetrics-address = 127.0.0.1:18092\n"
+           "[uploads]\nmetrics-address = 127.0.0.1:18093\n")
+
+
+def test_metrics_filter_wired_per_client(tmp_path):
+    """metrics-address: [filter:metrics] after blobsendfile, prometheus-client on the
+    client's path, the endpoints in stack.json; without it (the other tests' BASE) none."""
+    result = buildout(tmp_path, METRICS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for part, port in (("instance", 18091), ("client2", 18092), ("uploads", 18093)):
+        ini = _ini(tmp_path / "parts" / part / "etc" / "wsgi.ini")
+        assert ini["filter:metrics"]["use"] == "egg:plonedeploy.recipe#metrics"
+        assert ini["filter:metrics"]["address"] == f"127.0.0.1:{port}"
+        assert ini["pipeline:main"]["pipeline"].split()[:2] == ["blobsendfile", "metrics"]
+        assert "prometheus_client-0.26.0" in (tmp_path / "bin" / part).read_text()
+    config = json.loads((tmp_path / "parts" / "stack" / "stack.json").read_text())
+    assert config["metrics"] == {p: f"http://127.0.0.1:{n}/metrics"
+                                 for p, n in (("instance", 18091), ("client2", 18092), ("uploads", 18093))}
+    assert config["haproxy_metrics_url"] == "http://127.0.0.1:18404/metrics"
+
+
+def test_no_metrics_filter_without_address(built):
+    directory, _ = built
+    ini = _ini(directory / "parts" / "instance" / "etc" / "wsgi.ini")
+    assert not ini.has_section("filter:metrics")
+    assert "metrics" not in ini["pipeline:main"]["pipeline"].split()
 
 
 def test_threads_auto_follows_cores_and_clients(tmp_path):

@@ -19,6 +19,10 @@ PasteDeploy filter (``use = egg:plonedeploy.recipe#blobsendfile``):
   ``wsgi.file_wrapper`` as a real file (pyruvate then uses ``sendfile(2)``); added to the
   clients' pipeline by ``instance`` unless ``blob-sendfile = off``.
 
+- ``metrics``: Prometheus metrics of the client (requests, latency, ZODB pool and caches)
+  on a port of their own (``plonedeploy.recipe.metrics``); added after ``blobsendfile`` by
+  ``instance`` when ``metrics-address`` is set.
+
 PasteDeploy app (``use = egg:plonedeploy.recipe#hello``):
 
 - ``hello``: hello world, served by a client's server runner without Zope for the
@@ -68,6 +72,8 @@ setup(
         # WSGI filter for the clients' pipeline (blob-sendfile = on): use = egg:plonedeploy.recipe#blobsendfile
         "paste.filter_factory": [
             "blobsendfile = plonedeploy.recipe.blobfilter:filter_factory",
+            # metrics-address set: use = egg:plonedeploy.recipe#metrics (needs prometheus-client)
+            "metrics = plonedeploy.recipe.metrics:filter_factory",
         ],
         # hello-world app for loadtests/matrix.py: use = egg:plonedeploy.recipe#hello
         "paste.app_factory": [

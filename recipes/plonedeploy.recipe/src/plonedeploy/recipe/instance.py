@@ -44,6 +44,14 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eg
     servers, which hold a body in memory and have no limit of their own (pyruvate): for
     them the balancer enforces it (``plonedeploy.recipe:haproxy`` checks that no lane
     sends a client more than its cap; ``edge.body_limit_errors``).
+``metrics-address``
+    Optional ``host:port`` (default: none, no metrics): the client's Prometheus metrics
+    (requests by status, latency histogram, ZODB pool and caches;
+    ``plonedeploy.recipe.metrics``) are served there by a thread of the client process,
+    at ``/metrics``, never through the balancer's frontend. Adds the WSGI filter
+    ``metrics`` after ``blobsendfile`` and ``prometheus-client`` to ``eggs``. Each client
+    needs its own (``plonedeploy.recipe:stack`` refuses two clients on one address), and
+    it must differ from ``http-address``.
 ``templates-directory``
     Where ``<server>.ini.in`` live; default ``${buildout:directory}/templates``.
 
@@ -68,10 +76,14 @@ from plonedeploy.recipe.edge import default_body_cap
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
     DEFAULT_SERVER,
+    METRICS_EGG,
+    METRICS_FILTER,
     SERVERS,
     add_pipeline_filter,
     auto_threads,
     check_choice,
+    fail,
+    insert_pipeline_filter_after,
     insert_pool_size,
     parse_byte_size,
     parse_http_address,
@@ -149,6 +161,20 @@ class Recipe(Zope2InstanceRecipe):
                 f"[{name}] pipeline names {BLOB_FILTER} but blob-sendfile = off; "
                 f"remove it from pipeline or set blob-sendfile = on"
             )
+        self.metrics_address = None
+        if options.get("metrics-address", "").strip():
+            metrics_host, metrics_port = parse_http_address(
+                name, options["metrics-address"], "metrics-address")
+            if (metrics_host, metrics_port) == (self.host, self.port):
+                fail(name, "metrics-address", options["metrics-address"],
+                     f"a host:port other than http-address = {options['http-address'].strip()}")
+            self.metrics_address = f"{metrics_host}:{metrics_port}"
+            options["metrics-address"] = self.metrics_address
+        elif METRICS_FILTER in options.get("pipeline", "").split():
+            raise zc.buildout.UserError(
+                f"[{name}] pipeline names {METRICS_FILTER} but metrics-address is not set; "
+                "set metrics-address = host:port or remove it from pipeline"
+            )
 
         if "wsgi-ini-template" in options:
             raise zc.buildout.UserError(
@@ -171,10 +197,19 @@ class Recipe(Zope2InstanceRecipe):
                 "(see templates/_common.ini.in); add it or set blob-sendfile = off"
             )
 
+        if self.metrics_address and f"[filter:{METRICS_FILTER}]" not in render_template(self.template, self.context()):
+            raise zc.buildout.UserError(
+                f"[{name}] metrics-address is set but {self.template} defines no [filter:{METRICS_FILTER}] "
+                "(see templates/_common.ini.in); add it or remove metrics-address"
+            )
+
         eggs = options.get("eggs", "").split()
         eggs += [egg for egg in SERVERS[self.server] if egg not in eggs]
         if self.blob_sendfile and "plonedeploy.recipe" not in eggs:
             eggs.append("plonedeploy.recipe")  # egg:plonedeploy.recipe#blobsendfile
+        if self.metrics_address:
+            # egg:plonedeploy.recipe#metrics, which imports prometheus_client
+            eggs += [egg for egg in ("plonedeploy.recipe", METRICS_EGG) if egg not in eggs]
         options["eggs"] = "\n".join(eggs)
 
         location = os.path.join(buildout["buildout"]["parts-directory"], name)
@@ -185,6 +220,10 @@ class Recipe(Zope2InstanceRecipe):
         if self.blob_sendfile:
             # After the stock __init__, which sets the default pipeline.
             options["pipeline"] = add_pipeline_filter(options["pipeline"])
+        if self.metrics_address:
+            # After blobsendfile, which must stay outermost; the metrics filter never wraps
+            # the response body, so anything it sees is still the application's own.
+            options["pipeline"] = insert_pipeline_filter_after(options["pipeline"], METRICS_FILTER, BLOB_FILTER)
 
     def auto_threads(self, buildout, name, options):
         """Resolve ``threads = auto`` (``options.auto_threads``); log the choice; return it as text."""
@@ -226,6 +265,7 @@ class Recipe(Zope2InstanceRecipe):
             "http_address": f"{self.host}:{self.port}",
             "threads": self.threads,
             "blob_sendfile": self.blob_sendfile,
+            "metrics_address": self.metrics_address,
         }
 
     def build_wsgi_ini(self):
@@ -235,9 +275,9 @@ class Recipe(Zope2InstanceRecipe):
             fp.write(text)
         super().build_wsgi_ini()
         logger.info(
-            "%s: %s on %s:%s, %s threads, ZODB pool-size %s, blob-sendfile %s",
+            "%s: %s on %s:%s, %s threads, ZODB pool-size %s, blob-sendfile %s, metrics %s",
             self.name, self.server, self.host, self.port, self.threads, self.threads,
-            self.options["blob-sendfile"],
+            self.options["blob-sendfile"], self.metrics_address or "off",
         )
 
     def build_zope_conf(self):

@@ -45,6 +45,11 @@ SWITCH_VALUES = {"on": True, "off": False, "true": True, "false": False}
 #: Name of the blob WSGI filter in the clients' pipeline (``[filter:blobsendfile]``).
 BLOB_FILTER = "blobsendfile"
 
+#: Name of the Prometheus WSGI filter (``[filter:metrics]``, ``metrics-address``) and the
+#: egg it needs in the client.
+METRICS_FILTER = "metrics"
+METRICS_EGG = "prometheus-client"
+
 #: HAProxy ``balance`` algorithms that make sense for a pool of ZEO clients.
 BALANCE_ALGORITHMS = ("leastconn", "roundrobin", "static-rr", "first", "random", "source")
 
@@ -179,6 +184,17 @@ def add_pipeline_filter(pipeline, name=BLOB_FILTER):
     steps = pipeline.split()
     if name not in steps:
         steps.insert(0, name)
+    return "\n".join(steps)
+
+
+def insert_pipeline_filter_after(pipeline, name, after):
+    """Return ``pipeline`` with filter ``name`` right after ``after`` (or first without it).
+
+    A pipeline that already names ``name`` is returned unchanged.
+    """
+    steps = pipeline.split()
+    if name not in steps:
+        steps.insert(steps.index(after) + 1 if after in steps else 0, name)
     return "\n".join(steps)
 
 

@@ -87,6 +87,22 @@ class Recipe:
                 "ready": {"http": f"http://{host}:{port}/"},
                 "stage": stage,
             })
+        # Prometheus metrics of each client (metrics-address): one address per client, none
+        # equal to another client's http-address, since each is a listening socket.
+        metrics, listeners = {}, {}
+        for part in clients + upload_clients:
+            listeners[parse_http_address(part, buildout[part]["http-address"])] = f"[{part}] http-address"
+        for part in clients + upload_clients:
+            address = buildout[part].get("metrics-address", "").strip()
+            if not address:
+                continue
+            key = parse_http_address(part, address, "metrics-address")
+            if key in listeners:
+                raise zc.buildout.UserError(
+                    f"[{part}] metrics-address = {address!r} is invalid: {listeners[key]} listens there "
+                    "already; give every client its own metrics-address")
+            listeners[key] = f"[{part}] metrics-address"
+            metrics[part] = f"http://{key[0]}:{key[1]}/metrics"
         hap = buildout[options["haproxy"]]
         stats_host, stats_port = parse_http_address(options["haproxy"], hap["stats-bind"], "stats-bind")
         stats_url = f"http://{stats_host}:{stats_port}/stats;csv"
@@ -115,6 +131,9 @@ class Recipe:
             # HAProxy's runtime API (drain/enable servers for a rolling restart).
             "haproxy_socket": os.path.join(hap["run-directory"], "haproxy.sock"),
             "server_kinds": {part: buildout[part].get("wsgi-server", "-") for part in clients},
+            # {client part: URL of its Prometheus metrics}; HAProxy's own are on stats-bind.
+            "metrics": metrics,
+            "haproxy_metrics_url": f"http://{stats_host}:{stats_port}/metrics",
         }
         options["stack-config"] = json.dumps(self.config, sort_keys=True)
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)

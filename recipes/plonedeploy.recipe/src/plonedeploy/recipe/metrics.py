@@ -1,0 +1,281 @@
+"""WSGI filter ``metrics``: a ZEO client's requests and ZODB counters in Prometheus format.
+
+Why our own filter (checked November 2026 on Zope 6.3, Plone 6.2.2, Python 3.11):
+
+- ``collective.prometheus`` 1.6.1 (2022) is a Zope view ``@@metrics`` (permission View):
+  it is served by the site itself, so through the public frontend unless the balancer
+  denies it, and only when a Zope thread is free -- not when the pool is exhausted, the
+  moment metrics matter. It has no request counts or latency, its thread gauges need the
+  Python 2 ZServer, and its load/store figures are gauges over a 15 s window.
+- ``prometheus-zodb`` 0.1.0 is an alpha with ``Requires-Python >=3.12``: pip refuses it on
+  Python 3.11. It has no request metrics either, and it replaces no activity monitor a
+  site already uses (its counters then disappear).
+
+So this filter uses ``prometheus-client`` alone and serves its own registry from
+prometheus-client's HTTP server on a separate ``host:port`` (``address``, the recipe's
+``metrics-address``), in a thread of the client's process: never through HAProxy's
+frontend, and answered while every Zope thread is busy.
+
+Series (units in the names; all per client process):
+
+- ``zope_http_requests_total{method, code}``: requests answered, by method and status code.
+- ``zope_http_request_duration_seconds`` (histogram): seconds from the server calling the
+  pipeline until the application returned its response. For Zope that is the whole
+  rendering of a page; for a blob stream it excludes sending the file (the filter never
+  wraps the response body, so ``blobsendfile`` still hands blobs to ``sendfile``).
+- ``zope_http_requests_in_progress``: requests inside the application now.
+- ``zodb_connections_in_use{database}``: ZODB connections held by requests now (one per
+  request; ``pool-size`` = threads); ``zodb_connections_open``: open connections, idle
+  ones included; ``zodb_pool_size``: the configured pool size.
+- ``zodb_cache_objects{database}`` / ``zodb_cache_non_ghost_objects``: objects in all
+  connection caches together, all / loaded; ``zodb_cache_size_target``: ``cache-size`` per
+  connection (objects).
+- ``zodb_loads_total{database}``: objects loaded from the storage, i.e. **object-cache
+  misses** (ZODB's pickle cache counts no hits); ``zodb_stores_total``: objects stored.
+  Counted when a connection closes (end of each request).
+- ``zeo_cache_hits_total{database}``: loads answered by the ZEO client cache instead of the
+  ZEO server (ZEO's own ``_n_accesses``; 0 for storages that are not ZEO clients).
+- ``process_*`` (resident memory, CPU seconds, open file descriptors) and
+  ``python_gc_*``, ``python_info`` from prometheus-client's own collectors.
+
+PasteDeploy (``plonedeploy.recipe:instance`` writes this when ``metrics-address`` is set),
+after ``blobsendfile``::
+
+    [filter:metrics]
+    use = egg:plonedeploy.recipe#metrics
+    address = 127.0.0.1:8091
+
+    [pipeline:main]
+    pipeline = blobsendfile metrics translogger egg:Zope#httpexceptions zope
+"""
+import logging
+import threading
+import time
+
+logger = logging.getLogger("plonedeploy.metrics")
+
+#: Methods kept as label values; anything else is counted as ``other`` so that a client
+#: sending made-up methods cannot create unbounded series.
+METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS",
+                     "PROPFIND", "PROPPATCH", "MKCOL", "COPY", "MOVE", "LOCK", "UNLOCK"))
+
+#: Latency buckets in seconds: a cached page answers in milliseconds, a cold Plone page in
+#: 0.1-1 s, anything beyond HAProxy's 30 s server timeout has already failed the user.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def zope_db():
+    """The main ZODB ``DB`` of this Zope process (``Zope2.DB``), or None before start-up."""
+    try:
+        import Zope2
+    except ImportError:
+        return None
+    return getattr(Zope2, "DB", None)
+
+
+class CountingMonitor:
+    """ZODB activity monitor that adds up loads and stores of every closed connection.
+
+    ZODB calls ``closedConnection`` when a request's connection closes. A monitor that was
+    already installed (``previous``) still gets every call, after this one has read the
+    counts without clearing them (the previous one clears them, as ZODB's own does).
+    """
+
+    def __init__(self, previous=None):
+        self.previous = previous
+        self.loads = 0
+        self.stores = 0
+        self._lock = threading.Lock()
+
+    def closedConnection(self, conn):  # noqa: N802 -- ZODB's name
+        if self.previous is not None:
+            loads, stores = conn.getTransferCounts(clear=False)
+            self.previous.closedConnection(conn)
+        else:
+            loads, stores = conn.getTransferCounts(clear=True)
+        # Connections close in the request threads; "+=" is not atomic between them.
+        with self._lock:
+            self.loads += loads
+            self.stores += stores
+
+    def __getattr__(self, name):
+        # getActivityAnalysis etc. of a previous monitor (Zope's Control_Panel uses them).
+        previous = self.__dict__.get("previous")
+        if previous is None:
+            raise AttributeError(name)
+        return getattr(previous, name)
+
+
+def install_monitor(database):
+    """Install a :class:`CountingMonitor` on ``database`` unless one is there; return it."""
+    current = database.getActivityMonitor()
+    if isinstance(current, CountingMonitor):
+        return current
+    monitor = CountingMonitor(current)
+    database.setActivityMonitor(monitor)
+    return monitor
+
+
+class ZODBCollector:
+    """prometheus-client collector of the ZODB pool, caches and loads of ``get_db()``."""
+
+    def __init__(self, get_db=zope_db):
+        self.get_db = get_db
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        families = {
+            "in_use": GaugeMetricFamily("zodb_connections_in_use",
+                                        "ZODB connections held by requests now", labels=["database"]),
+            "open": GaugeMetricFamily("zodb_connections_open",
+                                      "Open ZODB connections, idle ones included", labels=["database"]),
+            "pool": GaugeMetricFamily("zodb_pool_size", "Configured ZODB pool-size (connections)",
+                                      labels=["database"]),
+            "objects": GaugeMetricFamily("zodb_cache_objects",
+                                         "Objects in all connection caches (ghosts included)",
+                                         labels=["database"]),
+            "non_ghost": GaugeMetricFamily("zodb_cache_non_ghost_objects",
+                                           "Loaded (non-ghost) objects in all connection caches",
+                                           labels=["database"]),
+            "target": GaugeMetricFamily("zodb_cache_size_target",
+                                        "Configured cache-size per connection (objects)", labels=["database"]),
+            "loads": CounterMetricFamily("zodb_loads", "Objects loaded from the storage (object-cache misses)",
+                                         labels=["database"]),
+            "stores": CounterMetricFamily("zodb_stores", "Objects stored", labels=["database"]),
+            "zeo_hits": CounterMetricFamily("zeo_cache_hits", "Loads answered by the ZEO client cache",
+                                            labels=["database"]),
+        }
+        db = self.get_db()
+        databases = sorted(getattr(db, "databases", {}).items()) if db is not None else []
+        for name, database in databases:
+            pool = database.pool
+            open_count = len(pool.all)
+            families["in_use"].add_metric([name], open_count - len(pool.available))
+            families["open"].add_metric([name], open_count)
+            families["pool"].add_metric([name], database.getPoolSize())
+            details = database.cacheDetailSize()  # under the DB's lock
+            families["objects"].add_metric([name], sum(d["size"] for d in details))
+            families["non_ghost"].add_metric([name], sum(d["ngsize"] for d in details))
+            families["target"].add_metric([name], database.getCacheSize())
+            monitor = install_monitor(database)
+            families["loads"].add_metric([name], monitor.loads)
+            families["stores"].add_metric([name], monitor.stores)
+            stats = getattr(getattr(database.storage, "_cache", None), "getStats", None)
+            families["zeo_hits"].add_metric([name], stats()[4] if stats is not None else 0)
+        return list(families.values())
+
+
+class Metrics:
+    """The request instruments of one exporter, in ``registry`` (a ``CollectorRegistry``)."""
+
+    def __init__(self, registry):
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.registry = registry
+        self.requests = Counter("zope_http_requests", "HTTP requests answered by the application",
+                                ["method", "code"], registry=registry)
+        self.duration = Histogram("zope_http_request_duration_seconds",
+                                  "Seconds until the application returned its response",
+                                  buckets=BUCKETS, registry=registry)
+        self.in_progress = Gauge("zope_http_requests_in_progress", "Requests inside the application now",
+                                 registry=registry)
+
+
+class Middleware:
+    """The WSGI middleware: counts and times each request in ``metrics`` (:class:`Metrics`)."""
+
+    def __init__(self, app, metrics):
+        self.app = app
+        self.metrics = metrics
+
+    def __call__(self, environ, start_response):
+        method = environ.get("REQUEST_METHOD", "GET")
+        method = method if method in METHODS else "other"
+        status = []
+
+        def capture(code, headers, exc_info=None):
+            status[:] = [code]
+            if exc_info is not None:
+                return start_response(code, headers, exc_info)
+            return start_response(code, headers)
+
+        metrics = self.metrics
+        started = time.perf_counter()
+        metrics.in_progress.inc()
+        try:
+            result = self.app(environ, capture)
+        except BaseException:
+            # The server answers 500 (or drops the connection); count it as such.
+            metrics.requests.labels(method, "500").inc()
+            raise
+        finally:
+            metrics.in_progress.dec()
+            metrics.duration.observe(time.perf_counter() - started)
+        code = status[0].split(None, 1)[0] if status else "none"
+        metrics.requests.labels(method, code).inc()
+        # The body is returned unchanged: wrapping it would hide pyruvate's FileWrapper
+        # from the server (blobsendfile) and copy every response through Python.
+        return result
+
+
+def parse_address(value):
+    """``"127.0.0.1:8091"`` -> ``("127.0.0.1", 8091)``; ValueError naming the value otherwise."""
+    host, sep, port = str(value).strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"metrics: address = {value!r} is invalid: expected one host:port")
+    return host.strip("[]"), int(port)
+
+
+#: ``{(host, port): Metrics}``: the exporter of this process, started once even if PasteDeploy
+#: builds the filter twice (a second server on the same port would fail to bind).
+_EXPORTERS = {}
+
+
+def exporter(address):
+    """The :class:`Metrics` of ``address`` in this process, with its HTTP server started.
+
+    Raises RuntimeError naming the address if it cannot listen there.
+    """
+    from prometheus_client import (CollectorRegistry, GCCollector, PlatformCollector,
+                                   ProcessCollector, disable_created_metrics, start_http_server)
+
+    host, port = parse_address(address)
+    if (host, port) in _EXPORTERS:
+        return _EXPORTERS[(host, port)]
+    # No "<name>_created" series next to every counter: Prometheus does not need them and
+    # they double the lines of each scrape.
+    disable_created_metrics()
+    # Count loads from the first request on (PasteDeploy builds filters after Zope's
+    # start-up, so Zope2.DB is there), not from the first scrape.
+    db = zope_db()
+    for database in getattr(db, "databases", {}).values():
+        install_monitor(database)
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    registry.register(ZODBCollector())
+    metrics = Metrics(registry)
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        # Fail the client's start-up: a client without its metrics would serve unobserved
+        # while Prometheus only says the target is down.
+        raise RuntimeError(f"metrics: cannot listen on {host}:{port} (metrics-address): {exc}") from exc
+    _EXPORTERS[(host, port)] = metrics
+    logger.info("Prometheus metrics on http://%s:%s/metrics", host, port)
+    return metrics
+
+
+def filter_factory(global_conf, address):
+    """PasteDeploy ``paste.filter_factory`` (``use = egg:plonedeploy.recipe#metrics``).
+
+    ``address``: ``host:port`` of the metrics HTTP server (required).
+    """
+    parse_address(address)  # fail at load time, before anything listens
+
+    def make_filter(app):
+        return Middleware(app, exporter(address))
+
+    return make_filter

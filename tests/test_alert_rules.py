@@ -1,0 +1,130 @@
+"""The monitoring role's alert rules: valid for promtool, and each one fires on the series
+it is meant for and stays quiet on a healthy stack (``promtool test rules``).
+
+The rules are rendered from ansible/roles/monitoring/templates/alerts.yml.j2 with the
+role's defaults, as the role writes them. Needs Debian's ``prometheus`` package (promtool).
+"""
+import json
+import os
+import shutil
+import subprocess
+
+import jinja2
+import pytest
+
+from conftest import ROOT
+
+ROLE = os.path.join(ROOT, "ansible", "roles", "monitoring")
+ANSIBLE_PYTHON = os.path.join(ROOT, "ansible", ".venv", "bin", "python")
+
+pytestmark = pytest.mark.skipif(shutil.which("promtool") is None,
+                                reason="promtool missing: apt-get install prometheus")
+
+
+def defaults():
+    """The role's defaults/main.yml (read with the Ansible venv's PyYAML)."""
+    code = "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))"
+    out = subprocess.run([ANSIBLE_PYTHON, "-c", code, os.path.join(ROLE, "defaults", "main.yml")],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def rules(tmp_path_factory):
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(ROLE, "templates")),
+                             undefined=jinja2.StrictUndefined)
+    text = env.get_template("alerts.yml.j2").render(ansible_managed="test", **defaults())
+    path = tmp_path_factory.mktemp("rules") / "alerts.yml"
+    path.write_text(text)
+    return path
+
+
+def test_promtool_check_rules(rules):
+    result = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 5 rules found" in result.stdout, result.stdout
+
+
+# Synthetic series, one sample per minute ("a+bxN": a, a+b, ... N+1 samples); each alert is
+# checked where it must fire and where it must not (a healthy twin series, or too early).
+RULE_TESTS = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'haproxy_server_status{{proxy="zeoclients",server="instance",state="DOWN"}}'
+        values: '1x10'
+      - series: 'haproxy_server_status{{proxy="zeoclients",server="client2",state="DOWN"}}'
+        values: '0x10'
+      - series: 'haproxy_backend_current_queue{{proxy="zeoclients"}}'
+        values: '0 3 3 3 0x6'
+      - series: 'haproxy_backend_current_queue{{proxy="uploads"}}'
+        values: '0 2 0 2 0 2 0x4'
+      # 10 answers a second, 1 of them 5xx (10 %) on "main"; 0 5xx on "stats".
+      - series: 'haproxy_frontend_http_responses_total{{proxy="main",code="2xx"}}'
+        values: '0+540x10'
+      - series: 'haproxy_frontend_http_responses_total{{proxy="main",code="5xx"}}'
+        values: '0+60x10'
+      - series: 'haproxy_frontend_http_responses_total{{proxy="stats",code="2xx"}}'
+        values: '0+600x10'
+      - series: 'haproxy_frontend_http_responses_total{{proxy="stats",code="5xx"}}'
+        values: '0x10'
+      - series: 'node_filesystem_size_bytes{{instance="n",mountpoint="/",fstype="ext4"}}'
+        values: '100x10'
+      - series: 'node_filesystem_avail_bytes{{instance="n",mountpoint="/",fstype="ext4"}}'
+        values: '10x10'
+      - series: 'node_filesystem_size_bytes{{instance="n",mountpoint="/srv",fstype="ext4"}}'
+        values: '100x10'
+      - series: 'node_filesystem_avail_bytes{{instance="n",mountpoint="/srv",fstype="ext4"}}'
+        values: '50x10'
+      - series: 'node_filesystem_size_bytes{{instance="n",mountpoint="/run",fstype="tmpfs"}}'
+        values: '100x10'
+      - series: 'node_filesystem_avail_bytes{{instance="n",mountpoint="/run",fstype="tmpfs"}}'
+        values: '1x10'
+      - series: 'up{{job="zeoclients",instance="127.0.0.1:8091"}}'
+        values: '0x10'
+      - series: 'up{{job="zeoclients",instance="127.0.0.1:8092"}}'
+        values: '1x10'
+    alert_rule_test:
+      - {{eval_time: 30s, alertname: HAProxyServerDown, exp_alerts: []}}
+      - eval_time: 2m
+        alertname: HAProxyServerDown
+        exp_alerts:
+          - exp_labels: {{severity: critical, proxy: zeoclients, server: instance, state: DOWN}}
+            exp_annotations: {{summary: "HAProxy server zeoclients/instance is DOWN"}}
+      # queued 1m..3m on zeoclients: fires at 2m and 3m; "uploads" never queues a minute on end.
+      - {{eval_time: 1m, alertname: HAProxyQueueing, exp_alerts: []}}
+      - eval_time: 3m
+        alertname: HAProxyQueueing
+        exp_alerts:
+          - exp_labels: {{severity: warning, proxy: zeoclients}}
+            exp_annotations: {{summary: "3 requests queued in HAProxy backend zeoclients"}}
+      - {{eval_time: 5m, alertname: HAProxyQueueing, exp_alerts: []}}
+      - {{eval_time: 3m, alertname: HTTP5xxRate, exp_alerts: []}}
+      - eval_time: 10m
+        alertname: HTTP5xxRate
+        exp_alerts:
+          - exp_labels: {{severity: critical, proxy: main}}
+            exp_annotations: {{summary: "10% of the answers of main are 5xx"}}
+      - eval_time: 10m
+        alertname: DiskAlmostFull
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: n, mountpoint: /, fstype: ext4}}
+            exp_annotations: {{summary: "n / is 90% full"}}
+      - eval_time: 3m
+        alertname: ScrapeTargetDown
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: zeoclients, instance: "127.0.0.1:8091"}}
+            exp_annotations: {{summary: "zeoclients target 127.0.0.1:8091 does not answer"}}
+"""
+
+
+def test_each_alert_fires_only_when_it_should(rules, tmp_path):
+    tests = tmp_path / "alerts_test.yml"
+    tests.write_text(RULE_TESTS.format(rules=rules))
+    result = subprocess.run(["promtool", "test", "rules", str(tests)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout

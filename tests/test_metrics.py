@@ -1,0 +1,131 @@
+"""Prometheus metrics on the real stack: HAProxy's exporter and each ZEO client's own.
+
+Uses the session fixture ``stack`` (conftest.py): the built stack, started once. Each test
+scrapes the real endpoints named in ``parts/stack/stack.json`` (``metrics``,
+``haproxy_metrics_url``) and checks named series; docs/operations.md, "Metrics".
+"""
+import os
+import re
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(url):
+    """``{(name, frozenset(labels.items())): value}`` of one Prometheus text scrape."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        return parse(response.read().decode())
+
+
+def parse(text):
+    """``{(name, frozenset(labels.items())): value}`` of Prometheus text format."""
+    series = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _LINE.match(line)
+        assert match, f"not Prometheus text format: {line!r}"
+        labels = frozenset(_LABEL.findall(match.group(3) or ""))
+        series[(match.group(1), labels)] = float(match.group(4))
+    return series
+
+
+def value(series, name, **labels):
+    """The value of series ``name`` with exactly ``labels``; fails when it is missing."""
+    key = (name, frozenset(labels.items()))
+    assert key in series, f"no {name}{labels} in scrape; have {sorted({k[0] for k in series})}"
+    return series[key]
+
+
+def get(url, expect=200):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def pool_size(part):
+    """``pool-size`` the recipe wrote into the client's zope.conf (= its threads)."""
+    text = open(os.path.join(ROOT, "parts", part, "etc", "zope.conf")).read()
+    return int(re.search(r"^\s*pool-size (\d+)", text, re.MULTILINE).group(1))
+
+
+def test_haproxy_exporter_reports_every_server_up(stack):
+    series = scrape(stack.config["haproxy_metrics_url"])
+    for server in stack.config["servers"]:
+        assert value(series, "haproxy_server_status", proxy=stack.backend, server=server, state="UP") == 1
+    # The series the alert rules use (roles/monitoring/templates/alerts.yml.j2).
+    assert value(series, "haproxy_backend_current_queue", proxy=stack.backend) >= 0
+    assert value(series, "haproxy_backend_http_responses_total", proxy=stack.backend, code="5xx") >= 0
+
+
+@pytest.fixture(scope="module")
+def clients(stack):
+    metrics = stack.config["metrics"]
+    assert set(metrics) == set(stack.config["servers"]) | set(stack.config["upload_servers"]), metrics
+    return metrics
+
+
+def test_each_client_counts_its_requests_by_status(stack, clients):
+    """N pages and one 404 sent straight to each page client show up in its own counters."""
+    requests = 5
+    for part in stack.config["servers"]:
+        url = clients[part]
+        base = stack.client_urls[part]
+        before = scrape(url)
+        for _ in range(requests):
+            assert get(base + "/Plone")[0] == 200
+        assert get(base + "/Plone/no-such-page-for-metrics")[0] == 404
+        after = scrape(url)
+
+        def delta(name, **labels):
+            return value(after, name, **labels) - before.get((name, frozenset(labels.items())), 0.0)
+
+        # HAProxy's health checks (GET /Plone/@@ok) add 200s of their own meanwhile: at least.
+        assert delta("zope_http_requests_total", method="GET", code="200") >= requests, part
+        assert delta("zope_http_requests_total", method="GET", code="404") == 1, part
+        assert delta("zope_http_request_duration_seconds_count") >= requests + 1, part
+        assert delta("zope_http_request_duration_seconds_sum") > 0, part
+        # Rendering /Plone loads objects: the ZODB side of the same process moved too.
+        assert value(after, "zodb_cache_objects", database="main") > 0, part
+        assert value(after, "zodb_loads_total", database="main") >= value(before, "zodb_loads_total",
+                                                                          database="main"), part
+
+
+def test_each_client_reports_its_zodb_pool(stack, clients):
+    for part, url in clients.items():
+        series = scrape(url)
+        size = pool_size(part)
+        assert value(series, "zodb_pool_size", database="main") == size, part
+        # The scrape is answered by the exporter's thread, not a Zope thread: no request
+        # holds a connection for it, and never more than the pool.
+        assert 0 <= value(series, "zodb_connections_in_use", database="main") <= size, part
+        assert value(series, "zodb_connections_open", database="main") >= 1, part
+        assert value(series, "process_resident_memory_bytes") > 50 * 2 ** 20, part
+        # The exporter turns off prometheus-client's "<counter>_created" series.
+        assert not any(name.endswith("_created") for name, _ in series), part
+
+
+def test_metrics_are_not_reachable_through_the_frontend(stack, clients):
+    """The exporters listen on their own ports; HAProxy's frontend forwards only to the
+    clients' http-address, so /metrics there is Plone's (404), not an exporter's."""
+    status, body = get(stack.frontend_url + "/metrics")
+    assert status == 404
+    assert b"zope_http_requests_total" not in body and b"haproxy_" not in body
+    haproxy_cfg = open(os.path.join(ROOT, "parts", "haproxy", "haproxy.cfg")).read()
+    for part, url in clients.items():
+        address = urlsplit(url).netloc
+        assert address not in haproxy_cfg, f"{part}'s metrics address {address} in haproxy.cfg"
+        assert urlsplit(url).hostname == "127.0.0.1"
