@@ -172,9 +172,14 @@ def verify():
         print(f"{'PASS' if condition else 'FAIL'} {label} {detail}")
 
     for name, (ns, _address) in HOSTS.items():
-        status = in_ns(ns, "supervisorctl", "-c", f"{WORK}/{name}/etc/supervisord.conf", "status",
-                       check=False, capture=True)
-        programs = dict(re.findall(r"^(\S+)\s+(\S+)", status, re.MULTILINE))
+        # supervisord says STARTING for a program's first startsecs (prometheus: 5 s and more)
+        for _ in range(30):
+            status = in_ns(ns, "supervisorctl", "-c", f"{WORK}/{name}/etc/supervisord.conf", "status",
+                           check=False, capture=True)
+            programs = dict(re.findall(r"^(\S+)\s+(\S+)", status, re.MULTILINE))
+            if programs and "STARTING" not in programs.values():
+                break
+            time.sleep(1)
         check(f"{name}: programs RUNNING", programs and all(s == "RUNNING" for s in programs.values()),
               json.dumps(programs))
     # The site over https (port 443, the self-signed certificate the haproxy role made);
