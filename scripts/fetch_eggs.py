@@ -273,7 +273,7 @@ def main(argv=None):
     os.makedirs(dist_dir, exist_ok=True)
     todo = missing_pins(pins, dist_dir)
     if todo:
-        print(f"fetch_eggs: downloading {len(todo)} of {len(pins)} pins into {dist_dir} "
+        print(f"fetch_eggs: downloading {len(todo)} pins into {dist_dir} "
               f"({args.jobs} pip processes)", flush=True)
         with tempfile.TemporaryDirectory(prefix="fetch_eggs-") as tmp:
             failed = download(todo, dist_dir, args.jobs, tmp)
@@ -285,8 +285,9 @@ def main(argv=None):
             print(f"fetch_eggs: not in {dist_dir} after download: {' '.join(still)}",
                   file=sys.stderr)
             return 1
-    print(f"fetch_eggs: all {len(pins)} pins in {dist_dir} "
-          f"({len(todo)} downloaded, {time.monotonic() - start:.1f} s)", flush=True)
+    own = sum(1 for name in pins if canonicalize_name(name) in FROM_BUILDOUT_VENV)
+    print(f"fetch_eggs: all {len(pins) - own} pins in {dist_dir} ({len(todo)} downloaded, "
+          f"{time.monotonic() - start:.1f} s; {own} more are .venv-buildout's)", flush=True)
     if args.eggs_directory:
         start = time.monotonic()
         eggs_dir = os.path.abspath(args.eggs_directory)
