@@ -7,21 +7,24 @@ Usage: ``.venv-buildout/bin/python scripts/fetch_eggs.py [--cache DIR] [--jobs N
 
 Why: on a fresh machine bin/buildout reads PyPI's index page, downloads and installs each
 of the ~260 eggs one after another; measured, about 0.15 s per egg goes to the index page
-and download and 0.5-0.6 s to the ``pip install`` subprocess that buildout 6 runs for
-each wheel. So this script
+and 0.6 s to the download and the ``pip install`` subprocess that buildout 6 runs for each
+wheel, most of it the pip run (CPU). So this script
 
 1. downloads them all first with ``pip download`` (several pip processes at once, each over
    a share of the list), so that bin/buildout can run with ``install-from-cache = true``
    and touch no network for eggs at all;
 2. with ``--eggs-directory``, installs the wheels into buildout's eggs directory with
    buildout's own installer (``zc.buildout.easy_install.install``, the API recipes use,
-   from the cache, pinned versions only), several processes at once. zc.buildout is made
-   for several buildouts sharing one eggs directory (it installs into a temporary
-   directory and renames), so an egg two workers need at the same moment is simply
-   installed twice. bin/buildout then finds every egg installed and only builds the parts.
+   from the cache, pinned versions only), several processes at once, each egg after the
+   eggs its wheel requires. zc.buildout is made for several buildouts sharing one eggs
+   directory (it installs into a temporary directory and renames), so where a dependency
+   cycle makes two workers need the same egg, it is installed twice and one copy kept.
+   bin/buildout then finds every egg installed and only builds the parts. Sdists are left
+   to bin/buildout.
 
 - The list is ``[versions]`` of versions.cfg, exactly: one source of pins, nothing resolved
-  here (``--no-deps``), every file ``name==version``.
+  here (``--no-deps``), every file ``name==version``; but the eggs of
+  requirements-buildout.txt, which run buildout and come from .venv-buildout.
 - A wheel for this Python and platform is taken when PyPI has one, else the sdist
   (``--prefer-binary``; buildout builds sdists with pip as before).
 - Files go to ``DIR/dist`` (``--cache``, default ``var/download-cache``), which is where
