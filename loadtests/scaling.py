@@ -43,7 +43,7 @@ from loadtests import haproxy_stats, serverbuild
 from loadtests.abtest import cpu_seconds, machine_busy_seconds, stack_pids
 from loadtests.balancers import BalancerError, TemporaryBalancer
 from loadtests.connections import run_wrk
-from plonedeploy.recipe import edge
+from plonedeploy.recipe import edge, tls
 from plonedeploy.recipe.options import render_template
 
 ROOT = serverbuild.ROOT
@@ -141,6 +141,7 @@ class ScalingBalancer(TemporaryBalancer):
             "run_directory": self.run_directory,
             # Its load comes from 127.0.0.1: not limited per source.
             **edge.template_context(["127.0.0.1"], per_source_exempt=["127.0.0.1/32"]),
+            **tls.template_context("", "", False, 0),  # plain HTTP only
         })
 
 
