@@ -24,6 +24,17 @@ Options added to Locust's own (``locust -f loadtests/locustfile.py --help``):
     times in milliseconds, sizes in bytes. Unlike Locust's ``--csv``
     (written when the run time is up), it includes requests that finish while the users
     stop, so it matches HAProxy's counters.
+``--warmup S`` (seconds, default 0)
+    Requests that finish in the first S seconds after the test started are left out of
+    ``--per-server-stats`` (only counted in ``"warmup_requests": {server: count}``);
+    ``elapsed_s`` then counts from the end of the warm-up. With ``--warm-mark PATH`` the
+    file PATH is written when the warm-up is over, so that the caller can read HAProxy's
+    counters at the same moment.
+``--window S`` (seconds, default 5)
+    ``--per-server-stats`` also gets ``"windows": [{"start_s": s, "servers": {server:
+    {request name or "all": {"n", "failures", "p50_ms", "p99_ms"}}}}]``: the same requests cut
+    into consecutive windows of S seconds after the warm-up (the last one may be shorter),
+    the units over which loadtests.abstats resamples.
 
 Use the host ``http://127.0.0.1:8080`` (HAProxy) or a client directly (``:8081``);
 traffic must stay on this machine.
@@ -33,6 +44,7 @@ import os
 import sys
 import time
 
+import gevent
 from locust import FastHttpUser, constant, events, task
 from locust.stats import RequestStats
 
@@ -117,22 +129,37 @@ def _add_options(parser):
                         help="users per traffic shape, e.g. root=1,plone=1,json=1,blob=1")
     parser.add_argument("--per-server-stats", default="",
                         help="write per-server (X-Served-By) stats as JSON to this path")
+    parser.add_argument("--warmup", type=float, default=0.0,
+                        help="seconds after the start whose requests --per-server-stats leaves out")
+    parser.add_argument("--warm-mark", default="",
+                        help="write this file when the warm-up is over")
+    parser.add_argument("--window", type=float, default=5.0,
+                        help="seconds per time window in --per-server-stats")
 
 
 class PerServerStats:
     """Locust's own RequestStats, one per server named in ``X-Served-By``."""
 
-    def __init__(self):
+    def __init__(self, warmup_s=0.0, window_s=5.0):
         self.by_server = {}
         self.total = RequestStats()
-        self.started = time.time()
+        self.warmup_s, self.window_s = warmup_s, window_s
+        self.warm_at = time.time() + warmup_s  # epoch seconds: end of the warm-up
+        self.warmup_requests = {}
+        self.windows = {}  # window index -> {server: RequestStats}
 
     def record(self, request_type, name, response_time, response_length, response, exception):
         server = "-"
         headers = getattr(response, "headers", None)
         if headers is not None:
             server = headers.get("X-Served-By") or "-"
-        for stats in (self.by_server.setdefault(server, RequestStats()), self.total):
+        since_warm = time.time() - self.warm_at
+        if since_warm < 0:
+            self.warmup_requests[server] = self.warmup_requests.get(server, 0) + 1
+            return
+        window = self.windows.setdefault(int(since_warm // self.window_s), {})
+        for stats in (self.by_server.setdefault(server, RequestStats()), self.total,
+                      window.setdefault(server, RequestStats())):
             stats.log_request(request_type, name, response_time, response_length or 0)
             if exception is not None:
                 stats.log_error(request_type, name, exception)
@@ -163,9 +190,27 @@ class PerServerStats:
         out["response_times"] = {str(ms): n for ms, n in sorted(stats.total.response_times.items())}
         return out
 
+    @staticmethod
+    def _window_entry(entry):
+        return {"n": entry.num_requests, "failures": entry.num_failures,
+                "p50_ms": entry.get_response_time_percentile(0.50),
+                "p99_ms": entry.get_response_time_percentile(0.99)}
+
+    def _windows(self):
+        return [{"start_s": index * self.window_s,
+                 "servers": {server: {name: self._window_entry(e) for name, e in
+                                      [(n, e) for (n, _m), e in sorted(stats.entries.items())]
+                                      + [("all", stats.total)]}
+                             for server, stats in sorted(window.items())}}
+                for index, window in sorted(self.windows.items())]
+
     def as_dict(self):
         return {
-            "elapsed_s": time.time() - self.started,
+            "elapsed_s": max(time.time() - self.warm_at, 0.0),
+            "warmup_s": self.warmup_s,
+            "window_s": self.window_s,
+            "warmup_requests": dict(sorted(self.warmup_requests.items())),
+            "windows": self._windows(),
             "servers": {server: self._entries(stats) for server, stats in sorted(self.by_server.items())},
             "server_totals": {server: self._server_total(stats)
                               for server, stats in sorted(self.by_server.items())},
@@ -189,8 +234,16 @@ def _configure(environment, **_kwargs):
 
 
 @events.test_start.add_listener
-def _reset(**_kwargs):
-    _per_server.__init__()
+def _reset(environment, **_kwargs):
+    options = environment.parsed_options
+    warmup = options.warmup if options else 0.0
+    _per_server.__init__(warmup, options.window if options else 5.0)
+    if options and options.warm_mark:
+        def mark():
+            gevent.sleep(warmup)
+            with open(options.warm_mark, "w", encoding="utf-8") as fp:
+                fp.write(f"{time.time()}\n")
+        gevent.spawn(mark)
 
 
 @events.request.add_listener

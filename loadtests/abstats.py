@@ -1,0 +1,193 @@
+"""Confidence intervals and verdicts of an A/B run in rounds (``loadtests.abtest``).
+
+Input: the runs of one ``abtest`` invocation, each ``{"kind": "ab" | "aa", "round": n,
+"labels": {"A": HAProxy server name, "B": ...}, "windows": [...]}`` where ``windows`` is the
+locustfile's ``--per-server-stats`` ``windows`` list (time windows after the warm-up).
+``A`` is the slot running the first server of ``abslots.SERVERS`` (pyruvate) in an A/B
+run; in an A/A run (both slots on one server) ``A`` is the slot pyruvate would hold in
+that round, so the A/A split is the same statistic with no server difference: the noise
+floor.
+
+Every time window of every run of a kind is one resampling unit (counts of A and B, and
+their p50/p99 in that window, paired). ``scipy.stats.bootstrap`` (percentile method,
+``N_RESAMPLES`` resamples, fixed seed so a report can be re-made identically) gives the
+95 % interval of:
+
+- ``share``: A's requests / (A's + B's), a fraction 0..1;
+- ``rps_ratio``: A's requests / B's requests over the same windows (= req/s ratio);
+- ``p50_ratio``, ``p99_ratio``: mean over windows of A's p50 (p99) / the same of B's.
+
+Windows next to each other are not fully independent (a slow request spans a boundary),
+so the intervals are somewhat narrow; the A/A floor measured the same way absorbs part of
+that.
+"""
+import numpy as np
+from scipy import stats
+
+#: Request names of the locustfile, and "all" (every path of a window together).
+PATHS = ("/", "/Plone", "@json", "blob 5MB", "all")
+N_RESAMPLES = 2000
+CONFIDENCE = 0.95
+SEED = 20261123
+
+
+def _samples(runs, kind, path):
+    """Arrays (shape ``(windows,)``) of A's and B's count, p50 and p99 in ``path``."""
+    rows = []
+    for run in runs:
+        if run["kind"] != kind:
+            continue
+        for window in run["windows"]:
+            a = window["servers"].get(run["labels"]["A"], {}).get(path)
+            b = window["servers"].get(run["labels"]["B"], {}).get(path)
+            na, nb = (a or {}).get("n", 0), (b or {}).get("n", 0)
+            if na + nb == 0:
+                continue
+            rows.append((na, nb, (a or {}).get("p50_ms") if na else np.nan, (b or {}).get("p50_ms") if nb else np.nan,
+                         (a or {}).get("p99_ms") if na else np.nan, (b or {}).get("p99_ms") if nb else np.nan))
+    return np.array(rows, dtype=float).reshape(-1, 6).T
+
+
+def _share(a, b, axis=-1):
+    return a.sum(axis=axis) / (a.sum(axis=axis) + b.sum(axis=axis))
+
+
+def _ratio(a, b, axis=-1):
+    return a.sum(axis=axis) / b.sum(axis=axis)
+
+
+def _mean_ratio(a, b, axis=-1):
+    return a.mean(axis=axis) / b.mean(axis=axis)
+
+
+def interval(data, statistic):
+    """``{"value", "low", "high", "n"}``: ``statistic(*data)`` and its bootstrap interval.
+
+    ``data``: equal-length 1-d arrays, resampled together (paired). Fewer than 2 samples,
+    or all resamples alike, give ``low == high == value`` (no spread can be estimated:
+    the report says n).
+    """
+    n = len(data[0])
+    if n == 0:
+        return None
+    value = float(statistic(*data))
+    if n < 2:
+        return {"value": value, "low": value, "high": value, "n": n}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        res = stats.bootstrap(tuple(data), statistic, paired=True, vectorized=True, axis=-1,
+                              n_resamples=N_RESAMPLES, confidence_level=CONFIDENCE, method="percentile",
+                              rng=np.random.default_rng(SEED))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (np.isfinite(low) and np.isfinite(high)):
+        low = high = value
+    return {"value": value, "low": low, "high": high, "n": n}
+
+
+def summarize(runs, kind):
+    """``{path: {"share", "rps_ratio", "p50_ratio", "p99_ratio"}}`` (each an :func:`interval`)
+    over the windows of the runs of ``kind``; paths without requests are left out."""
+    out = {}
+    for path in PATHS:
+        na, nb, p50a, p50b, p99a, p99b = _samples(runs, kind, path)
+        if not len(na):
+            continue
+        both = (na > 0) & (nb > 0)  # a ratio of latencies needs both in the window
+        out[path] = {
+            "share": interval((na, nb), _share),
+            "rps_ratio": interval((na, nb), _ratio) if nb.sum() else None,
+            "p50_ratio": interval((p50a[both], p50b[both]), _mean_ratio),
+            "p99_ratio": interval((p99a[both], p99b[both]), _mean_ratio),
+        }
+    return out
+
+
+def slot_share(runs):
+    """Share of slot ``a`` (first in HAProxy's list, lower port) over the A/B runs' windows,
+    all paths: 0.5 means no position effect (the servers alternate between slots)."""
+    relabelled = [dict(run, labels={"A": run["slot_names"]["a"], "B": run["slot_names"]["b"]})
+                  for run in runs if run["kind"] == "ab"]
+    return interval(_samples(relabelled, "ab", "all")[:2], _share) if relabelled else None
+
+
+def floor(aa_stats, path):
+    """A/A noise floor of ``path`` in share points (0..1): the largest distance of the A/A
+    interval's ends from 0.5; None without an A/A control."""
+    entry = (aa_stats or {}).get(path, {}).get("share")
+    if not entry:
+        return None
+    return max(abs(entry["low"] - 0.5), abs(entry["high"] - 0.5))
+
+
+def verdict(path, ab_stats, aa_stats, name_a="pyruvate"):
+    """One sentence: does ``name_a`` finish more or less of ``path`` than 50 % beyond the floor?
+
+    Returns ``(detected: bool, text)``. Detected means the whole 95 % interval of the
+    A/B share lies outside 50 % ± the A/A floor (± 0 without a control run).
+    """
+    share = ab_stats.get(path, {}).get("share")
+    label = "all paths" if path == "all" else path
+    if not share:
+        return False, f"{label}: no requests"
+    f = floor(aa_stats, path)
+    margin = f or 0.0
+    where = (f"the A/A floor of ±{100 * f:.1f}" if f is not None
+             else "50% (no A/A control run: the noise floor is unknown, use --control)")
+    text = (f"{name_a} finishes {100 * share['value']:.1f}% of {label} "
+            f"(95% CI {100 * share['low']:.1f}–{100 * share['high']:.1f}%, {share['n']} windows)")
+    if share["low"] > 0.5 + margin:
+        return True, f"{text}, above {where}"
+    if share["high"] < 0.5 - margin:
+        return True, f"{text}, below {where}"
+    return False, f"{label}: no difference detected: {text}, within {where}"
+
+
+def _ci(entry, scale=100.0, digits=1, unit="%"):
+    if not entry:
+        return "-"
+    return (f"{scale * entry['value']:.{digits}f}{unit} "
+            f"({scale * entry['low']:.{digits}f}–{scale * entry['high']:.{digits}f})")
+
+
+def table(summary):
+    """Markdown table of one kind's :func:`summarize` result."""
+    lines = ["| path | share of A (95% CI) | req/s ratio A/B | p50 ratio A/B | p99 ratio A/B | windows |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for path, s in summary.items():
+        lines.append(f"| {path} | {_ci(s['share'])} | {_ci(s['rps_ratio'], 1, 2, '')} | "
+                     f"{_ci(s['p50_ratio'], 1, 2, '')} | {_ci(s['p99_ratio'], 1, 2, '')} | {s['share']['n']} |")
+    return "\n".join(lines)
+
+
+def plot(summaries, path, title):
+    """PNG with the share, req/s ratio and p50/p99 ratios per path, each with its 95 % interval.
+
+    ``summaries``: ``{label: summarize() result}`` (e.g. A/B and A/A), one colour each.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display here; write files only
+    import matplotlib.pyplot as plt
+
+    panels = [("share", 100.0, "share of A (%)", 50.0), ("rps_ratio", 1.0, "req/s ratio A/B", 1.0),
+              ("p50_ratio", 1.0, "p50 ratio A/B", 1.0), ("p99_ratio", 1.0, "p99 ratio A/B", 1.0)]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    paths = [p for p in PATHS if any(p in s for s in summaries.values())]
+    x = np.arange(len(paths))
+    width = 0.8 / max(len(summaries), 1)
+    for ax, (key, scale, label, neutral) in zip(axes.flat, panels):
+        for i, (name, summary) in enumerate(summaries.items()):
+            entries = [summary.get(p, {}).get(key) for p in paths]
+            value = np.array([scale * e["value"] if e else np.nan for e in entries])
+            low = np.array([scale * e["low"] if e else np.nan for e in entries])
+            high = np.array([scale * e["high"] if e else np.nan for e in entries])
+            ax.errorbar(x + i * width, value, yerr=[value - low, high - value], fmt="o", capsize=4,
+                        color=f"C{i}", label=name)
+        ax.axhline(neutral, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xticks(x + width * (len(summaries) - 1) / 2, paths)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(loc="best")
+    fig.suptitle(title + " (bars: 95% bootstrap intervals)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
