@@ -23,7 +23,9 @@ Options added to Locust's own (``locust -f loadtests/locustfile.py --help``):
     histogram of that server's requests over all paths (``{"<rounded ms>": count}``);
     times in milliseconds, sizes in bytes. Unlike Locust's ``--csv``
     (written when the run time is up), it includes requests that finish while the users
-    stop, so it matches HAProxy's counters.
+    stop, so it matches HAProxy's counters. With ``--processes`` (or ``--master`` and
+    ``--worker``s) every worker sends its part with each stats report and the master
+    merges and writes it.
 ``--warmup S`` (seconds, default 0)
     Requests that finish in the first S seconds after the test started are left out of
     ``--per-server-stats`` (only counted in ``"warmup_requests": {server: count}``);
@@ -46,7 +48,8 @@ import time
 
 import gevent
 from locust import FastHttpUser, constant, events, task
-from locust.stats import RequestStats
+from locust.runners import MasterRunner, WorkerRunner
+from locust.stats import RequestStats, StatsEntry
 
 # Locust puts only this file's folder on sys.path; the shared parser is in the package.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -218,6 +221,33 @@ class PerServerStats:
         }
 
 
+    def drain(self):
+        """This worker's statistics since the last call, serialized for the master (a
+        ``report_to_master`` payload), and reset: ``{"warmup": {server: n}, "entries":
+        [[window index or None, server, name, method, StatsEntry.serialize()]]}``."""
+        entries = [[None, server, e.name, e.method, e.serialize()]
+                   for server, stats in self.by_server.items() for e in stats.entries.values()]
+        entries += [[index, server, e.name, e.method, e.serialize()]
+                    for index, window in self.windows.items() for server, stats in window.items()
+                    for e in stats.entries.values()]
+        out = {"warmup": self.warmup_requests, "entries": entries}
+        self.by_server, self.windows, self.warmup_requests = {}, {}, {}
+        self.total = RequestStats()
+        return out
+
+    def merge(self, data):
+        """Add a worker's :meth:`drain` payload (master side of ``--processes``)."""
+        for server, n in data["warmup"].items():
+            self.warmup_requests[server] = self.warmup_requests.get(server, 0) + n
+        for index, server, name, method, serialized in data["entries"]:
+            entry = StatsEntry.unserialize(serialized, RequestStats())
+            targets = ([self.by_server.setdefault(server, RequestStats()), self.total] if index is None
+                       else [self.windows.setdefault(index, {}).setdefault(server, RequestStats())])
+            for stats in targets:
+                stats.get(name, method).extend(entry)
+                stats.total.extend(entry)
+
+
 _per_server = PerServerStats()
 
 
@@ -229,8 +259,21 @@ def _configure(environment, **_kwargs):
     weights = parse_weights(options.weights)
     for name, cls in SHAPES.items():
         cls.weight = weights.get(name, 0)
+    if isinstance(environment.runner, WorkerRunner):
+        environment.runner.register_message("plonedeploy_warm_at", _on_warm_at)
     # Locust refuses weight 0; a shape left out is simply not a user class of this run.
     environment.user_classes[:] = [c for c in environment.user_classes if c.weight > 0]
+
+
+#: With workers: the master's end of the warm-up (epoch seconds), so that every worker
+#: cuts at the same moment as the master's --warm-mark (a worker's own test_start comes a
+#: few hundred ms later, which shifted hundreds of requests across the boundary).
+_master_warm_at = []
+
+
+def _on_warm_at(environment, msg, **_kwargs):
+    _master_warm_at[:] = [msg.data]
+    _per_server.warm_at = msg.data
 
 
 @events.test_start.add_listener
@@ -238,7 +281,11 @@ def _reset(environment, **_kwargs):
     options = environment.parsed_options
     warmup = options.warmup if options else 0.0
     _per_server.__init__(warmup, options.window if options else 5.0)
-    if options and options.warm_mark:
+    if isinstance(environment.runner, WorkerRunner) and _master_warm_at:
+        _per_server.warm_at = _master_warm_at[0]
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.send_message("plonedeploy_warm_at", _per_server.warm_at)
+    if options and options.warm_mark and not isinstance(environment.runner, WorkerRunner):
         def mark():
             gevent.sleep(warmup)
             with open(options.warm_mark, "w", encoding="utf-8") as fp:
@@ -252,9 +299,22 @@ def _on_request(request_type, name, response_time, response_length, response=Non
     _per_server.record(request_type, name, response_time, response_length, response, exception)
 
 
+@events.report_to_master.add_listener
+def _send_per_server(client_id, data, **_kwargs):
+    # With --processes (or master and workers) each worker counts its own requests and
+    # hands them over with every stats report; the master merges them (below).
+    data["per_server"] = _per_server.drain()
+
+
+@events.worker_report.add_listener
+def _receive_per_server(client_id, data, **_kwargs):
+    if "per_server" in data:
+        _per_server.merge(data["per_server"])
+
+
 @events.quitting.add_listener
 def _write_per_server(environment, **_kwargs):
     path = environment.parsed_options and environment.parsed_options.per_server_stats
-    if path:
+    if path and not isinstance(environment.runner, WorkerRunner):  # the master or a lone process writes
         with open(path, "w", encoding="utf-8") as fp:
             json.dump(_per_server.as_dict(), fp, indent=2, sort_keys=True)

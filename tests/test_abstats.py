@@ -1,0 +1,86 @@
+"""The A/B statistics (loadtests.abstats, scipy's bootstrap) and the round plan of abtest.
+
+No stack: the windows are built here with known counts, so the expected shares are known.
+"""
+import numpy as np
+import pytest
+
+from loadtests import abstats, abtest
+
+
+def _run(kind, counts_a, counts_b, p50=(10, 20), round_no=1):
+    """A run whose every window has ``counts_a[i]``/``counts_b[i]`` requests on /Plone."""
+    windows = []
+    for i, (na, nb) in enumerate(zip(counts_a, counts_b)):
+        servers = {}
+        if na:
+            servers["s1"] = {"/Plone": {"n": na, "failures": 0, "p50_ms": p50[0], "p99_ms": 3 * p50[0]}}
+        if nb:
+            servers["s2"] = {"/Plone": {"n": nb, "failures": 0, "p50_ms": p50[1], "p99_ms": 3 * p50[1]}}
+        for name, entry in servers.items():
+            entry["all"] = entry["/Plone"]
+        windows.append({"start_s": 5.0 * i, "servers": servers})
+    return {"kind": kind, "round": round_no, "labels": {"A": "s1", "B": "s2"},
+            "slot_names": {"a": "s1", "b": "s2"}, "windows": windows}
+
+
+def test_share_interval_holds_the_known_split():
+    rng = np.random.default_rng(1)
+    a = rng.poisson(60, 24)
+    b = rng.poisson(40, 24)
+    stats = abstats.summarize([_run("ab", a, b)], "ab")
+    share = stats["/Plone"]["share"]
+    assert share["value"] == pytest.approx(a.sum() / (a.sum() + b.sum()))
+    assert share["low"] < 0.6 < share["high"]
+    assert share["high"] - share["low"] < 0.1  # 24 windows of ~100 requests: a few points
+    assert stats["/Plone"]["rps_ratio"]["value"] == pytest.approx(a.sum() / b.sum())
+    assert stats["/Plone"]["p50_ratio"]["value"] == pytest.approx(0.5)
+    assert stats["/Plone"]["p50_ratio"]["low"] == stats["/Plone"]["p50_ratio"]["high"] == pytest.approx(0.5)
+
+
+def test_verdict_uses_the_aa_floor():
+    rng = np.random.default_rng(2)
+    runs = [_run("ab", rng.poisson(56, 30), rng.poisson(44, 30)),
+            _run("aa", rng.poisson(50, 30), rng.poisson(50, 30))]
+    ab, aa = abstats.summarize(runs, "ab"), abstats.summarize(runs, "aa")
+    detected, text = abstats.verdict("/Plone", ab, aa)
+    assert detected, text
+    assert text.startswith("pyruvate finishes 5") and "above the A/A floor of ±" in text
+    # The same A/B against a wide floor (a noisy A/A) is no longer a difference.
+    noisy = abstats.summarize([_run("aa", [80, 20, 75, 25, 70, 30], [20, 80, 25, 75, 30, 70])], "aa")
+    detected, text = abstats.verdict("/Plone", ab, noisy)
+    assert not detected and "no difference detected" in text, text
+    # Without a control the floor is unknown and said so.
+    detected, text = abstats.verdict("/Plone", ab, None)
+    assert detected and "noise floor is unknown" in text
+
+
+def test_slot_share_sees_position_not_server():
+    # Server A is in slot a in round 1 and in slot b in round 2: a position effect shows in
+    # slot_share, a server effect in the A/B share.
+    first = _run("ab", [70] * 6, [30] * 6, round_no=1)
+    second = dict(_run("ab", [70] * 6, [30] * 6, round_no=2), slot_names={"a": "s2", "b": "s1"})
+    assert abstats.slot_share([first, second])["value"] == pytest.approx(0.5)
+    assert abstats.summarize([first, second], "ab")["/Plone"]["share"]["value"] == pytest.approx(0.7)
+
+
+def test_round_plan_swaps_slots_and_interleaves_control():
+    args = abtest.parse_args(["--rounds", "4", "--control"])
+    plan = abtest.round_plan(args)
+    ab = [(r, a, b, slot) for r, kind, a, b, slot in plan if kind == "ab"]
+    assert ab == [(1, "pyruvate", "waitress", "a"), (2, "waitress", "pyruvate", "b"),
+                  (3, "pyruvate", "waitress", "a"), (4, "waitress", "pyruvate", "b")]
+    assert [kind for _, kind, _, _, _ in plan] == ["ab", "aa", "aa", "ab", "ab", "aa", "aa", "ab"]
+    assert all(a == b == "pyruvate" for _, kind, a, b, _ in plan if kind == "aa")
+    calibration = abtest.round_plan(abtest.parse_args(["--rounds", "2", "--calibrate", "25"]))
+    assert [(kind, a, b) for _, kind, a, b, _ in calibration] == [("ab", "pyruvate", "pyruvate")] * 2
+
+
+def test_defaults_and_option_errors(capsys):
+    args = abtest.parse_args([])
+    assert args.rounds >= 4 and args.warmup >= 10
+    assert abtest.parse_args(["--deployed"]).rounds == 1
+    for bad in (["--warmup", "-1"], ["--window", "0"], ["--calibrate", "100"]):
+        with pytest.raises(SystemExit):
+            abtest.parse_args(bad)
+    assert "--calibrate" in capsys.readouterr().err
