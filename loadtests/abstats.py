@@ -21,6 +21,9 @@ Windows next to each other are not fully independent (a slow request spans a bou
 so the intervals are somewhat narrow; the A/A floor measured the same way absorbs part of
 that.
 """
+import re
+from datetime import datetime, timezone
+
 import numpy as np
 from scipy import stats
 
@@ -46,6 +49,46 @@ def _samples(runs, kind, path):
             rows.append((na, nb, (a or {}).get("p50_ms") if na else np.nan, (b or {}).get("p50_ms") if nb else np.nan,
                          (a or {}).get("p99_ms") if na else np.nan, (b or {}).get("p99_ms") if nb else np.nan))
     return np.array(rows, dtype=float).reshape(-1, 6).T
+
+
+#: HAProxy logs the URL, not the Accept header: /Plone as a page and as JSON are one row.
+LOG_PATHS = {"/": "/", "/Plone": "/Plone + @json", "/Plone/blob-5mb/@@download/file": "blob 5MB"}
+_LOG_LINE = re.compile(
+    r"\[(\d+/\w+/\d+:\d+:\d+:\d+\.\d+)\] \S+ (\S+)/(\S+) -?\d+/-?\d+/-?\d+/(-?\d+)/(-?\d+) (\d{3}) "
+    r'.* "GET (\S+) HTTP')
+
+
+def server_time_windows(log_path, backend, warm_epoch, window_s):
+    """Per-window server times from a temporary HAProxy's ``option httplog`` log.
+
+    ``Tr`` (ms from the request sent to the server until its response headers arrived) is
+    the server's own time: without HAProxy's queue (``Tw``) and without the transfer of the
+    body to Locust (``Ta - Tr``), which on this machine is set by Locust's reading speed.
+    Requests accepted before ``warm_epoch`` (the warm-up mark, epoch seconds) are left out.
+    Returns windows shaped like the locustfile's (``[{"start_s", "servers": {server:
+    {path: {"n", "p50_ms", "p99_ms"}}}}]``, p50/p99 of Tr by ``numpy.percentile``), with
+    the paths of ``LOG_PATHS`` and "all".
+    """
+    times = {}  # (window, server, path) -> [Tr ms]
+    with open(log_path, encoding="utf-8", errors="replace") as fp:
+        for line in fp:
+            match = _LOG_LINE.search(line)
+            if not match or match.group(2) != backend or match.group(6) != "200":
+                continue
+            accepted = datetime.strptime(match.group(1), "%d/%b/%Y:%H:%M:%S.%f").replace(
+                tzinfo=timezone.utc).timestamp()  # HAProxy logs local time; these hosts run UTC
+            if accepted < warm_epoch:
+                continue
+            path = LOG_PATHS.get(match.group(7))
+            window = int((accepted - warm_epoch) // window_s)
+            for name in (path, "all") if path else ("all",):
+                times.setdefault((window, match.group(3), name), []).append(int(match.group(4)))
+    windows = {}
+    for (window, server, path), values in times.items():
+        p50, p99 = np.percentile(values, [50, 99])
+        windows.setdefault(window, {}).setdefault(server, {})[path] = {
+            "n": len(values), "p50_ms": float(p50), "p99_ms": float(p99)}
+    return [{"start_s": w * window_s, "servers": windows[w]} for w in sorted(windows)]
 
 
 def _share(a, b, axis=-1):
@@ -83,11 +126,11 @@ def interval(data, statistic):
     return {"value": value, "low": low, "high": high, "n": n}
 
 
-def summarize(runs, kind):
+def summarize(runs, kind, paths=PATHS):
     """``{path: {"share", "rps_ratio", "p50_ratio", "p99_ratio"}}`` (each an :func:`interval`)
     over the windows of the runs of ``kind``; paths without requests are left out."""
     out = {}
-    for path in PATHS:
+    for path in paths:
         na, nb, p50a, p50b, p99a, p99b = _samples(runs, kind, path)
         if not len(na):
             continue
@@ -134,11 +177,29 @@ def verdict(path, ab_stats, aa_stats, name_a="pyruvate"):
              else "50% (no A/A control run: the noise floor is unknown, use --control)")
     text = (f"{name_a} finishes {100 * share['value']:.1f}% of {label} "
             f"(95% CI {100 * share['low']:.1f}–{100 * share['high']:.1f}%, {share['n']} windows)")
+    if share["n"] < 2:
+        return False, f"{label}: no difference detected: {text}: too few windows for an interval"
     if share["low"] > 0.5 + margin:
         return True, f"{text}, above {where}"
     if share["high"] < 0.5 - margin:
         return True, f"{text}, below {where}"
     return False, f"{label}: no difference detected: {text}, within {where}"
+
+
+def time_verdict(path, ab_time, aa_time, name_a="pyruvate", name_b="waitress"):
+    """One sentence on the servers' own time (HAProxy ``Tr`` p50 ratio, A/B) of ``path``,
+    with the A/A interval of the same ratio when there is one. Returns ``(detected, text)``:
+    detected when the A/B interval and the A/A interval (or 1.0 without one) do not overlap."""
+    ratio = (ab_time or {}).get(path, {}).get("p50_ratio")
+    if not ratio:
+        return False, f"{path}: no server times"
+    aa = (aa_time or {}).get(path, {}).get("p50_ratio")
+    low, high = (aa["low"], aa["high"]) if aa else (1.0, 1.0)
+    detected = ratio["n"] >= 2 and (ratio["high"] < low or ratio["low"] > high)
+    text = (f"{name_a}'s own time to the response headers (HAProxy Tr, p50) on {path} is "
+            f"{ratio['value']:.2f}× {name_b}'s (95% CI {ratio['low']:.2f}–{ratio['high']:.2f}"
+            + (f"; A/A {aa['low']:.2f}–{aa['high']:.2f})" if aa else "; no A/A control)"))
+    return detected, text + ("" if detected else ": no difference detected")
 
 
 def _ci(entry, scale=100.0, digits=1, unit="%"):

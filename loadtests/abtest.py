@@ -293,8 +293,9 @@ def measure(args, config, directory, label="", balancer=None, extra_procs=None):
 
     def snapshot():
         # Every figure starts here, at the end of the warm-up, not at Locust's start.
-        snap.update(cpu=cpu_seconds(procs), busy=machine_busy_seconds(), own=locust_cpu_seconds(),
-                    wall=time.monotonic(), haproxy=haproxy_stats.fetch(config["stats_url"]))
+        # HAProxy first: Locust's counters started at the mark, every ms here counts.
+        snap.update(haproxy=haproxy_stats.fetch(config["stats_url"]), wall=time.monotonic(),
+                    cpu=cpu_seconds(procs), busy=machine_busy_seconds(), own=locust_cpu_seconds())
 
     if args.warmup <= 0:
         snapshot()
@@ -610,6 +611,11 @@ def run_rounds(args, config, directory):
                 return 2
             data, code, per_server = result
             report.write(data, run_dir)
+            with open(os.path.join(run_dir, "warm.mark"), encoding="utf-8") as fp:
+                warm_epoch = float(fp.read())
+            # The log is complete now that this HAProxy has stopped.
+            server_windows = abstats.server_time_windows(balancer.log_path, config["backend"], warm_epoch,
+                                                         args.window)
             counts = {role: data["servers"].get(n, {}).get("requests", 0) for role, n in roles.items()}
             share = counts["A"] / max(sum(counts.values()), 1)
             print(f"{label}{data['totals']['requests']} requests, {data['totals']['failures']} failures, "
@@ -621,6 +627,7 @@ def run_rounds(args, config, directory):
             worst = max(worst, 0 if data["totals"]["failures"] == 0 and code == 0 else 1)
             runs.append({"kind": kind, "round": round_no, "directory": name, "slots": {"a": server_a, "b": server_b},
                          "slot_names": names, "labels": roles, "windows": per_server.get("windows", []),
+                         "server_time_windows": server_windows,
                          "totals": data["totals"], "cpu": data["meta"]["cpu"], "warnings": data["meta"]["warnings"],
                          "warmup_requests": data["meta"]["warmup_requests"], "restart_s": round(restart_s, 1)})
     first, second = abslots.SERVERS
@@ -659,9 +666,18 @@ def rounds_report(meta, runs):
     for path in ab:
         detected, text = abstats.verdict(path, ab, aa, meta["name_a"])
         verdicts.append({"path": path, "detected": detected, "text": text})
+    # The same statistics over HAProxy's log: request counts and the servers' own time (Tr).
+    by_log = [dict(run, windows=run["server_time_windows"]) for run in runs]
+    log_paths = tuple(abstats.LOG_PATHS.values()) + ("all",)
+    server_time = {"ab": abstats.summarize(by_log, "ab", log_paths),
+                   "aa": abstats.summarize(by_log, "aa", log_paths) if meta["control"] else None}
+    for path in log_paths:
+        detected, text = abstats.time_verdict(path, server_time["ab"], server_time["aa"], meta["name_a"],
+                                              meta["name_b"])
+        verdicts.append({"path": path, "detected": detected, "text": text, "measure": "server time"})
     warnings = sorted({w for run in runs for w in run["warnings"]})
-    return {"meta": meta, "runs": runs, "stats": {"ab": ab, "aa": aa}, "slot_share": abstats.slot_share(runs),
-            "verdicts": verdicts, "warnings": warnings}
+    return {"meta": meta, "runs": runs, "stats": {"ab": ab, "aa": aa}, "server_time": server_time,
+            "slot_share": abstats.slot_share(runs), "verdicts": verdicts, "warnings": warnings}
 
 
 def write_rounds_report(data, directory):
@@ -702,6 +718,16 @@ def write_rounds_report(data, directory):
     if data["stats"]["aa"]:
         lines += [f"## A/A control (both slots on {meta['control_server']}): the noise floor", "",
                   abstats.table(data["stats"]["aa"]), ""]
+    lines += ["## The servers' own time (HAProxy's log)", "",
+              "From the temporary HAProxy's log of each run, after the warm-up: the share column "
+              "counts HAProxy's requests (a check of Locust's); the p50/p99 ratios are of `Tr`, the "
+              "time from sending the request to the server until its response headers arrived: "
+              "without the wait in HAProxy's queue and without the body's transfer to Locust, "
+              "which set the pace of the share on this machine (docs/usage.md, Sensitivity). "
+              "HAProxy logs the URL only, so /Plone as page and as JSON are one row.", "",
+              "A/B:", "", abstats.table(data["server_time"]["ab"]), ""]
+    if data["server_time"]["aa"]:
+        lines += ["A/A:", "", abstats.table(data["server_time"]["aa"]), ""]
     lines += ["## Runs", "",
               "| run | slot a | slot b | requests | failures | req/s | warm-up requests left out | Locust cores | "
               "machine busy % | foreign % | report |",

@@ -84,3 +84,36 @@ def test_defaults_and_option_errors(capsys):
         with pytest.raises(SystemExit):
             abtest.parse_args(bad)
     assert "--calibrate" in capsys.readouterr().err
+
+
+LOG = """\
+127.0.0.1:1 [23/Nov/2026:12:00:00.500] plone zeoclients/s1 0/0/0/900/930 200 5243262 - - ---- 4/4/3/1/0 0/0 "GET /Plone/blob-5mb/@@download/file HTTP/1.1"
+127.0.0.1:2 [23/Nov/2026:12:00:01.100] plone zeoclients/s1 0/0/0/10/12 200 100 - - ---- 4/4/3/1/0 0/0 "GET / HTTP/1.1"
+127.0.0.1:3 [23/Nov/2026:12:00:01.200] plone zeoclients/s2 0/5/0/30/40 200 100 - - ---- 4/4/3/1/0 0/0 "GET / HTTP/1.1"
+127.0.0.1:4 [23/Nov/2026:12:00:03.300] plone zeoclients/s2 0/0/0/70/90 200 900 - - ---- 4/4/3/1/0 0/0 "GET /Plone HTTP/1.1"
+127.0.0.1:5 [23/Nov/2026:12:00:03.400] stats stats/<STATS> 0/0/0/0/0 200 3409 - - LR-- 1/1/0/0/0 0/0 "GET /stats;csv HTTP/1.1"
+127.0.0.1:6 [23/Nov/2026:12:00:03.500] plone zeoclients/s1 0/0/0/20/25 503 0 - - ---- 4/4/3/1/0 0/0 "GET / HTTP/1.1"
+"""
+
+
+def test_server_time_windows_from_haproxy_log(tmp_path):
+    from datetime import datetime, timezone
+
+    log = tmp_path / "haproxy.log"
+    log.write_text(LOG)
+    warm = datetime(2026, 11, 23, 12, 0, 1, tzinfo=timezone.utc).timestamp()
+    windows = abstats.server_time_windows(str(log), "zeoclients", warm, 2.0)
+    # the warm-up line, the stats line and the 503 are left out
+    assert windows == [
+        {"start_s": 0.0, "servers": {"s1": {"/": {"n": 1, "p50_ms": 10.0, "p99_ms": 10.0},
+                                            "all": {"n": 1, "p50_ms": 10.0, "p99_ms": 10.0}},
+                                     "s2": {"/": {"n": 1, "p50_ms": 30.0, "p99_ms": 30.0},
+                                            "all": {"n": 1, "p50_ms": 30.0, "p99_ms": 30.0}}}},
+        {"start_s": 2.0, "servers": {"s2": {"/Plone + @json": {"n": 1, "p50_ms": 70.0, "p99_ms": 70.0},
+                                            "all": {"n": 1, "p50_ms": 70.0, "p99_ms": 70.0}}}},
+    ]
+    run = {"kind": "ab", "labels": {"A": "s1", "B": "s2"}, "windows": windows}
+    ab = abstats.summarize([run], "ab", ("/", "all"))
+    assert ab["/"]["p50_ratio"]["value"] == pytest.approx(10 / 30)
+    detected, text = abstats.time_verdict("/", ab, None)
+    assert not detected and "0.33× waitress's" in text  # one window: no interval, nothing detected

@@ -118,9 +118,10 @@ def test_site_script_is_idempotent(stack):
 
 def boundary(users, requests):
     """Requests Locust and HAProxy may count differently at the end of the warm-up: one in
-    flight per user, plus 2% for the moment between the warm-up mark and the stats read
-    (measured: 4-8 of 400-650 with 6 users)."""
-    return users + 0.02 * requests
+    flight per user, plus 5% for the moment between the end of the warm-up and the stats
+    read (the Locust master writes the mark late when the machine is busy; measured 4-13
+    of 400-650 at load average 7). A warm-up not cut at all would differ by its ~30%."""
+    return users + 0.05 * requests
 
 
 def test_ab_report(stack, tmp_path):
