@@ -252,3 +252,44 @@ def plot(summaries, path, title):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def widths_by_rounds(runs, rounds):
+    """``{k: {kind: {path: half-width of the share interval in points}}}`` for the first
+    k = 1..rounds rounds of a report's ``runs``: how the interval narrows with rounds."""
+    out = {}
+    for k in range(1, rounds + 1):
+        subset = [run for run in runs if run["round"] <= k]
+        out[k] = {}
+        for kind in ("ab", "aa"):
+            summary = summarize(subset, kind)
+            out[k][kind] = {path: round(50 * (s["share"]["high"] - s["share"]["low"]), 2)
+                            for path, s in summary.items()}
+    return out
+
+
+def main(argv=None):
+    """``python -m loadtests.abstats DIR``: from DIR/report.json of a rounds run, print the
+    half-width (percentage points) of each path's share interval using its first 1, 2, ...
+    rounds, for A/B and A/A."""
+    import argparse
+    import json
+    import os
+
+    parser = argparse.ArgumentParser(prog="python -m loadtests.abstats", description=main.__doc__)
+    parser.add_argument("directory", help="a report folder of loadtests.abtest (rounds run)")
+    args = parser.parse_args(argv)
+    with open(os.path.join(args.directory, "report.json"), encoding="utf-8") as fp:
+        data = json.load(fp)
+    widths = widths_by_rounds(data["runs"], data["meta"]["rounds"])
+    print("| rounds | kind | " + " | ".join(PATHS) + " |")
+    print("|---:|---|" + "---:|" * len(PATHS))
+    for k, kinds in widths.items():
+        for kind, paths in kinds.items():
+            if paths:
+                print(f"| {k} | {kind} | " + " | ".join(f"±{paths.get(p, float('nan')):.1f}" for p in PATHS) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

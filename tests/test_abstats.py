@@ -117,3 +117,11 @@ def test_server_time_windows_from_haproxy_log(tmp_path):
     assert ab["/"]["p50_ratio"]["value"] == pytest.approx(10 / 30)
     detected, text = abstats.time_verdict("/", ab, None)
     assert not detected and "0.33× waitress's" in text  # one window: no interval, nothing detected
+
+
+def test_interval_narrows_with_rounds():
+    rng = np.random.default_rng(3)
+    runs = [_run("ab", rng.poisson(55, 6), rng.poisson(45, 6), round_no=r) for r in range(1, 5)]
+    widths = abstats.widths_by_rounds(runs, 4)
+    assert widths[4]["ab"]["/Plone"] < widths[1]["ab"]["/Plone"]
+    assert widths[1]["aa"] == {}  # no A/A runs: nothing to report

@@ -181,8 +181,14 @@ def test_ab_rounds_with_control(stack, tmp_path):
     for kind in ("ab", "aa"):
         share = report["stats"][kind]["all"]["share"]
         assert 0 < share["low"] <= share["value"] <= share["high"] < 1, (kind, share)
-    assert [v["path"] for v in report["verdicts"]] == ["/", "/Plone", "@json", "blob 5MB", "all"]
-    assert all("A/A floor of ±" in v["text"] for v in report["verdicts"])
+    shares = [v for v in report["verdicts"] if "measure" not in v]
+    assert [v["path"] for v in shares] == ["/", "/Plone", "@json", "blob 5MB", "all"]
+    assert all("A/A floor of ±" in v["text"] for v in shares)
+    # and the servers' own time from the temporary HAProxys' logs, with the A/A interval
+    times = [v for v in report["verdicts"] if v.get("measure") == "server time"]
+    assert [v["path"] for v in times] == ["/", "/Plone + @json", "blob 5MB", "all"]
+    assert all("(HAProxy Tr, p50)" in v["text"] and "; A/A " in v["text"] for v in times), times
+    assert report["server_time"]["ab"]["all"]["share"]["n"] >= 3
     assert (folder / "ab.png").stat().st_size > 0
     assert "## A/A control" in (folder / "report.md").read_text()
     # Slot clients and temporary HAProxys stopped; the deployed stack untouched.
