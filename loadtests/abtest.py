@@ -192,6 +192,8 @@ def parse_args(argv):
         parser.error("--calibrate PERCENT must be between 0 and 100")
     if args.buildout_config is None:
         args.buildout_config = abslots.default_buildout_config()
+    # Locust runs in the report folder: a relative --out would point inside it.
+    args.out = os.path.abspath(args.out)
     if args.balancer_port is not None and not 1 <= args.balancer_port <= 65534:
         parser.error("--balancer-port must be between 1 and 65534 (the stats use the next port)")
     try:
