@@ -6,7 +6,8 @@
 # Other targets: multihost (Ansible over SSH into three network namespaces), blobbench (blob
 # downloads with/without the blobsendfile filter, needs wrk), matrix (benchmark matrix of the
 # WSGI servers, needs wrk and the running stack; docs/servers.md), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
-# Variables: AB_ARGS (passed to loadtests.abtest, e.g. AB_ARGS="--duration 30 --users 20";
+# Variables: AB_ARGS (passed to loadtests.abtest, e.g. AB_ARGS="--rounds 6 --duration 30 --control";
+#            make demo uses DEMO_AB_ARGS unless AB_ARGS is given;
 #            AB_ARGS="--balance leastconn,roundrobin" compares HAProxy balance modes),
 #            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'"),
 #            BLOBBENCH_ARGS (passed to loadtests.blobbench, e.g. BLOBBENCH_ARGS="--rounds 1 --fd-downloads 1000"),
@@ -16,7 +17,10 @@ PYTHON ?= python3
 # .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/pins.md)
 VENV := .venv
 BUILDOUT_VENV := .venv-buildout
-AB_ARGS ?= --duration 60 --users 10 --spawn-rate 10
+# make ab: 4 rounds with swapped slots, each also as A/A control (about 9 minutes);
+# make demo: 2 rounds of 20 s (about 4 minutes), intervals all the same (docs/usage.md).
+AB_ARGS ?= --rounds 4 --duration 30 --warmup 10 --control --users 10 --spawn-rate 10
+DEMO_AB_ARGS ?= --rounds 2 --duration 20 --warmup 10 --control --users 10 --spawn-rate 10
 PYTEST_ARGS ?=
 BLOBBENCH_ARGS ?=
 MATRIX_ARGS ?=
@@ -32,7 +36,7 @@ demo: system build
 	@# Whatever happens, stop what was started (by PID).
 	@set -e; trap '$(MAKE) --no-print-directory stop' EXIT; \
 	  $(MAKE) --no-print-directory start; \
-	  $(MAKE) --no-print-directory ab
+	  $(MAKE) --no-print-directory ab $(if $(filter command line environment,$(origin AB_ARGS)),,AB_ARGS="$(DEMO_AB_ARGS)")
 
 test: system build ansible-venv
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -53,6 +53,7 @@ from datetime import datetime, timezone
 
 import psutil
 
+from loadtests.abslots import default_buildout_config
 from loadtests.abtest import cpu_seconds, machine_busy_seconds, stack_pids
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -516,8 +517,7 @@ def parse_args(argv):
     if min(args.connections) < 1 or args.duration < 1 or args.rounds < 1 or args.fd_downloads < 0:
         parser.error("--connections, --duration and --rounds must be >= 1, --fd-downloads >= 0")
     if args.buildout_config is None:
-        local = os.path.join(ROOT, "local.cfg")
-        args.buildout_config = local if os.path.exists(local) else os.path.join(ROOT, "buildout.cfg")
+        args.buildout_config = default_buildout_config()
     return args
 
 

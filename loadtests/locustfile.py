@@ -23,7 +23,20 @@ Options added to Locust's own (``locust -f loadtests/locustfile.py --help``):
     histogram of that server's requests over all paths (``{"<rounded ms>": count}``);
     times in milliseconds, sizes in bytes. Unlike Locust's ``--csv``
     (written when the run time is up), it includes requests that finish while the users
-    stop, so it matches HAProxy's counters.
+    stop, so it matches HAProxy's counters. With ``--processes`` (or ``--master`` and
+    ``--worker``s) every worker sends its part with each stats report and the master
+    merges and writes it.
+``--warmup S`` (seconds, default 0)
+    Requests that finish in the first S seconds after the test started are left out of
+    ``--per-server-stats`` (only counted in ``"warmup_requests": {server: count}``);
+    ``elapsed_s`` then counts from the end of the warm-up. With ``--warm-mark PATH`` the
+    file PATH is written when the warm-up is over, so that the caller can read HAProxy's
+    counters at the same moment.
+``--window S`` (seconds, default 5)
+    ``--per-server-stats`` also gets ``"windows": [{"start_s": s, "servers": {server:
+    {request name or "all": {"n", "failures", "p50_ms", "p99_ms"}}}}]``: the same requests cut
+    into consecutive windows of S seconds after the warm-up (the last one may be shorter),
+    the units over which loadtests.abstats resamples.
 
 Use the host ``http://127.0.0.1:8080`` (HAProxy) or a client directly (``:8081``);
 traffic must stay on this machine.
@@ -33,8 +46,10 @@ import os
 import sys
 import time
 
+import gevent
 from locust import FastHttpUser, constant, events, task
-from locust.stats import RequestStats
+from locust.runners import MasterRunner, WorkerRunner
+from locust.stats import RequestStats, StatsEntry
 
 # Locust puts only this file's folder on sys.path; the shared parser is in the package.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -117,22 +132,37 @@ def _add_options(parser):
                         help="users per traffic shape, e.g. root=1,plone=1,json=1,blob=1")
     parser.add_argument("--per-server-stats", default="",
                         help="write per-server (X-Served-By) stats as JSON to this path")
+    parser.add_argument("--warmup", type=float, default=0.0,
+                        help="seconds after the start whose requests --per-server-stats leaves out")
+    parser.add_argument("--warm-mark", default="",
+                        help="write this file when the warm-up is over")
+    parser.add_argument("--window", type=float, default=5.0,
+                        help="seconds per time window in --per-server-stats")
 
 
 class PerServerStats:
     """Locust's own RequestStats, one per server named in ``X-Served-By``."""
 
-    def __init__(self):
+    def __init__(self, warmup_s=0.0, window_s=5.0):
         self.by_server = {}
         self.total = RequestStats()
-        self.started = time.time()
+        self.warmup_s, self.window_s = warmup_s, window_s
+        self.warm_at = time.time() + warmup_s  # epoch seconds: end of the warm-up
+        self.warmup_requests = {}
+        self.windows = {}  # window index -> {server: RequestStats}
 
     def record(self, request_type, name, response_time, response_length, response, exception):
         server = "-"
         headers = getattr(response, "headers", None)
         if headers is not None:
             server = headers.get("X-Served-By") or "-"
-        for stats in (self.by_server.setdefault(server, RequestStats()), self.total):
+        since_warm = time.time() - self.warm_at
+        if since_warm < 0:
+            self.warmup_requests[server] = self.warmup_requests.get(server, 0) + 1
+            return
+        window = self.windows.setdefault(int(since_warm // self.window_s), {})
+        for stats in (self.by_server.setdefault(server, RequestStats()), self.total,
+                      window.setdefault(server, RequestStats())):
             stats.log_request(request_type, name, response_time, response_length or 0)
             if exception is not None:
                 stats.log_error(request_type, name, exception)
@@ -163,14 +193,59 @@ class PerServerStats:
         out["response_times"] = {str(ms): n for ms, n in sorted(stats.total.response_times.items())}
         return out
 
+    @staticmethod
+    def _window_entry(entry):
+        return {"n": entry.num_requests, "failures": entry.num_failures,
+                "p50_ms": entry.get_response_time_percentile(0.50),
+                "p99_ms": entry.get_response_time_percentile(0.99)}
+
+    def _windows(self):
+        return [{"start_s": index * self.window_s,
+                 "servers": {server: {name: self._window_entry(e) for name, e in
+                                      [(n, e) for (n, _m), e in sorted(stats.entries.items())]
+                                      + [("all", stats.total)]}
+                             for server, stats in sorted(window.items())}}
+                for index, window in sorted(self.windows.items())]
+
     def as_dict(self):
         return {
-            "elapsed_s": time.time() - self.started,
+            "elapsed_s": max(time.time() - self.warm_at, 0.0),
+            "warmup_s": self.warmup_s,
+            "window_s": self.window_s,
+            "warmup_requests": dict(sorted(self.warmup_requests.items())),
+            "windows": self._windows(),
             "servers": {server: self._entries(stats) for server, stats in sorted(self.by_server.items())},
             "server_totals": {server: self._server_total(stats)
                               for server, stats in sorted(self.by_server.items())},
             "total": self._entries(self.total),
         }
+
+
+    def drain(self):
+        """This worker's statistics since the last call, serialized for the master (a
+        ``report_to_master`` payload), and reset: ``{"warmup": {server: n}, "entries":
+        [[window index or None, server, name, method, StatsEntry.serialize()]]}``."""
+        entries = [[None, server, e.name, e.method, e.serialize()]
+                   for server, stats in self.by_server.items() for e in stats.entries.values()]
+        entries += [[index, server, e.name, e.method, e.serialize()]
+                    for index, window in self.windows.items() for server, stats in window.items()
+                    for e in stats.entries.values()]
+        out = {"warmup": self.warmup_requests, "entries": entries}
+        self.by_server, self.windows, self.warmup_requests = {}, {}, {}
+        self.total = RequestStats()
+        return out
+
+    def merge(self, data):
+        """Add a worker's :meth:`drain` payload (master side of ``--processes``)."""
+        for server, n in data["warmup"].items():
+            self.warmup_requests[server] = self.warmup_requests.get(server, 0) + n
+        for index, server, name, method, serialized in data["entries"]:
+            entry = StatsEntry.unserialize(serialized, RequestStats())
+            targets = ([self.by_server.setdefault(server, RequestStats()), self.total] if index is None
+                       else [self.windows.setdefault(index, {}).setdefault(server, RequestStats())])
+            for stats in targets:
+                stats.get(name, method).extend(entry)
+                stats.total.extend(entry)
 
 
 _per_server = PerServerStats()
@@ -184,13 +259,38 @@ def _configure(environment, **_kwargs):
     weights = parse_weights(options.weights)
     for name, cls in SHAPES.items():
         cls.weight = weights.get(name, 0)
+    if isinstance(environment.runner, WorkerRunner):
+        environment.runner.register_message("plonedeploy_warm_at", _on_warm_at)
     # Locust refuses weight 0; a shape left out is simply not a user class of this run.
     environment.user_classes[:] = [c for c in environment.user_classes if c.weight > 0]
 
 
+#: With workers: the master's end of the warm-up (epoch seconds), so that every worker
+#: cuts at the same moment as the master's --warm-mark (a worker's own test_start comes a
+#: few hundred ms later, which shifted hundreds of requests across the boundary).
+_master_warm_at = []
+
+
+def _on_warm_at(environment, msg, **_kwargs):
+    _master_warm_at[:] = [msg.data]
+    _per_server.warm_at = msg.data
+
+
 @events.test_start.add_listener
-def _reset(**_kwargs):
-    _per_server.__init__()
+def _reset(environment, **_kwargs):
+    options = environment.parsed_options
+    warmup = options.warmup if options else 0.0
+    _per_server.__init__(warmup, options.window if options else 5.0)
+    if isinstance(environment.runner, WorkerRunner) and _master_warm_at:
+        _per_server.warm_at = _master_warm_at[0]
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.send_message("plonedeploy_warm_at", _per_server.warm_at)
+    if options and options.warm_mark and not isinstance(environment.runner, WorkerRunner):
+        def mark():
+            gevent.sleep(warmup)
+            with open(options.warm_mark, "w", encoding="utf-8") as fp:
+                fp.write(f"{time.time()}\n")
+        gevent.spawn(mark)
 
 
 @events.request.add_listener
@@ -199,9 +299,22 @@ def _on_request(request_type, name, response_time, response_length, response=Non
     _per_server.record(request_type, name, response_time, response_length, response, exception)
 
 
+@events.report_to_master.add_listener
+def _send_per_server(client_id, data, **_kwargs):
+    # With --processes (or master and workers) each worker counts its own requests and
+    # hands them over with every stats report; the master merges them (below).
+    data["per_server"] = _per_server.drain()
+
+
+@events.worker_report.add_listener
+def _receive_per_server(client_id, data, **_kwargs):
+    if "per_server" in data:
+        _per_server.merge(data["per_server"])
+
+
 @events.quitting.add_listener
 def _write_per_server(environment, **_kwargs):
     path = environment.parsed_options and environment.parsed_options.per_server_stats
-    if path:
+    if path and not isinstance(environment.runner, WorkerRunner):  # the master or a lone process writes
         with open(path, "w", encoding="utf-8") as fp:
             json.dump(_per_server.as_dict(), fp, indent=2, sort_keys=True)

@@ -287,7 +287,7 @@ def test_rolling_restart_under_load_fails_no_request(stack, tmp_path):
     """bin/stack restart (every client in turn, drained in HAProxy first) during a Locust
     A/B run: 0 failed requests, and both servers UP afterwards."""
     load = subprocess.Popen(
-        [sys.executable, "-m", "loadtests.abtest", "--duration", "75", "--users", "6",
+        [sys.executable, "-m", "loadtests.abtest", "--deployed", "--warmup", "0", "--duration", "75", "--users", "6",
          "--spawn-rate", "6", "--out", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
