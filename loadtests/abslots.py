@@ -70,8 +70,9 @@ def buildout_config(extends, client_part, haproxy_name, ports, run_dir):
     ]
     for slot in SLOTS:
         for server in SERVERS:
+            # metrics-address empty: the stack's own client holds that port meanwhile.
             lines += [f"[{part(slot, server)}]", f"<= {client_part}", f"wsgi-server = {server}",
-                      f"http-address = 127.0.0.1:{ports[slot]}", ""]
+                      f"http-address = 127.0.0.1:{ports[slot]}", "metrics-address =", ""]
     for x, y in pairs:
         # bind/stats-bind are rewritten by TemporaryBalancer; these only satisfy the recipe.
         lines += [f"[{haproxy_part(x, y)}]", f"<= {haproxy_name}",
