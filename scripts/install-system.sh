@@ -6,7 +6,7 @@
 # libev's and Python's headers and a C compiler; rsync (bin/backup copies the blob storage
 # with hard links to the previous copy) and logrotate (parts/logrotate/logrotate.conf);
 # openssl (the build makes HAProxy's self-signed certificate with it) and curl (the TLS
-# tests speak HTTP/2 with it). Does nothing when they are already there.
+# tests speak HTTP/2 with it); prometheus for its promtool. Does nothing when they are already there.
 set -euo pipefail
 need=()
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
@@ -19,6 +19,9 @@ command -v strace >/dev/null 2>&1 || need+=(strace)
 command -v rsync >/dev/null 2>&1 || need+=(rsync)
 command -v logrotate >/dev/null 2>&1 || [ -x /usr/sbin/logrotate ] || need+=(logrotate)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# promtool (tests/test_alert_rules.py checks the monitoring role's alert rules with it);
+# the kit never uses the package's own service.
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 if [ ${#need[@]} -eq 0 ]; then
   echo "system packages: present ($(/usr/sbin/haproxy -v 2>/dev/null | head -n1 || haproxy -v | head -n1); $(command -v wrk))"
