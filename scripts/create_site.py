@@ -18,10 +18,18 @@ nothing):
   anonymous load-test requests;
 - an empty "Unthemed host names" list (``IThemeSettings.hostnameBlacklist``), so that
   direct requests to a client on 127.0.0.1 get the same themed page as requests through
-  HAProxy and both cost the same.
+  HAProxy and both cost the same;
+- when the stack has a cache tier (``$PLONEDEPLOY_CACHING_PROXIES``, whitespace-separated
+  URLs such as ``http://127.0.0.1:6081``, or else the ``cache`` of ``parts/stack/stack.json``):
+  plone.app.caching installed with its ``with-caching-proxy`` profile, caching enabled,
+  content pages (``plone.content.itemView``, ``plone.content.folderView``) cached in the proxy
+  with ``moderateCaching`` (its ``s-maxage``, 86400 s; browsers revalidate), and purging
+  (plone.cachepurging) enabled towards those proxies for the content types of
+  ``PURGED_TYPES``: an edit purges the changed pages within a second.
 
 Exit status 0 on success; an exception (with Zope's traceback) otherwise.
 """
+import json
 import os
 import secrets
 import sys
@@ -36,6 +44,14 @@ BLOB_SIZE = 5 * 1024 * 1024  # 5 MiB = 5,242,880 bytes
 ADMIN = "admin"
 THEME_BLACKLIST = "plone.app.theming.interfaces.IThemeSettings.hostnameBlacklist"
 RESTAPI_PERMISSION = "plone.restapi: Use REST API"
+STACK_JSON = "parts/stack/stack.json"
+# Content whose edits purge the proxy (plone.app.caching's default is File, Image and News
+# Item only: pages would stay stale for s-maxage).
+PURGED_TYPES = ("Plone Site", "Document", "Folder", "Collection", "Event", "News Item", "Link",
+                "File", "Image")
+# with-caching-proxy maps content views to weakCaching (never stored by the proxy); with a
+# purging proxy moderateCaching keeps them there until an edit purges them.
+CACHED_RULESETS = ("plone.content.itemView", "plone.content.folderView")
 
 
 def admin_password(path="var/admin-password"):
@@ -133,6 +149,62 @@ def ensure_anonymous_restapi(site):
     return True
 
 
+def caching_proxies(stack_json=STACK_JSON):
+    """URLs of the caching proxies to purge (a tuple, empty without a cache tier).
+
+    From ``$PLONEDEPLOY_CACHING_PROXIES`` (whitespace-separated URLs), else from the
+    ``cache.url`` of ``parts/stack/stack.json`` (the buildout stack's varnish).
+    """
+    configured = os.environ.get("PLONEDEPLOY_CACHING_PROXIES")
+    if configured is not None:
+        return tuple(configured.split())
+    try:
+        with open(stack_json, encoding="utf-8") as fp:
+            cache = json.load(fp).get("cache")
+    except OSError:
+        return ()
+    return (cache["url"],) if cache else ()
+
+
+def ensure_caching(site, proxies):
+    """plone.app.caching with a purging proxy in front (see the module docstring).
+
+    ``proxies``: URLs of the caching proxies; empty: nothing is done. Returns True if
+    anything changed.
+    """
+    if not proxies:
+        return False
+    from plone import api
+    from plone.base.utils import get_installer
+
+    changed = False
+    installer = get_installer(site)
+    if not installer.is_product_installed("plone.app.caching"):
+        installer.install_product("plone.app.caching")
+        api.portal.get_tool("portal_setup").runAllImportStepsFromProfile(
+            "profile-plone.app.caching:with-caching-proxy")
+        print("installed plone.app.caching with its with-caching-proxy profile")
+        changed = True
+    mapping_key = "plone.caching.interfaces.ICacheSettings.operationMapping"
+    mapping = dict(api.portal.get_registry_record(mapping_key) or {})
+    wanted = {
+        "plone.caching.interfaces.ICacheSettings.enabled": True,
+        "plone.cachepurging.interfaces.ICachePurgingSettings.enabled": True,
+        "plone.cachepurging.interfaces.ICachePurgingSettings.cachingProxies": tuple(proxies),
+        # The proxy keys pages by their public path, which is the physical path here.
+        "plone.cachepurging.interfaces.ICachePurgingSettings.virtualHosting": False,
+        "plone.app.caching.interfaces.IPloneCacheSettings.purgedContentTypes": PURGED_TYPES,
+        mapping_key: {**mapping, **{r: "plone.app.caching.moderateCaching" for r in CACHED_RULESETS}},
+    }
+    for key, value in wanted.items():
+        if api.portal.get_registry_record(key, default=None) != value:
+            api.portal.set_registry_record(key, value)
+            changed = True
+    if changed:
+        print(f"caching: content pages kept by {', '.join(proxies)} and purged on edit")
+    return changed
+
+
 def _commit_if(changed, note):
     """Commit the step's changes (each step in its own transaction), or abort."""
     if changed:
@@ -158,6 +230,8 @@ def main(app):
         changed = _commit_if(ensure_blob(site), "blob") or changed
     changed = _commit_if(ensure_theming_blacklist(site), "theming") or changed
     changed = _commit_if(ensure_anonymous_restapi(site), "restapi permission") or changed
+    with api.env.adopt_roles(["Manager"]):
+        changed = _commit_if(ensure_caching(site, caching_proxies()), "caching") or changed
     print("site ready: committed" if changed else "site ready: unchanged")
 
 

@@ -6,7 +6,8 @@
 # libev's and Python's headers and a C compiler; rsync (bin/backup copies the blob storage
 # with hard links to the previous copy) and logrotate (parts/logrotate/logrotate.conf);
 # openssl (the build makes HAProxy's self-signed certificate with it) and curl (the TLS
-# tests speak HTTP/2 with it); prometheus for its promtool. Does nothing when they are already there.
+# tests speak HTTP/2 with it); prometheus for its promtool; varnish (the cache tier, started
+# by bin/stack with the kit's own VCL and ports). Does nothing when they are already there.
 set -euo pipefail
 need=()
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
@@ -23,6 +24,7 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # the kit never uses the package's own service.
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v varnishd >/dev/null 2>&1 || [ -x /usr/sbin/varnishd ] || need+=(varnish)
 if [ ${#need[@]} -eq 0 ]; then
   echo "system packages: present ($(/usr/sbin/haproxy -v 2>/dev/null | head -n1 || haproxy -v | head -n1); $(command -v wrk))"
   exit 0
@@ -36,3 +38,10 @@ echo "system packages: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"
+# On a machine with systemd the package starts its own varnish on :6081, the kit's port:
+# the kit runs its own (bin/stack, Ansible), so the package's service is stopped again.
+if [[ " ${need[*]} " == *" varnish "* ]] && command -v systemctl >/dev/null 2>&1 \
+    && systemctl is-active --quiet varnish 2>/dev/null; then
+  echo "system packages: stopping and disabling the varnish package's own service (the kit runs its own)"
+  $SUDO systemctl disable --now varnish.service varnishncsa.service || true
+fi

@@ -59,6 +59,8 @@ class Stack:
                 self.client_urls[proc["name"]] = ready["http"].rstrip("/")
                 self.ports[proc["name"]] = urlsplit(ready["http"]).port
         self.ports["haproxy"] = urlsplit(self.frontend_url).port
+        if self.config.get("cache"):
+            self.ports["varnish"] = urlsplit(self.config["cache"]["url"]).port
         self.ports["stats"] = urlsplit(self.stats_url).port
 
     @property

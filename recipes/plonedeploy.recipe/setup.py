@@ -7,6 +7,8 @@ Entry points (use them as ``recipe = plonedeploy.recipe:<name>``):
   ``pool-size`` to the thread count.
 - ``haproxy``: renders ``haproxy/haproxy.cfg.j2`` from the client parts and checks it
   with ``haproxy -c``.
+- ``varnish``: renders ``templates/varnish.vcl.j2`` (the cache tier in front of the
+  pool on HAProxy's TLS listener) and checks it with ``varnishd -C``.
 - ``stack``: writes ``bin/stack`` (start/stop/status of zeoserver, clients and HAProxy).
 
 PasteDeploy server runners (``use = egg:plonedeploy.recipe#<server>`` in a client's
@@ -55,6 +57,7 @@ setup(
             "instance = plonedeploy.recipe.instance:Recipe",
             "haproxy = plonedeploy.recipe.haproxy:Recipe",
             "stack = plonedeploy.recipe.stack:Recipe",
+            "varnish = plonedeploy.recipe.varnish:Recipe",
         ],
         # WSGI servers without a PasteDeploy entry point usable with Zope: the ZEO
         # client's wsgi.ini says "use = egg:plonedeploy.recipe#<server>" (see

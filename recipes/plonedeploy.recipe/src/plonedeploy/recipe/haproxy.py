@@ -94,6 +94,13 @@ server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and 
 ``hsts-max-age``
     Seconds of ``Strict-Transport-Security`` on HTTPS answers, default 63072000 (two
     years, Mozilla's value); ``0`` sends none.
+``cache``
+    The ``plonedeploy.recipe:varnish`` part of the cache tier, default empty (no cache).
+    Requires ``tls-bind``: over TLS, GET and HEAD requests without a body go to varnish
+    (its first ``bind``) while HAProxy's check of it passes, and HAProxy binds that part's
+    ``backend`` as the ``cache_fill`` listener through which varnish fetches misses from
+    the pool. The plain ``bind`` never uses the cache (the A/B comparison runs there).
+    PURGE and BAN from visitors get 405.
 ``template``
     Jinja2 template, default ``${buildout:directory}/haproxy/haproxy.cfg.j2``.
 ``haproxy``
@@ -112,7 +119,7 @@ import tempfile
 
 import zc.buildout
 
-from plonedeploy.recipe import edge, tls
+from plonedeploy.recipe import edge, tls, varnish
 from plonedeploy.recipe.options import (
     BALANCE_ALGORITHMS,
     check_choice,
@@ -227,6 +234,7 @@ class Recipe:
             for value in options.setdefault("per-source-exempt", "").split()
         ]
         self.parse_tls(buildout, name, options)
+        self.parse_cache(buildout, name, options)
         self.maxconn = parse_positive_int(name, options.setdefault("maxconn", "10000"), "maxconn")
         self.fd_limit = parse_positive_int(name, options.setdefault("fd-limit", "20000"), "fd-limit")
         needed = fd_limit_needed(self.maxconn, self.servers + self.upload_servers)
@@ -303,6 +311,31 @@ class Recipe:
                     f"[{name}] tls-certificate is empty and openssl is not installed to make a "
                     "self-signed one: apt-get install openssl, or give tls-certificate")
 
+    def parse_cache(self, buildout, name, options):
+        """Read ``cache`` (a varnish part); sets ``cache_server`` and ``cache_fill_bind``."""
+        self.cache_server = self.cache_fill_bind = ""
+        part = options.setdefault("cache", "").strip()
+        if not part:
+            return
+        if part not in buildout:
+            raise zc.buildout.UserError(f"[{name}] cache names {part!r}, which is not a section")
+        if not self.tls_bind:
+            raise zc.buildout.UserError(
+                f"[{name}] cache = {part} needs tls-bind: the cache serves the HTTPS listener "
+                "(the plain bind stays uncached for the load tests)")
+        cache = buildout[part]
+        host, port = parse_http_address(part, cache["bind"].split()[0], "bind")
+        fill = parse_http_address(part, cache["backend"], "backend")
+        if fill in (self.bind, self.tls_bind, self.stats_bind):
+            raise zc.buildout.UserError(
+                f"[{part}] backend = {cache['backend']} is one of [{name}]'s own listeners: give "
+                "HAProxy's cache-fill listener an address of its own")
+        self.cache_server = f"{host}:{port}"
+        self.cache_fill_bind = f"{fill[0]}:{fill[1]}"
+        # Recorded so that a change of the varnish part re-renders this one.
+        options["cache-server"] = self.cache_server
+        options["cache-fill-bind"] = self.cache_fill_bind
+
     @staticmethod
     def parse_server_names(name, options):
         """The ``server-names`` list; default the host of ``bind``. Raises UserError."""
@@ -344,6 +377,9 @@ class Recipe:
                                    options["tls-certificate"] if self.tls_bind else "",
                                    self.tls_redirect, self.hsts_max_age),
             "run_directory": options["run-directory"],
+            "cache_server": self.cache_server,
+            "cache_fill_bind": self.cache_fill_bind,
+            "cache_health_path": varnish.HEALTH_PATH,
         }
         if self.tls_bind and self.tls_generate and tls.needs_new(options["tls-certificate"], self.server_names):
             try:

@@ -13,6 +13,10 @@ Buildout part options (all part names of this buildout, the one source of truth)
     waited for, restarted and reported like them, but not part of the A/B pool.
 ``haproxy``
     The plonedeploy.recipe:haproxy part (its ``config``, ``bind`` and ``stats-bind``).
+``cache``
+    Optional; the plonedeploy.recipe:varnish part (the haproxy part's ``cache``): its
+    ``varnishd`` starts after the clients and before HAProxy, ready when it answers its
+    health path.
 
 The part writes ``parts/<name>/stack.json`` and a ``bin/<name>`` script. Usage::
 
@@ -39,6 +43,7 @@ import csv
 import io
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -49,6 +54,7 @@ import urllib.request
 
 import zc.buildout
 
+from plonedeploy.recipe import varnish as varnish_rules
 from plonedeploy.recipe.options import parse_http_address
 
 
@@ -103,6 +109,25 @@ class Recipe:
                     "already; give every client its own metrics-address")
             listeners[key] = f"[{part}] metrics-address"
             metrics[part] = f"http://{key[0]}:{key[1]}/metrics"
+        cache = None
+        cache_part = options.get("cache", "").strip()
+        if cache_part:
+            if cache_part not in buildout:
+                raise zc.buildout.UserError(f"[{name}] cache names {cache_part!r}, which is not a section")
+            varnish = buildout[cache_part]
+            cache = {
+                "name": cache_part,
+                "url": varnish["url"],
+                # varnishstat -n <workdir> / varnishadm -n <workdir> read this instance.
+                "workdir": varnish["workdir"],
+                "purge_acl": varnish["purge-acl"].split(),
+            }
+            processes.append({
+                "name": cache_part,
+                "argv": shlex.split(varnish["argv"]),
+                "ready": {"http": varnish["url"] + varnish_rules.HEALTH_PATH},
+                "stage": len(clients) + len(upload_clients) + 1,
+            })
         hap = buildout[options["haproxy"]]
         stats_host, stats_port = parse_http_address(options["haproxy"], hap["stats-bind"], "stats-bind")
         stats_url = f"http://{stats_host}:{stats_port}/stats;csv"
@@ -110,7 +135,7 @@ class Recipe:
             "name": options["haproxy"],
             "argv": [hap["binary"], "-db", "-f", hap["config"]],
             "ready": {"http": stats_url},
-            "stage": len(clients) + len(upload_clients) + 1,
+            "stage": len(clients) + len(upload_clients) + 2,
         })
         self.config = {
             "run_dir": os.path.join(directory, "var", "run"),
@@ -134,6 +159,8 @@ class Recipe:
             # {client part: URL of its Prometheus metrics}; HAProxy's own are on stats-bind.
             "metrics": metrics,
             "haproxy_metrics_url": f"http://{stats_host}:{stats_port}/metrics",
+            # The cache tier in front of the pool on the TLS listener, or null.
+            "cache": cache,
         }
         options["stack-config"] = json.dumps(self.config, sort_keys=True)
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
@@ -416,7 +443,7 @@ def main(config_path, argv=None):
     """Entry point of ``bin/stack``; see the module docstring."""
     parser = argparse.ArgumentParser(
         prog="bin/stack",
-        description="Start, stop and inspect zeoserver, the ZEO clients and HAProxy "
+        description="Start, stop and inspect zeoserver, the ZEO clients, varnish and HAProxy "
         "(PIDs in var/run, logs in var/log).",
     )
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,0 +1,180 @@
+"""``plonedeploy.recipe:varnish`` -- the cache tier: a VCL for Debian's varnish 7 and its command line.
+
+Layout (docs/operations.md, "Cache"): HAProxy's TLS frontend sends GET and HEAD requests
+to varnish while varnish is UP; varnish fetches misses from HAProxy's **cache-fill
+listener** (this part's ``backend``), which hands them to the same ZEO client pool. The
+haproxy part that names this part in its ``cache`` option binds that listener. The plain
+frontend (the load tests' :8080) never goes through the cache.
+
+Options:
+
+``bind``
+    Whitespace-separated ``host:port`` addresses varnish listens on, default
+    ``127.0.0.1:6081``. HAProxy sends visitors' requests to the first; the ZEO clients send
+    their PURGE requests to any of them.
+``backend``
+    ``host:port`` of HAProxy's cache-fill listener, default ``127.0.0.1:8088``.
+``clients``
+    Whitespace-separated ``plonedeploy.recipe:instance`` parts whose hosts (``http-address``)
+    may PURGE and BAN (plone.cachepurging runs in the ZEO clients). Required.
+``purge-networks``
+    Further networks (CIDR or address) allowed to PURGE and BAN, default none.
+``cache-size``
+    Memory for cached objects (``-s malloc,<size>``): a number with ``K``, ``M`` or ``G``,
+    default ``256M``.
+``cookie-allowlist``
+    Cookie names kept on requests to Plone, default ``__ac _ZopeId __cp statusmessages
+    auth_token I18N_LANGUAGE``; every other cookie (``_ga``, ``_pk_id`` ...) is dropped before
+    the cache looks the request up. A request that still carries one of them is passed.
+``template``
+    Jinja2 template, default ``${buildout:directory}/templates/varnish.vcl.j2``.
+``varnishd``
+    The varnishd binary (default ``varnishd`` on PATH, else ``/usr/sbin/varnishd``).
+
+Output: ``parts/<name>/varnish.vcl``, written only after ``varnishd -C`` compiled it (a
+rejected VCL raises ``zc.buildout.UserError`` with varnish's message), and the option
+``argv``: the ``varnishd`` command line ``bin/stack`` runs (``shlex`` quoting; foreground,
+working directory ``var/<name>``, ``-j none``: varnishd runs as the user who runs
+``bin/stack``, like HAProxy and Zope in this stack, and needs no access for Debian's
+``varnish`` user to the checkout; the Ansible role runs it with Debian's default jail).
+"""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+
+import zc.buildout
+
+from plonedeploy.recipe.options import (
+    fail,
+    parse_http_address,
+    parse_network,
+    render_template,
+)
+
+DEFAULT_BIND = "127.0.0.1:6081"
+DEFAULT_BACKEND = "127.0.0.1:8088"
+DEFAULT_CACHE_SIZE = "256M"
+# The cookies Plone itself reads (plone.recipe.varnish's "cookie-whitelist" and
+# plone.restapi's auth_token); all others are tracking cookies as far as the cache knows.
+DEFAULT_COOKIE_ALLOWLIST = ("__ac", "_ZopeId", "__cp", "statusmessages", "auth_token", "I18N_LANGUAGE")
+# Answered by varnish itself (no backend): HAProxy's health check of the cache.
+HEALTH_PATH = "/_varnish/ok"
+_COOKIE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_SIZE_RE = re.compile(r"^[1-9][0-9]*[KMG]$")
+
+
+def template_context(part, backend, purge_networks, cookie_allowlist=DEFAULT_COOKIE_ALLOWLIST):
+    """Variables of ``templates/varnish.vcl.j2``.
+
+    ``backend`` is ``(host, port)``; ``purge_networks`` a list of CIDR strings;
+    ``cookie_allowlist`` cookie names (letters, digits, ``_`` and ``-``). Returns a dict.
+    Raises ValueError for an empty ``purge_networks`` (varnish refuses an empty ACL
+    no better than a PURGE that nobody may send) or a cookie name a regex would misread.
+    """
+    if not purge_networks:
+        raise ValueError("no address may PURGE: give the ZEO clients' addresses")
+    bad = [name for name in cookie_allowlist if not _COOKIE_NAME_RE.match(name)]
+    if bad:
+        raise ValueError(f"cookie names {bad} contain characters other than letters, digits, _ and -")
+    return {
+        "part": part,
+        "backend_host": backend[0],
+        "backend_port": backend[1],
+        "purge_networks": list(dict.fromkeys(purge_networks)),
+        "cookie_allowlist": list(cookie_allowlist),
+        "health_path": HEALTH_PATH,
+    }
+
+
+def find_varnishd(configured=None):
+    """Path of the varnishd binary; raises ``zc.buildout.UserError`` if there is none."""
+    candidates = [configured] if configured else ["varnishd", "/usr/sbin/varnishd"]
+    for candidate in candidates:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise zc.buildout.UserError(
+        f"varnishd not found (tried {', '.join(candidates)}); install Debian's package with "
+        "'apt-get install varnish' or set the part's varnishd option")
+
+
+def check_vcl(varnishd, path):
+    """Compile ``path`` with ``varnishd -C`` (in a scratch working directory).
+
+    Returns None; raises ``zc.buildout.UserError`` with varnish's message when it fails.
+    """
+    with tempfile.TemporaryDirectory(prefix="varnish-check-") as workdir:
+        result = subprocess.run([varnishd, "-C", "-j", "none", "-n", workdir, "-f", path],
+                                capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        # On success the C source goes to stderr; on failure the message is at its end.
+        raise zc.buildout.UserError(
+            f"varnishd -C rejected the rendered VCL {path}:\n{result.stderr[-4000:]}")
+
+
+class Recipe:
+    """Varnish part; see the module docstring for its options."""
+
+    def __init__(self, buildout, name, options):
+        self.name, self.options = name, options
+        directory = buildout["buildout"]["directory"]
+        self.binds = [parse_http_address(name, value, "bind")
+                      for value in options.setdefault("bind", DEFAULT_BIND).split()]
+        if not self.binds:
+            fail(name, "bind", options["bind"], f"host:port addresses such as {DEFAULT_BIND}")
+        self.backend = parse_http_address(name, options.setdefault("backend", DEFAULT_BACKEND), "backend")
+        if self.backend in self.binds:
+            fail(name, "backend", options["backend"], "HAProxy's cache-fill listener, not varnish's own bind")
+        clients = options.get("clients", "").split()
+        if not clients:
+            raise zc.buildout.UserError(
+                f"[{name}] clients is required: the ZEO client parts that may PURGE (plone.cachepurging)")
+        networks = []
+        for part in clients:
+            if part not in buildout:
+                raise zc.buildout.UserError(f"[{name}] clients names {part!r}, which is not a section")
+            host, _ = parse_http_address(part, buildout[part].get("http-address", ""))
+            networks.append(parse_network(part, "http-address", host.strip("[]")))
+        networks += [parse_network(name, "purge-networks", value)
+                     for value in options.setdefault("purge-networks", "").split()]
+        size = options.setdefault("cache-size", DEFAULT_CACHE_SIZE).strip()
+        if not _SIZE_RE.match(size):
+            fail(name, "cache-size", size, "a size such as 256M or 2G (K, M or G)")
+        cookies = options.setdefault("cookie-allowlist", " ".join(DEFAULT_COOKIE_ALLOWLIST)).split()
+        try:
+            self.context = template_context(name, self.backend, networks, cookies)
+        except ValueError as exc:
+            fail(name, "cookie-allowlist", options["cookie-allowlist"], f"cookie names ({exc})")
+        options["purge-acl"] = " ".join(self.context["purge_networks"])
+        options.setdefault("template", os.path.join(directory, "templates", "varnish.vcl.j2"))
+        options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
+        options["vcl"] = os.path.join(options["location"], "varnish.vcl")
+        options["workdir"] = os.path.join(directory, "var", name)
+        options["binary"] = find_varnishd(options.get("varnishd"))
+        options["url"] = "http://%s:%s" % self.binds[0]
+        argv = [options["binary"], "-F", "-j", "none", "-n", options["workdir"], "-f", options["vcl"],
+                "-s", f"malloc,{size}"]
+        for host, port in self.binds:
+            argv += ["-a", f"{host}:{port}"]
+        options["argv"] = shlex.join(argv)
+
+    def install(self):
+        options = self.options
+        text = render_template(options["template"], self.context)
+        os.makedirs(options["location"], exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=options["location"], suffix=".vcl")
+        with os.fdopen(fd, "w", encoding="utf-8") as fp:
+            fp.write(text)
+        try:
+            os.chmod(tmp, 0o644)
+            check_vcl(options["binary"], tmp)
+            os.replace(tmp, options["vcl"])
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return [options["location"]]
+
+    update = install
