@@ -9,7 +9,7 @@ in four lines, each of which must appear exactly once:
 - ``bind`` of ``frontend plone`` and of ``listen stats`` -> two other 127.0.0.1 ports;
 - ``stats socket`` (the runtime API socket in var/run) -> removed, so the copy never
   replaces the deployed HAProxy's socket file; an HTTPS ``bind ... ssl`` line (``tls-bind``)
-  is removed too.
+  and the cache tier's ``frontend cache_fill`` are removed too.
 
 Everything else (servers, maxconn = threads, health checks, queue timeout, retries,
 request limits, ``X-Served-By``) is the deployed file byte for byte. The copy is checked
@@ -89,8 +89,13 @@ def derive_config(text, mode, frontend_port, stats_port):
     """
     text = _replace_once(text, r"^(\s*)balance\s+\S+\s*$", rf"\g<1>balance {mode}", "'balance' line")
     text = _replace_once(
-        text, r"^(frontend\s+\S+\s*\n(?:[ \t]+.*\n|\s*\n)*?\s*bind\s+)\S+:\d+",
+        text, r"^(frontend\s+plone\s*\n(?:[ \t]+.*\n|\s*\n)*?\s*bind\s+)\S+:\d+",
         rf"\g<1>127.0.0.1:{frontend_port}", "frontend 'bind' line")
+    # The cache tier's fill listener (haproxy part option cache) is the deployed HAProxy's;
+    # the copy's plain frontend never sends anything to the cache.
+    text = re.sub(r"^frontend\s+cache_fill\s*\n(?:[ \t]+.*\n|[ \t]*\n)*",
+                  "# frontend cache_fill: left out, the deployed HAProxy owns its listener\n\n",
+                  text, flags=re.MULTILINE)
     text = _replace_once(
         text, r"^(listen\s+stats\s*\n(?:[ \t]+.*\n|\s*\n)*?\s*bind\s+)\S+:\d+",
         rf"\g<1>127.0.0.1:{stats_port}", "stats 'bind' line")

@@ -28,7 +28,7 @@ def _tree_processes(root_pid):
         return []
 
 
-def _tree_cpu(root_pid):
+def tree_cpu_seconds(root_pid):
     """CPU seconds (user + system, incl. reaped children) of a process tree."""
     return sum(cpu_seconds({p.pid: p for p in _tree_processes(root_pid)}).values())
 
@@ -83,7 +83,7 @@ def measure(wrk, base_url, path_label, connections, duration, timeout, server_pi
     threads = min(threads, connections)
     own = {pid: p for pid in own_pids for p in [_safe_process(pid)] if p is not None}
     sampler = RssSampler(server_pid)
-    server0, own0 = _tree_cpu(server_pid), sum(cpu_seconds(own).values())
+    server0, own0 = tree_cpu_seconds(server_pid), sum(cpu_seconds(own).values())
     me0 = _self_and_children_cpu()
     busy0, t0 = machine_busy_seconds(), time.monotonic()
     sampler.start()
@@ -93,7 +93,7 @@ def measure(wrk, base_url, path_label, connections, duration, timeout, server_pi
         sampler.stop()
     wall = time.monotonic() - t0
     busy = machine_busy_seconds() - busy0
-    server_cpu = _tree_cpu(server_pid) - server0
+    server_cpu = tree_cpu_seconds(server_pid) - server0
     ours = server_cpu + (sum(cpu_seconds(own).values()) - own0) + (_self_and_children_cpu() - me0)
     foreign = max(busy - ours, 0.0)
     seconds = summary["duration_us"] / 1e6
@@ -127,10 +127,10 @@ def wait_idle(root_pid, max_seconds=60.0, window=0.3, idle_cores=0.1):
     run of that server and lower its figures.
     """
     started = time.monotonic()
-    before = _tree_cpu(root_pid)
+    before = tree_cpu_seconds(root_pid)
     while time.monotonic() - started < max_seconds:
         time.sleep(window)
-        now = _tree_cpu(root_pid)
+        now = tree_cpu_seconds(root_pid)
         if now - before < idle_cores * window:
             break
         before = now

@@ -7,7 +7,7 @@
 # with hard links to the previous copy) and logrotate (parts/logrotate/logrotate.conf);
 # openssl (the build makes HAProxy's self-signed certificate with it) and curl (the TLS
 # tests speak HTTP/2 with it); prometheus for its promtool; varnish (the cache tier, started
-# by bin/stack with the kit's own VCL and ports). Does nothing when they are already there.
+# by bin/stack with the kit's own VCL and ports) and prometheus-varnish-exporter (its metrics). Does nothing when they are already there.
 set -euo pipefail
 need=()
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
@@ -25,6 +25,7 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v varnishd >/dev/null 2>&1 || [ -x /usr/sbin/varnishd ] || need+=(varnish)
+command -v prometheus-varnish-exporter >/dev/null 2>&1 || need+=(prometheus-varnish-exporter)
 if [ ${#need[@]} -eq 0 ]; then
   echo "system packages: present ($(/usr/sbin/haproxy -v 2>/dev/null | head -n1 || haproxy -v | head -n1); $(command -v wrk))"
   exit 0
@@ -43,5 +44,5 @@ $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"
 if [[ " ${need[*]} " == *" varnish "* ]] && command -v systemctl >/dev/null 2>&1 \
     && systemctl is-active --quiet varnish 2>/dev/null; then
   echo "system packages: stopping and disabling the varnish package's own service (the kit runs its own)"
-  $SUDO systemctl disable --now varnish.service varnishncsa.service || true
+  $SUDO systemctl disable --now varnish.service varnishncsa.service prometheus-varnish-exporter.service || true
 fi

@@ -75,6 +75,19 @@ def test_derived_config_changes_only_balance_ports_and_socket():
         balancers.derive_config(template.replace("    balance leastconn\n", ""), "first", 9590, 9591)
 
 
+def test_derived_config_of_the_built_stack_binds_none_of_its_listeners(tmp_path):
+    """The copy of the real haproxy.cfg (TLS, cache tier, upload lane) is valid for haproxy -c
+    and binds only its own two ports: the deployed HAProxy keeps 8443 and the cache-fill port."""
+    derived = balancers.derive_config(open(DEPLOYED_CONFIG, encoding="utf-8").read(), "roundrobin", 9590, 9591)
+    binds = re.findall(r"^\s*bind\s+(\S+)", derived, re.MULTILINE)
+    assert binds == ["127.0.0.1:9590", "127.0.0.1:9591"], binds
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(derived)
+    check = subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, timeout=60,
+                           check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_queue_waits_counts_queued_requests(tmp_path):
     # Lines as HAProxy 2.6 logs them with the deployed config (option httplog).
     log = tmp_path / "haproxy.log"

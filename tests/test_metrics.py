@@ -6,6 +6,8 @@ scrapes the real endpoints named in ``parts/stack/stack.json`` (``metrics``,
 """
 import os
 import re
+import ssl
+import time
 import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
@@ -69,6 +71,24 @@ def test_haproxy_exporter_reports_every_server_up(stack):
     # The series the alert rules use (roles/monitoring/templates/alerts.yml.j2).
     assert value(series, "haproxy_backend_current_queue", proxy=stack.backend) >= 0
     assert value(series, "haproxy_backend_http_responses_total", proxy=stack.backend, code="5xx") >= 0
+
+
+def test_varnish_exporter_counts_hits(stack):
+    """Debian's prometheus-varnish-exporter beside the stack's varnish: a cached page counts
+    as a hit in ``varnish_main_cache_hit``."""
+    cache = stack.config.get("cache") or {}
+    assert cache.get("metrics_url"), "no varnish metrics: buildout.cfg sets [varnish] metrics-address"
+    before = value(scrape(cache["metrics_url"]), "varnish_main_cache_hit")
+    url = stack.config["tls_url"] + "/Plone?metrics-probe"
+    context = ssl._create_unverified_context()  # the demo's self-signed certificate
+    for _ in range(3):
+        with urllib.request.urlopen(url, timeout=30, context=context) as response:
+            assert response.status == 200
+    # Varnish's threads add their counts to the shared counters in batches: poll.
+    deadline = time.monotonic() + 10
+    while value(scrape(cache["metrics_url"]), "varnish_main_cache_hit") < before + 2:
+        assert time.monotonic() < deadline, "varnish_main_cache_hit did not count the hits within 10 s"
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")

@@ -256,6 +256,35 @@ def test_second_buildout_keeps_parts(built):
     assert "Installing instance." not in result.stderr + result.stdout
 
 
+def varnish_part(**options):
+    """Buildout text adding a cache tier ([varnish], not in BASE's parts) with ``options``
+    (keys with ``_`` for ``-``) over the defaults of these tests."""
+    values = {"recipe": "plonedeploy.recipe:varnish", "template": f"{ROOT}/templates/varnish.vcl.j2",
+              "bind": "127.0.0.1:18681", "backend": "127.0.0.1:18688", "clients": "instance client2 uploads"}
+    values.update({k.replace("_", "-"): v for k, v in options.items()})
+    # Continues buildout()'s [buildout] section: put it first in ``extra``.
+    return "parts += varnish\n[varnish]\n" + "".join(f"{k} = {v}\n" for k, v in values.items())
+
+
+def test_cache_tier_wired_into_haproxy_and_stack(tmp_path):
+    """[varnish] renders a VCL varnishd accepted; [haproxy] cache sends TLS GETs to it and
+    binds its backend; bin/stack starts varnishd between the clients and HAProxy."""
+    result = buildout(tmp_path, varnish_part() + "[haproxy]\ntls-bind = 127.0.0.1:18443\ncache = varnish\n"
+                                "[stack]\ncache = varnish\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    vcl = (tmp_path / "parts" / "varnish" / "varnish.vcl").read_text()
+    assert '.port = "18688";' in vcl and '"127.0.0.1"/32;' in vcl
+    config = (tmp_path / "parts" / "haproxy" / "haproxy.cfg").read_text()
+    assert "server varnish 127.0.0.1:18681 check" in config
+    assert "bind 127.0.0.1:18688" in config and "use_backend cache if to_cache" in config
+    stack = json.loads((tmp_path / "parts" / "stack" / "stack.json").read_text())
+    assert stack["cache"]["url"] == "http://127.0.0.1:18681"
+    names = [p["name"] for p in sorted(stack["processes"], key=lambda p: p["stage"])]
+    assert names.index("varnish") == names.index("haproxy") - 1
+    argv = next(p["argv"] for p in stack["processes"] if p["name"] == "varnish")
+    assert argv[argv.index("-a") + 1] == "127.0.0.1:18681" and "-F" in argv
+
+
 BAD = [
     ("[instance]\nwsgi-server = tornado\n",
      "[instance] wsgi-server = 'tornado' is invalid: expected one of: pyruvate, waitress, gunicorn, "
@@ -343,6 +372,19 @@ BAD = [
      "[client2] metrics-address = '127.0.0.1:18079' is invalid: [uploads] http-address listens there"),
     ("[instance]\npipeline = metrics zope\n",
      "[instance] pipeline names metrics but metrics-address is not set"),
+    (varnish_part() + "[haproxy]\ncache = varnish\n",
+     "[haproxy] cache = varnish needs tls-bind"),
+    (varnish_part(cache_size="lots"),
+     "[varnish] cache-size = 'lots' is invalid: expected a size such as 256M"),
+    (varnish_part(clients=""),
+     "[varnish] clients is required"),
+    (varnish_part(purge_networks="everyone"),
+     "[varnish] purge-networks = 'everyone' is invalid: expected IPv4/IPv6 networks"),
+    (varnish_part(cookie_allowlist="__ac a.b"),
+     "[varnish] cookie-allowlist = '__ac a.b' is invalid: expected cookie names"),
+    (varnish_part(backend="127.0.0.1:18404") +
+     "[haproxy]\ntls-bind = 127.0.0.1:18443\ncache = varnish\n",
+     "[varnish] backend = 127.0.0.1:18404 is one of [haproxy]'s own listeners"),
 ]
 
 

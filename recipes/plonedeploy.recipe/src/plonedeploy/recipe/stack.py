@@ -16,7 +16,7 @@ Buildout part options (all part names of this buildout, the one source of truth)
 ``cache``
     Optional; the plonedeploy.recipe:varnish part (the haproxy part's ``cache``): its
     ``varnishd`` starts after the clients and before HAProxy, ready when it answers its
-    health path.
+    health path; its Prometheus exporter (``metrics-address``), if any, with HAProxy.
 
 The part writes ``parts/<name>/stack.json`` and a ``bin/<name>`` script. Usage::
 
@@ -128,6 +128,15 @@ class Recipe:
                 "ready": {"http": varnish["url"] + varnish_rules.HEALTH_PATH},
                 "stage": len(clients) + len(upload_clients) + 1,
             })
+            if varnish["exporter-argv"]:
+                # Reads varnish's shared memory: started once varnish is ready, with HAProxy.
+                cache["metrics_url"] = varnish["metrics-url"]
+                processes.append({
+                    "name": f"{cache_part}-exporter",
+                    "argv": shlex.split(varnish["exporter-argv"]),
+                    "ready": {"http": varnish["metrics-url"]},
+                    "stage": len(clients) + len(upload_clients) + 2,
+                })
         hap = buildout[options["haproxy"]]
         stats_host, stats_port = parse_http_address(options["haproxy"], hap["stats-bind"], "stats-bind")
         stats_url = f"http://{stats_host}:{stats_port}/stats;csv"

@@ -26,6 +26,10 @@ Options:
     Cookie names kept on requests to Plone, default ``__ac _ZopeId __cp statusmessages
     auth_token I18N_LANGUAGE``; every other cookie (``_ga``, ``_pk_id`` ...) is dropped before
     the cache looks the request up. A request that still carries one of them is passed.
+``metrics-address``
+    ``host:port`` where Debian's ``prometheus-varnish-exporter`` serves varnish's counters
+    (``/metrics``; it runs ``varnishstat -n <workdir>`` on each scrape); ``bin/stack`` starts
+    it with varnish. Default empty: no exporter. Keep it on a local or admin address.
 ``template``
     Jinja2 template, default ``${buildout:directory}/templates/varnish.vcl.j2``.
 ``varnishd``
@@ -160,6 +164,20 @@ class Recipe:
         for host, port in self.binds:
             argv += ["-a", f"{host}:{port}"]
         options["argv"] = shlex.join(argv)
+        metrics = options.setdefault("metrics-address", "").strip()
+        options["exporter-argv"] = ""
+        if metrics:
+            host, port = parse_http_address(name, metrics, "metrics-address")
+            if (host, port) in self.binds or (host, port) == self.backend:
+                fail(name, "metrics-address", metrics, "a host:port other than bind and backend")
+            exporter = shutil.which(options.get("exporter", "prometheus-varnish-exporter"))
+            if not exporter:
+                raise zc.buildout.UserError(
+                    f"[{name}] metrics-address is set but prometheus-varnish-exporter is not installed: "
+                    "apt-get install prometheus-varnish-exporter, or leave metrics-address empty")
+            options["metrics-url"] = f"http://{host}:{port}/metrics"
+            options["exporter-argv"] = shlex.join([exporter, "-n", options["workdir"],
+                                                   "-web.listen-address", f"{host}:{port}"])
 
     def install(self):
         options = self.options
