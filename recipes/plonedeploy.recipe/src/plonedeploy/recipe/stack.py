@@ -367,12 +367,26 @@ def server_states(config, timeout=2.0):
             if name in all_clients(config)}
 
 
-def _server_rows(config, timeout=2.0):
-    """``{client name: stats CSV row}`` of each client in its own backend; raises OSError."""
+def _stats_rows(config, timeout=2.0):
+    """Every row of HAProxy's stats CSV as a dict; raises OSError."""
     with urllib.request.urlopen(config["stats_url"], timeout=timeout) as response:
         text = response.read().decode("utf-8")
-    return {row["svname"]: row for row in csv.DictReader(io.StringIO(text.lstrip("# ")))
+    return list(csv.DictReader(io.StringIO(text.lstrip("# "))))
+
+
+def _server_rows(config, timeout=2.0):
+    """``{client name: stats CSV row}`` of each client in its own backend; raises OSError."""
+    return {row["svname"]: row for row in _stats_rows(config, timeout)
             if row["svname"] in all_clients(config) and row["pxname"] == backend_of(config, row["svname"])}
+
+
+def cache_state(config, timeout=2.0):
+    """HAProxy's status of the cache tier's server (``UP``, ``DOWN``, ``MAINT`` ...), or None
+    without a cache tier. Raises OSError if the stats page does not answer."""
+    if not config.get("cache"):
+        return None
+    return next((row["status"] for row in _stats_rows(config, timeout)
+                 if row["pxname"] == "cache" and row["svname"] == "varnish"), None)
 
 
 def runtime_api(config, command, timeout=5.0):
@@ -516,6 +530,9 @@ def main(config_path, argv=None):
             try:
                 for server, state in server_states(config).items():
                     print(f"haproxy server {server}: {state}")
+                if config.get("cache"):
+                    # While it is not UP, HTTPS requests go to the pool uncached.
+                    print(f"haproxy server cache/varnish: {cache_state(config)}")
             except OSError:
                 print("haproxy stats: not answering")
             return 0 if running else 3
