@@ -23,15 +23,17 @@ BLOB_SIZE = 5 * 1024 * 1024
 BASES = Stack().bases if os.path.exists(STACK_JSON) else {}
 
 
-def test_stack_runs_five_processes(stack):
+def test_stack_runs_its_seven_processes(stack):
     pids = stack.pids()
-    assert sorted(pids) == ["client2", "haproxy", "instance", "uploads", "zeoserver"]
+    assert sorted(pids) == ["client2", "haproxy", "instance", "uploads", "varnish", "varnish-exporter",
+                            "zeoserver"]
     for name, pid in pids.items():
         assert psutil.pid_exists(pid), name
     status = run([STACK, "status"], timeout=30).stdout
     assert "haproxy server instance: UP" in status
     assert "haproxy server client2: UP" in status
     assert "haproxy server uploads: UP" in status  # the upload lane's client
+    assert "haproxy server cache/varnish: UP" in status  # the cache tier
 
 
 def test_clients_run_the_configured_servers(stack):
