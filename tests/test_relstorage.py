@@ -1,6 +1,6 @@
 """The stack on RelStorage against a real PostgreSQL 15 (relstorage.cfg; docs/storage.md).
 
-One module-scoped build of relstorage.cfg in a directory of its own, on ports 9650-9659
+One module-scoped build of relstorage.cfg in a directory of its own, on ports 9650-9662
 (``PORTS``): a postgresql part, the pyruvate client ``instance`` and the upload lane's
 waitress client ``uploads`` (both RelStorage clients by relstorage.cfg's one switch), HAProxy
 and bin/stack. It starts the stack, creates the site with scripts/create_site.py (its 5 MiB
@@ -36,7 +36,9 @@ BLOB = "/Plone/blob-5mb/@@download/file"
 BLOB_SIZE = 5 * 1024 * 1024
 PORTS = {"haproxy": 9650, "instance": 9651, "postgresql": 9652, "uploads": 9653, "stats": 9654,
          "instance-metrics": 9656, "tls": 9655,
-         "uploads-metrics": 9657, "zeoserver": 9658, "client2": 9659}
+         "uploads-metrics": 9657, "zeoserver": 9658, "client2": 9659,
+         # buildout.cfg's cache tier, not built here; moved off the demo's ports all the same
+         "varnish": 9660, "cache-fill": 9661, "varnish-metrics": 9662}
 
 CONFIG = """\
 [buildout]
@@ -55,6 +57,11 @@ templates-directory = {root}/templates
 [haproxy]
 template = {root}/haproxy/haproxy.cfg.j2
 backends = instance
+# The cache tier is the same on either storage (tests/test_cache.py): left out here.
+cache =
+
+[stack]
+cache =
 """
 
 
