@@ -12,6 +12,7 @@
 #            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'"),
 #            BLOBBENCH_ARGS (passed to loadtests.blobbench, e.g. BLOBBENCH_ARGS="--rounds 1 --fd-downloads 1000"),
 #            MATRIX_ARGS (passed to loadtests.matrix, e.g. MATRIX_ARGS="--quick" or "--resume var/reports/matrix-<ts>").
+#            STORAGE (zeo or relstorage: the config make build uses, buildout.cfg or relstorage.cfg).
 
 PYTHON ?= python3
 # .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/pins.md)
@@ -29,6 +30,13 @@ MATRIX_ARGS ?=
 # installer, in parallel); bin/buildout then installs only from there (install-from-cache).
 # Point it at a directory shared by several checkouts to download each file once.
 DOWNLOAD_CACHE ?= var/download-cache
+# The storage of the stack make build configures: zeo (buildout.cfg) or relstorage
+# (relstorage.cfg: PostgreSQL in var/postgresql instead of the ZEO server; docs/storage.md),
+# e.g. make demo STORAGE=relstorage. The other targets use whatever the last build made.
+STORAGE ?= zeo
+BUILDOUT_CFG_zeo := buildout.cfg
+BUILDOUT_CFG_relstorage := relstorage.cfg
+BUILDOUT_CFG = $(or $(BUILDOUT_CFG_$(STORAGE)),$(error STORAGE=$(STORAGE) is invalid: expected zeo or relstorage))
 
 .PHONY: demo test multihost blobbench matrix system venv ansible-venv build start site status ab stop pins clean
 
@@ -69,7 +77,7 @@ build: venv $(BUILDOUT_VENV)/.installed
 	@start=$$(date +%s); export PIP_DISABLE_PIP_VERSION_CHECK=1; \
 	  $(BUILDOUT_VENV)/bin/python scripts/fetch_eggs.py --cache $(DOWNLOAD_CACHE) --eggs-directory eggs/v5 && \
 	  fetched=$$(date +%s) && \
-	  $(BUILDOUT_VENV)/bin/buildout buildout:download-cache=$(DOWNLOAD_CACHE) buildout:install-from-cache=true && \
+	  $(BUILDOUT_VENV)/bin/buildout -c $(BUILDOUT_CFG) buildout:download-cache=$(DOWNLOAD_CACHE) buildout:install-from-cache=true && \
 	  echo "build finished in $$(( $$(date +%s) - start )) s (fetch_eggs $$(( fetched - start )) s, bin/buildout $$(( $$(date +%s) - fetched )) s)"
 
 start:

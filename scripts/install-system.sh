@@ -7,7 +7,8 @@
 # with hard links to the previous copy) and logrotate (parts/logrotate/logrotate.conf);
 # openssl (the build makes HAProxy's self-signed certificate with it) and curl (the TLS
 # tests speak HTTP/2 with it); prometheus for its promtool; varnish (the cache tier, started
-# by bin/stack with the kit's own VCL and ports) and prometheus-varnish-exporter (its metrics). Does nothing when they are already there.
+# by bin/stack with the kit's own VCL and ports) and prometheus-varnish-exporter (its metrics);
+# postgresql (storage = relstorage). Does nothing when they are already there.
 set -euo pipefail
 need=()
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
@@ -26,6 +27,10 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v varnishd >/dev/null 2>&1 || [ -x /usr/sbin/varnishd ] || need+=(varnish)
 command -v prometheus-varnish-exporter >/dev/null 2>&1 || need+=(prometheus-varnish-exporter)
+# PostgreSQL 15 for storage = relstorage (relstorage.cfg: bin/stack runs its own cluster in
+# var/postgresql with initdb/postgres from here; tests/test_relstorage.py). The package's
+# own cluster and service are not used (no systemd here; the kit's cluster has its own port).
+[ -x /usr/lib/postgresql/15/bin/initdb ] || need+=(postgresql)
 if [ ${#need[@]} -eq 0 ]; then
   echo "system packages: present ($(/usr/sbin/haproxy -v 2>/dev/null | head -n1 || haproxy -v | head -n1); $(command -v wrk))"
   exit 0

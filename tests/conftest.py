@@ -120,14 +120,15 @@ def servers_build(tmp_path_factory):
     Built once per session for tests/test_recipe_buildout.py and tests/test_servers.py.
     Its clients are ZEO clients of this build's zeoserver (blob directory shared), on the
     ports after this build's ``client2`` (8083-8090 in buildout.cfg, 9383-9390 in a
-    worktree on 93xx); without a build, of 127.0.0.1:18100 on 18083-18090 (render only).
+    worktree on 93xx); without a build, or with a build of relstorage.cfg (no ZEO server to
+    be a client of), of 127.0.0.1:18100 on 18083-18090 (render only).
     Returns ``(directory, {server: port}, CompletedProcess)``; the first run downloads the
     servers' eggs into eggs/ (and compiles bjoern against libev).
     """
     from loadtests import serverbuild
 
-    if os.path.exists(STACK_JSON):
-        described = Stack()
+    described = Stack() if os.path.exists(STACK_JSON) else None
+    if described and "zeoserver" in described.ports:
         zeo_address = f"127.0.0.1:{described.ports['zeoserver']}"
         base_port = max(described.ports[name] for name in described.kinds) + 1
     else:

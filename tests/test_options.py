@@ -2,6 +2,8 @@
 import configparser
 import os
 import re
+import shutil
+import tempfile
 
 import pytest
 import zc.buildout
@@ -295,3 +297,97 @@ def test_threads_refuses_words_other_than_auto():
         options.parse_threads("instance", "pyruvate", "many")
     assert str(err.value) == ("[instance] threads = 'many' is invalid: "
                               "expected a positive integer such as 2, or auto")
+
+
+# storage = relstorage (docs/storage.md)
+
+@pytest.mark.parametrize("value, expected", [
+    ("host=127.0.0.1 port=5432 dbname=plone user=plone passfile=/srv/var/pgpass",
+     {"host": "127.0.0.1", "port": "5432", "dbname": "plone", "user": "plone", "passfile": "/srv/var/pgpass"}),
+    ("dbname=plone", {"dbname": "plone"}),
+    ("  dbname = 'my db'  passfile='/a b/it\\'s'  sslmode=require ",
+     {"dbname": "my db", "passfile": "/a b/it's", "sslmode": "require"}),
+])
+def test_dsn_parses_libpq_pairs(value, expected):
+    assert options.parse_dsn("instance", "relstorage-dsn", value) == expected
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("", "expected libpq key=value pairs"),
+    ("postgresql://plone@127.0.0.1/plone", "expected libpq key=value pairs"),
+    ("host=127.0.0.1 port=5432", "(dbname is missing)"),
+    ("dbname=plone dbname=other", "('dbname' given twice)"),
+    ("dbname=plone colour=blue", "('colour' is not a libpq keyword)"),
+    ("dbname=plone user", "expected libpq key=value pairs"),
+    ("dbname=$PGDATABASE", "without '$'"),
+    ("dbname=plone password=hunter2", "without password (zope.conf is world-readable"),
+])
+def test_dsn_refuses_others(value, fragment):
+    with pytest.raises(zc.buildout.UserError) as err:
+        options.parse_dsn("instance", "relstorage-dsn", value)
+    assert str(err.value).startswith("[instance] relstorage-dsn = ")
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("value", [
+    "dbname=plone password=hunter2",
+    "dbname=plone password = 'hunter2 x'",
+    "postgresql://plone:hunter2@127.0.0.1/plone",
+])
+def test_dsn_errors_never_repeat_a_password(value):
+    with pytest.raises(zc.buildout.UserError) as err:
+        options.parse_dsn("instance", "relstorage-dsn", value)
+    assert "hunter2" not in str(err.value)
+    assert "***" in str(err.value)
+
+
+@pytest.mark.parametrize("blobs, shared", [("database", "false"), ("shared-directory", "true")])
+def test_relstorage_lines_for_the_stock_recipe(blobs, shared):
+    assert options.relstorage_lines("dbname=plone", blobs, "/srv/blobs").splitlines() == [
+        "type postgresql", "dsn dbname=plone", "blob-dir /srv/blobs", f"shared-blob-dir {shared}"]
+
+
+def test_storage_and_blob_choices_name_allowed_values():
+    with pytest.raises(zc.buildout.UserError) as err:
+        options.check_choice("instance", "storage", "s3", options.STORAGES)
+    assert str(err.value) == "[instance] storage = 's3' is invalid: expected one of: zeo, relstorage"
+    with pytest.raises(zc.buildout.UserError) as err:
+        options.check_choice("instance", "relstorage-blobs", "nfs", tuple(options.RELSTORAGE_BLOBS))
+    assert str(err.value) == ("[instance] relstorage-blobs = 'nfs' is invalid: expected one of: "
+                              "database, shared-directory")
+
+
+def test_scram_verifier_format_and_salt():
+    from plonedeploy.recipe import postgresql
+
+    verifier = postgresql.scram_verifier("pencil", salt=b"\x00" * 16)
+    assert re.fullmatch(r"SCRAM-SHA-256\$4096:AAAAAAAAAAAAAAAAAAAAAA==\$[A-Za-z0-9+/]{43}=:[A-Za-z0-9+/]{43}=",
+                        verifier)
+    assert verifier == postgresql.scram_verifier("pencil", salt=b"\x00" * 16)
+    assert postgresql.scram_verifier("pencil") != postgresql.scram_verifier("pencil")  # random salt
+    with pytest.raises(ValueError):
+        postgresql.scram_verifier("p\u00e9ncil")
+
+
+def test_unreachable_directory_names_the_first_closed_parent(tmp_path):
+    """pytest's own tmp_path sits below /tmp/pytest-of-<user> (mode 0700): the first closed
+    parent for another user is that one, which is why tests/test_relstorage.py builds in a
+    directory of its own."""
+    from plonedeploy.recipe import postgresql
+
+    nobody = 65534
+    assert postgresql.unreachable_directory(str(tmp_path / "data"), nobody, [nobody]) == str(tmp_path.parents[1])
+    base = tempfile.mkdtemp(prefix="plonedeploy-reach-")
+    try:
+        os.chmod(base, 0o755)
+        closed = os.path.join(base, "closed")
+        os.makedirs(os.path.join(closed, "inner"), mode=0o700)
+        os.chmod(closed, 0o700)
+        target = os.path.join(closed, "inner", "data")
+        assert postgresql.unreachable_directory(target, nobody, [nobody]) == closed
+        assert postgresql.unreachable_directory(target, os.getuid(), []) is None  # the owner
+        os.chmod(closed, 0o711)
+        os.chmod(os.path.join(closed, "inner"), 0o711)
+        assert postgresql.unreachable_directory(target, nobody, [nobody]) is None
+    finally:
+        shutil.rmtree(base)

@@ -285,6 +285,22 @@ def test_cache_tier_wired_into_haproxy_and_stack(tmp_path):
     assert argv[argv.index("-a") + 1] == "127.0.0.1:18681" and "-F" in argv
 
 
+# A RelStorage variant of BASE as relstorage.cfg makes it: a postgresql part, every client a
+# RelStorage client of it, the stack starting it instead of the ZEO server.
+PG = """\
+parts += postgresql
+[postgresql]
+recipe = plonedeploy.recipe:postgresql
+address = 127.0.0.1:18432
+[instance]
+storage = relstorage
+relstorage-dsn = ${postgresql:dsn}
+[stack]
+zeoserver =
+database = postgresql
+"""
+
+
 BAD = [
     ("[instance]\nwsgi-server = tornado\n",
      "[instance] wsgi-server = 'tornado' is invalid: expected one of: pyruvate, waitress, gunicorn, "
@@ -385,6 +401,31 @@ BAD = [
     (varnish_part(backend="127.0.0.1:18404") +
      "[haproxy]\ntls-bind = 127.0.0.1:18443\ncache = varnish\n",
      "[varnish] backend = 127.0.0.1:18404 is one of [haproxy]'s own listeners"),
+    # storage = relstorage (tests/test_relstorage.py runs it against a real PostgreSQL)
+    ("[instance]\nstorage = s3\n",
+     "[instance] storage = 's3' is invalid: expected one of: zeo, relstorage"),
+    ("[instance]\nstorage = relstorage\n",
+     "[instance] relstorage-dsn is required with storage = relstorage"),
+    ("[instance]\nstorage = relstorage\nrelstorage-dsn = dbname=plone\nrelstorage-blobs = nfs\n",
+     "[instance] relstorage-blobs = 'nfs' is invalid: expected one of: database, shared-directory"),
+    ("[instance]\nstorage = relstorage\nrelstorage-dsn = dbname=plone password=hunter2\n",
+     "[instance] relstorage-dsn = 'dbname=plone password=***' is invalid: expected libpq key=value pairs"),
+    ("[instance]\nstorage = relstorage\nrelstorage-dsn = host=127.0.0.1\n",
+     "[instance] relstorage-dsn = 'host=127.0.0.1' is invalid: expected libpq key=value pairs such as"),
+    ("[instance]\nstorage = relstorage\nrelstorage-dsn = dbname=plone\nrelstorage-blob-dir = var/blobs\n",
+     "[instance] relstorage-blob-dir = 'var/blobs' is invalid: expected an absolute path"),
+    ("[instance]\nstorage = relstorage\nrelstorage-dsn = dbname=plone\nrel-storage = type postgresql\n",
+     "[instance] rel-storage is written by plonedeploy.recipe from storage = relstorage"),
+    (PG + "[postgresql]\naddress = 0.0.0.0:18432\n",
+     "[postgresql] address = '0.0.0.0:18432' is invalid: expected a loopback host:port such as 127.0.0.1:5432"),
+    (PG + "[postgresql]\ndatabase = Plone-Site\n",
+     "[postgresql] database = 'Plone-Site' is invalid: expected a lower-case identifier"),
+    (PG + "[postgresql]\nbin-directory = /nonexistent\n",
+     "[postgresql] bin-directory = '/nonexistent' is invalid: expected the directory of PostgreSQL's initdb"),
+    (PG + "[stack]\nzeoserver = zeoserver\n",
+     "[stack] zeoserver and database are both set; keep one"),
+    (PG + "[stack]\ndatabase =\nzeoserver =\n",
+     "[stack] zeoserver is required (part names)"),
 ]
 
 
@@ -517,3 +558,53 @@ def test_runner_entry_point_loads_and_reads_the_template_keys(servers_build, ser
     value, keys = json.loads(out.stdout.splitlines()[-1])
     assert value.startswith(f"plonedeploy.recipe.servers.{server}:")
     assert set(keys) == set(section) - {"use"}
+
+
+def test_relstorage_switch_renders_every_client(tmp_path):
+    """storage = relstorage in [instance] alone: every client (client2 and uploads through
+    "<= instance") gets <relstorage> with the postgresql part's DSN (passfile, no password),
+    its own blob cache (relstorage-blobs = database, the default), no ZEO client section,
+    the RelStorage and psycopg2 eggs, and still its pool-size; the stack starts PostgreSQL
+    in the ZEO server's place, ready when pg_isready says so."""
+    result = buildout(tmp_path, PG)
+    assert result.returncode == 0, result.stdout + result.stderr
+    passfile = tmp_path / "var" / "postgresql" / "pgpass"
+    for part, threads in (("instance", 2), ("client2", 3), ("uploads", 1)):
+        zope_conf = (tmp_path / "parts" / part / "etc" / "zope.conf").read_text()
+        assert "%import relstorage" in zope_conf
+        assert (f"dsn host=127.0.0.1 port=18432 dbname=plone user=plone passfile={passfile}\n"
+                in zope_conf), zope_conf
+        assert f"blob-dir {tmp_path}/var/blobcache/{part}\n" in zope_conf
+        assert "shared-blob-dir false" in zope_conf
+        assert "<zeoclient>" not in zope_conf and "password" not in zope_conf
+        assert f"pool-size {threads}" in zope_conf
+        script = (tmp_path / "bin" / part).read_text()
+        assert "RelStorage-4.3.0" in script and "psycopg2_binary-2.9.13" in script
+    config = json.loads((tmp_path / "parts" / "stack" / "stack.json").read_text())
+    first = config["processes"][0]
+    assert [p["name"] for p in config["processes"]] == ["postgresql", "instance", "client2", "uploads", "haproxy"]
+    assert first["stage"] == 0 and first["argv"] == [str(tmp_path / "bin" / "postgresql"), "fg"]
+    assert first["ready"]["tcp"] == ["127.0.0.1", 18432]
+    assert first["ready"]["command"][0].endswith("/pg_isready")
+    pg_config = json.loads((tmp_path / "parts" / "postgresql" / "postgresql.json").read_text())
+    assert pg_config["data_directory"] == str(tmp_path / "var" / "postgresql" / "data")
+    # bin/buildout creates no cluster and no password: bin/stack start does (first start).
+    assert not (tmp_path / "var" / "postgresql").exists()
+    usage = subprocess.run([str(tmp_path / "bin" / "postgresql")], capture_output=True, text=True)
+    assert usage.returncode == 2 and "fg | init | psql" in usage.stderr
+
+
+def test_relstorage_shared_blob_directory(tmp_path):
+    result = buildout(tmp_path, PG + "[instance]\nrelstorage-blobs = shared-directory\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for part in ("instance", "client2"):
+        zope_conf = (tmp_path / "parts" / part / "etc" / "zope.conf").read_text()
+        assert f"blob-dir {tmp_path}/var/relstorage-blobs\n" in zope_conf
+        assert "shared-blob-dir true" in zope_conf
+
+
+def test_zeo_stays_the_default(built):
+    directory, _ = built
+    zope_conf = (directory / "parts" / "instance" / "etc" / "zope.conf").read_text()
+    assert "<zeoclient>" in zope_conf and "relstorage" not in zope_conf
+    assert "RelStorage" not in (directory / "bin" / "instance").read_text()

@@ -10,6 +10,8 @@ Entry points (use them as ``recipe = plonedeploy.recipe:<name>``):
 - ``varnish``: renders ``templates/varnish.vcl.j2`` (the cache tier in front of the
   pool on HAProxy's TLS listener) and checks it with ``varnishd -C``.
 - ``stack``: writes ``bin/stack`` (start/stop/status of zeoserver, clients and HAProxy).
+- ``postgresql``: a local PostgreSQL cluster in ``var/<part>`` for clients with
+  ``storage = relstorage``, started by ``bin/stack`` instead of the ZEO server.
 
 PasteDeploy server runners (``use = egg:plonedeploy.recipe#<server>`` in a client's
 wsgi.ini) for gunicorn, cheroot, granian, bjoern, uwsgi (pyuwsgi) and gevent:
@@ -58,6 +60,7 @@ setup(
             "haproxy = plonedeploy.recipe.haproxy:Recipe",
             "stack = plonedeploy.recipe.stack:Recipe",
             "varnish = plonedeploy.recipe.varnish:Recipe",
+            "postgresql = plonedeploy.recipe.postgresql:Recipe",
         ],
         # WSGI servers without a PasteDeploy entry point usable with Zope: the ZEO
         # client's wsgi.ini says "use = egg:plonedeploy.recipe#<server>" (see

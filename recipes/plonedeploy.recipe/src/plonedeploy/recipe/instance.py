@@ -52,6 +52,32 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eg
     ``metrics`` after ``blobsendfile`` and ``prometheus-client`` to ``eggs``. Each client
     needs its own (``plonedeploy.recipe:stack`` refuses two clients on one address), and
     it must differ from ``http-address``.
+``storage``
+    ``zeo`` (default) or ``relstorage`` (``options.STORAGES``; docs/storage.md). ``zeo``:
+    plone.recipe.zope2instance's own ZEO client options apply (``zeo-client``,
+    ``zeo-address``, ``shared-blob``, ``blob-storage``, ...). ``relstorage``: the client
+    is a RelStorage client of PostgreSQL instead; those ZEO options are then ignored
+    (``zeo-client`` is forced off, so a part made with ``<= instance`` switches by this
+    one option), ``RelStorage`` and ``psycopg2-binary`` are added to ``eggs``
+    (``options.RELSTORAGE_EGGS`` says why the binary wheel), and the stock recipe's
+    ``rel-storage`` option is written from the three options below (setting it yourself
+    is an error).
+``relstorage-dsn``
+    Required with ``storage = relstorage``: the libpq DSN in key=value form, e.g.
+    ``host=127.0.0.1 port=5432 dbname=plone user=plone passfile=/srv/var/postgresql/pgpass``
+    (``${postgresql:dsn}`` of a ``plonedeploy.recipe:postgresql`` part). It must name
+    ``dbname`` and must not hold a ``password``: zope.conf is world-readable, so the
+    password goes into a 0600 ``passfile`` (``options.parse_dsn``).
+``relstorage-blobs``
+    ``database`` (default) or ``shared-directory`` (``options.RELSTORAGE_BLOBS``):
+    RelStorage's ``shared-blob-dir`` false or true. ``database``: blobs are stored in
+    PostgreSQL and copied on first read into this client's cache directory, so clients on
+    other hosts need no shared file system. ``shared-directory``: blobs live only in
+    ``relstorage-blob-dir``, which every client must mount; the database holds none.
+``relstorage-blob-dir``
+    RelStorage's ``blob-dir``. Default: ``${buildout:directory}/var/blobcache/<part>``
+    with ``database`` (one cache per client), ``${buildout:directory}/var/relstorage-blobs``
+    with ``shared-directory`` (one directory for every client of this buildout).
 ``templates-directory``
     Where ``<server>.ini.in`` live; default ``${buildout:directory}/templates``.
 
@@ -75,10 +101,15 @@ from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
 from plonedeploy.recipe.edge import default_body_cap
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
+    DEFAULT_RELSTORAGE_BLOBS,
     DEFAULT_SERVER,
+    DEFAULT_STORAGE,
     METRICS_EGG,
     METRICS_FILTER,
+    RELSTORAGE_BLOBS,
+    RELSTORAGE_EGGS,
     SERVERS,
+    STORAGES,
     add_pipeline_filter,
     auto_threads,
     check_choice,
@@ -86,10 +117,12 @@ from plonedeploy.recipe.options import (
     insert_pipeline_filter_after,
     insert_pool_size,
     parse_byte_size,
+    parse_dsn,
     parse_http_address,
     parse_positive_int,
     parse_switch,
     parse_threads,
+    relstorage_lines,
     render_template,
 )
 
@@ -176,6 +209,8 @@ class Recipe(Zope2InstanceRecipe):
                 "set metrics-address = host:port or remove it from pipeline"
             )
 
+        self.storage = self.configure_storage(buildout, name, options)
+
         if "wsgi-ini-template" in options:
             raise zc.buildout.UserError(
                 f"[{name}] wsgi-ini-template is set by plonedeploy.recipe from "
@@ -210,6 +245,8 @@ class Recipe(Zope2InstanceRecipe):
         if self.metrics_address:
             # egg:plonedeploy.recipe#metrics, which imports prometheus_client
             eggs += [egg for egg in ("plonedeploy.recipe", METRICS_EGG) if egg not in eggs]
+        if self.storage == "relstorage":
+            eggs += [egg for egg in RELSTORAGE_EGGS if egg not in eggs]
         options["eggs"] = "\n".join(eggs)
 
         location = os.path.join(buildout["buildout"]["parts-directory"], name)
@@ -224,6 +261,42 @@ class Recipe(Zope2InstanceRecipe):
             # After blobsendfile, which must stay outermost; the metrics filter never wraps
             # the response body, so anything it sees is still the application's own.
             options["pipeline"] = insert_pipeline_filter_after(options["pipeline"], METRICS_FILTER, BLOB_FILTER)
+
+    def configure_storage(self, buildout, name, options):
+        """Check ``storage`` and the ``relstorage-*`` options; return the storage.
+
+        With ``relstorage``, sets the stock recipe's ``rel-storage`` (``options.relstorage_lines``)
+        and turns ``zeo-client`` off, which the stock recipe requires (it refuses both).
+        Raises ``zc.buildout.UserError`` naming the option and the allowed values.
+        """
+        storage = check_choice(name, "storage", options.get("storage", DEFAULT_STORAGE).strip(), STORAGES)
+        options["storage"] = storage
+        if storage != "relstorage":
+            return storage
+        if options.get("rel-storage", "").strip():
+            raise zc.buildout.UserError(
+                f"[{name}] rel-storage is written by plonedeploy.recipe from storage = relstorage, "
+                "relstorage-dsn, relstorage-blobs and relstorage-blob-dir; remove it")
+        if not options.get("relstorage-dsn", "").strip():
+            raise zc.buildout.UserError(
+                f"[{name}] relstorage-dsn is required with storage = relstorage: a libpq DSN such as "
+                "'host=127.0.0.1 port=5432 dbname=plone user=plone passfile=/path/pgpass'")
+        parse_dsn(name, "relstorage-dsn", options["relstorage-dsn"])
+        dsn = " ".join(options["relstorage-dsn"].split("\n")).strip()
+        blobs = check_choice(name, "relstorage-blobs",
+                             options.get("relstorage-blobs", DEFAULT_RELSTORAGE_BLOBS).strip(),
+                             tuple(RELSTORAGE_BLOBS))
+        var = os.path.join(buildout["buildout"]["directory"], "var")
+        default_dir = (os.path.join(var, "blobcache", name) if blobs == "database"
+                       else os.path.join(var, "relstorage-blobs"))
+        blob_dir = options.get("relstorage-blob-dir", "").strip() or default_dir
+        if not os.path.isabs(blob_dir):
+            fail(name, "relstorage-blob-dir", blob_dir, "an absolute path")
+        options["relstorage-blobs"] = blobs
+        options["relstorage-blob-dir"] = blob_dir
+        options["rel-storage"] = relstorage_lines(dsn, blobs, blob_dir)
+        options["zeo-client"] = "off"
+        return storage
 
     def auto_threads(self, buildout, name, options):
         """Resolve ``threads = auto`` (``options.auto_threads``); log the choice; return it as text."""

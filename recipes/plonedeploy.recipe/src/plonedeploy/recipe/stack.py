@@ -4,6 +4,10 @@ Buildout part options (all part names of this buildout, the one source of truth)
 
 ``zeoserver``
     The plone.recipe.zeoserver part (its ``zeo-address`` and ``parts/<name>/bin/runzeo``).
+``database``
+    Optional; a plonedeploy.recipe:postgresql part (its ``argv`` and ``ready``), for clients
+    with ``storage = relstorage``: its server starts in the ZEO server's place (stage 0,
+    stopped last) and ``zeoserver`` must then be empty (relstorage.cfg).
 ``clients``
     Whitespace-separated plonedeploy.recipe:instance parts, started as ``bin/<part> console``
     (foreground, no debug mode, one process: the ctl script exec()s the WSGI server).
@@ -65,18 +69,28 @@ class Recipe:
         self.buildout, self.name, self.options = buildout, name, options
         directory = buildout["buildout"]["directory"]
         bin_dir = buildout["buildout"]["bin-directory"]
-        for key in ("zeoserver", "clients", "haproxy"):
+        database = options.get("database", "").strip()
+        for key in ("clients", "haproxy") + (() if database else ("zeoserver",)):
             if not options.get(key, "").split():
                 raise zc.buildout.UserError(f"[{name}] {key} is required (part names)")
-        zeo_part = options["zeoserver"]
-        zeo = buildout[zeo_part]
-        zeo_host, zeo_port = parse_http_address(zeo_part, zeo["zeo-address"], "zeo-address")
-        processes = [{
-            "name": zeo_part,
-            "argv": [os.path.join(buildout["buildout"]["parts-directory"], zeo_part, "bin", "runzeo")],
-            "ready": {"tcp": [zeo_host, zeo_port]},
-            "stage": 0,
-        }]
+        if database:
+            # RelStorage clients: the database part's server takes the ZEO server's stage.
+            if options.get("zeoserver", "").strip():
+                raise zc.buildout.UserError(
+                    f"[{name}] zeoserver and database are both set; keep one (database = the "
+                    "plonedeploy.recipe:postgresql part for clients with storage = relstorage)")
+            processes = [{"name": database, "argv": json.loads(buildout[database]["argv"]),
+                          "ready": json.loads(buildout[database]["ready"]), "stage": 0}]
+        else:
+            zeo_part = options["zeoserver"]
+            zeo = buildout[zeo_part]
+            zeo_host, zeo_port = parse_http_address(zeo_part, zeo["zeo-address"], "zeo-address")
+            processes = [{
+                "name": zeo_part,
+                "argv": [os.path.join(buildout["buildout"]["parts-directory"], zeo_part, "bin", "runzeo")],
+                "ready": {"tcp": [zeo_host, zeo_port]},
+                "stage": 0,
+            }]
         clients = options["clients"].split()
         upload_clients = options.get("upload-clients", "").split()
         overlap = set(clients) & set(upload_clients)
@@ -226,7 +240,14 @@ def read_pid(config, name):
 
 
 def _probe(ready, timeout=2.0):
-    """Return True if the readiness probe answers: a TCP connect, or any HTTP response."""
+    """Return True if the readiness probe answers: a command exiting 0 (checked first), a
+    TCP connect, or any HTTP response."""
+    if "command" in ready:
+        try:
+            return subprocess.run(ready["command"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=timeout + 3, check=False).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
     if "tcp" in ready:
         host, port = ready["tcp"]
         try:

@@ -1,0 +1,385 @@
+"""``plonedeploy.recipe:postgresql`` -- a local PostgreSQL cluster for RelStorage, run by ``bin/stack``.
+
+The buildout stack's database when the clients have ``storage = relstorage``
+(relstorage.cfg; docs/storage.md). Debian's PostgreSQL 15 binaries
+(``scripts/install-system.sh`` installs the ``postgresql`` package), a cluster of its own
+in ``var/<part>``, its own port, TCP on a loopback address only. Options:
+
+``address``
+    ``host:port`` the server listens on (``listen_addresses``, ``port``); required. The
+    host must be a loopback address (``127.0.0.1``, ``::1``, ``localhost``): this part is
+    the single-host stack's database, reached over TCP with a password and no TLS.
+``database``
+    The site's database, default ``plone``; ``user``: the role that owns it and that the
+    clients log in as, default ``plone``. Lower-case identifiers (``[a-z_][a-z0-9_]*``).
+``bin-directory``
+    Where ``initdb``, ``postgres`` and ``pg_isready`` are; default
+    ``/usr/lib/postgresql/15/bin``. Checked when bin/buildout installs the part.
+``run-as``
+    The system user that runs ``initdb`` and ``postgres`` when ``bin/<part>`` (and so
+    ``bin/stack``) runs as root, which PostgreSQL refuses; default ``postgres`` (Debian's
+    package creates it). Ignored when not root: the server then runs as the invoking user.
+
+Options set for other parts (``${<part>:dsn}`` ...): ``dsn`` (libpq key=value, with
+``passfile`` and without the password: the clients' ``relstorage-dsn``), ``passfile``,
+``address``, ``data-directory``, and for ``plonedeploy.recipe:stack`` (its ``database``
+option) ``argv`` and ``ready`` (JSON: the foreground command and the readiness probe, a TCP
+connect plus ``pg_isready``).
+
+Files, all under ``var/<part>`` (kept by bin/buildout; delete the directory to start over):
+
+- ``data/``: the cluster (``PGDATA``), mode 0700, owned by the server's user;
+- ``run/``: its Unix socket (``.s.PGSQL.<port>``), mode 0700, same owner: only that user
+  (and root) reaches the socket, where the superuser logs in by ``peer`` authentication;
+- ``pgpass``: the site role's generated password (32 URL-safe characters) in libpq's
+  passfile format, mode 0600, owned by whoever runs ``bin/stack`` (the clients run as that
+  user and read it). The password is never printed, never on a command line and never sent
+  to the server in clear text: the role gets a SCRAM-SHA-256 verifier computed here.
+
+``bin/<part>`` (the part's script)::
+
+    bin/postgresql fg      initialise if needed, then run postgres in the foreground
+                           (bin/stack runs this; SIGTERM/SIGINT -> a fast shutdown)
+    bin/postgresql init    initialise only: initdb, the role, the database, pgpass
+    bin/postgresql psql    psql as the cluster's superuser on the Unix socket
+
+Initialisation (first ``fg`` or ``init``) runs ``initdb`` (UTF8, C locale, ``peer`` on the
+socket, ``scram-sha-256`` over TCP), then creates role and database in single-user mode
+(before the server listens, so no client sees a half-made cluster), and writes ``pgpass``
+last: a cluster without ``pgpass`` is initialised again (the role gets a new password), so an
+interrupted first start or a lost password file mends itself at the next start.
+
+Why a wrapper stays in front of ``postgres``: ``bin/stack stop`` sends SIGTERM to the
+process group, and for PostgreSQL SIGTERM is a *smart* shutdown, which waits for every
+client to disconnect (the ZEO clients keep their connections open) until bin/stack's
+timeout SIGKILLs it. The wrapper turns SIGTERM into SIGINT, a fast shutdown (clients
+disconnected, a checkpoint written). ``runuser`` cannot be that wrapper: on SIGTERM it
+kills its child with SIGKILL two seconds later. So the wrapper drops privileges itself
+(``setgid``/``setgroups``/``setuid`` in the child).
+
+Errors: ``zc.buildout.UserError`` at build time naming part, option and what is allowed;
+``PostgresError`` at run time with the command's output (which never contains the password).
+"""
+import base64
+import hashlib
+import hmac
+import ipaddress
+import json
+import os
+import pwd
+import re
+import secrets
+import signal
+import stat
+import subprocess
+import sys
+
+import zc.buildout
+
+from plonedeploy.recipe.options import fail, parse_http_address
+
+DEFAULT_BIN_DIRECTORY = "/usr/lib/postgresql/15/bin"
+DEFAULT_RUN_AS = "postgres"
+_IDENTIFIER_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: The kernel's limit for a Unix socket path (sun_path) minus its terminating NUL.
+_SOCKET_PATH_MAX = 107
+#: SCRAM-SHA-256 iterations, PostgreSQL's default (scram_iterations).
+_SCRAM_ITERATIONS = 4096
+
+
+class Recipe:
+    """The PostgreSQL part; see the module docstring for its options."""
+
+    def __init__(self, buildout, name, options):
+        self.buildout, self.name, self.options = buildout, name, options
+        host, port = parse_http_address(name, options.get("address", ""), "address")
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            fail(name, "address", options["address"],
+                 "a loopback host:port such as 127.0.0.1:5432 (the buildout stack's database "
+                 "listens on this host only)")
+        host = "127.0.0.1" if host == "localhost" else host.strip("[]")
+        for key in ("database", "user"):
+            value = options.setdefault(key, "plone").strip()
+            if not _IDENTIFIER_RE.match(value):
+                fail(name, key, value, "a lower-case identifier such as plone ([a-z_][a-z0-9_]*)")
+        bin_dir = options.setdefault("bin-directory", DEFAULT_BIN_DIRECTORY)
+        run_as = options.setdefault("run-as", DEFAULT_RUN_AS).strip()
+        directory = os.path.join(buildout["buildout"]["directory"], "var", name)
+        self.config = {
+            "name": name,
+            "host": host,
+            "port": port,
+            "database": options["database"].strip(),
+            "user": options["user"].strip(),
+            "bin_directory": bin_dir,
+            "run_as": run_as,
+            "directory": directory,
+            "data_directory": os.path.join(directory, "data"),
+            "socket_directory": os.path.join(directory, "run"),
+            "passfile": os.path.join(directory, "pgpass"),
+        }
+        socket_path = os.path.join(self.config["socket_directory"], f".s.PGSQL.{port}")
+        if len(socket_path.encode()) > _SOCKET_PATH_MAX:
+            raise zc.buildout.UserError(
+                f"[{name}] the Unix socket path {socket_path} is longer than {_SOCKET_PATH_MAX} "
+                "bytes, which the kernel refuses; build in a shorter directory")
+        options["address"] = f"{host}:{port}"
+        options["data-directory"] = self.config["data_directory"]
+        options["passfile"] = self.config["passfile"]
+        options["dsn"] = (f"host={host} port={port} dbname={self.config['database']} "
+                          f"user={self.config['user']} passfile={self.config['passfile']}")
+        location = os.path.join(buildout["buildout"]["parts-directory"], name)
+        options["location"] = location
+        self.script = os.path.join(buildout["buildout"]["bin-directory"], name)
+        options["argv"] = json.dumps([self.script, "fg"])
+        options["ready"] = json.dumps({
+            "tcp": [host, port],
+            # A TCP connect succeeds while PostgreSQL still answers "starting up".
+            "command": [os.path.join(bin_dir, "pg_isready"), "-q", "-h", host, "-p", str(port)],
+        })
+        options.setdefault("eggs", "plonedeploy.recipe")
+
+    def install(self):
+        """Check the binaries, write ``parts/<part>/postgresql.json`` and ``bin/<part>``."""
+        import zc.recipe.egg  # only needed at install time, when buildout provides it
+
+        for program in ("initdb", "postgres", "pg_isready", "psql"):
+            if not os.access(os.path.join(self.config["bin_directory"], program), os.X_OK):
+                fail(self.name, "bin-directory", self.config["bin_directory"],
+                     f"the directory of PostgreSQL's {program} (Debian: apt-get install postgresql, "
+                     "see scripts/install-system.sh)")
+        location = self.options["location"]
+        os.makedirs(location, exist_ok=True)
+        path = os.path.join(location, "postgresql.json")
+        with open(path, "w", encoding="utf-8") as fp:
+            json.dump(self.config, fp, indent=2, sort_keys=True)
+        egg = zc.recipe.egg.Egg(self.buildout, self.options["recipe"], self.options)
+        _, working_set = egg.working_set()
+        scripts = zc.buildout.easy_install.scripts(
+            [(self.name, "plonedeploy.recipe.postgresql", "main")],
+            working_set, sys.executable, self.buildout["buildout"]["bin-directory"],
+            arguments=repr(path),
+        )
+        return [location] + list(scripts)
+
+    update = install
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+class PostgresError(Exception):
+    """Initialising or running the cluster failed; the message says what and why."""
+
+
+def scram_verifier(password, salt=None, iterations=_SCRAM_ITERATIONS):
+    """Return PostgreSQL's SCRAM-SHA-256 verifier of ``password`` (RFC 5802/7677).
+
+    ``CREATE ROLE ... PASSWORD '<verifier>'`` stores it as is, so the server, its log and
+    its statement text never see the password. ``salt``: 16 random bytes unless given
+    (bytes). ``password`` must need no SASLprep (ASCII without control characters; the
+    generated ones are URL-safe base64). Raises ValueError otherwise.
+    """
+    if not password or not password.isascii() or not password.isprintable():
+        raise ValueError("the password must be printable ASCII")
+    salt = salt if salt is not None else os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode("ascii"), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    b64 = lambda data: base64.b64encode(data).decode("ascii")  # noqa: E731
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+def server_user(config):
+    """``(uid, gid)`` the server must run as, or None to run as the invoking user.
+
+    Root: ``run_as`` (PostgreSQL refuses to run as root). Raises PostgresError when that
+    user does not exist.
+    """
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(config["run_as"])
+    except KeyError:
+        raise PostgresError(
+            f"{config['name']}: running as root, but run-as user {config['run_as']!r} does not exist "
+            "(PostgreSQL refuses to run as root; Debian's postgresql package creates 'postgres')")
+    return entry.pw_uid, entry.pw_gid
+
+
+def _as_user(user):
+    """``subprocess`` keyword arguments that run a child as ``user`` (from :func:`server_user`)."""
+    if user is None:
+        return {}
+    uid, gid = user
+    return {"user": uid, "group": gid, "extra_groups": [], "env": _server_env(uid)}
+
+
+def _server_env(uid):
+    entry = pwd.getpwuid(uid)
+    env = {key: value for key, value in os.environ.items() if key in ("PATH", "LANG", "TZ")}
+    env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
+    return env
+
+
+def unreachable_directory(path, uid, gids):
+    """The first parent directory of ``path`` that user ``uid`` (groups ``gids``) cannot
+    enter (no search permission), or None. Root's view of the file system, no ACLs."""
+    parts = os.path.abspath(path).split(os.sep)
+    for index in range(1, len(parts)):
+        directory = os.sep.join(parts[:index]) or os.sep
+        try:
+            info = os.stat(directory)
+        except FileNotFoundError:
+            return None  # created later, by us, for that user
+        if info.st_uid == uid:
+            allowed = info.st_mode & stat.S_IXUSR
+        elif info.st_gid in gids:
+            allowed = info.st_mode & stat.S_IXGRP
+        else:
+            allowed = info.st_mode & stat.S_IXOTH
+        if not allowed:
+            return directory
+    return None
+
+
+def _make_directory(path, user):
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    if user is not None:
+        os.chown(path, *user)
+
+
+def _run(config, argv, user, what, stdin=None):
+    """Run a PostgreSQL program as ``user``; return its output; raise PostgresError on failure.
+
+    Single-user mode exits 0 even when a statement failed: ``ERROR``/``FATAL`` in its output
+    count as failure too.
+    """
+    result = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False,
+                            cwd=config["directory"], **_as_user(user))
+    output = result.stdout + result.stderr
+    failed = result.returncode != 0 or re.search(r"^\S.*\b(ERROR|FATAL|PANIC):", output, re.MULTILINE)
+    if failed and not (stdin and _only_exists_errors(output)):
+        raise PostgresError(f"{config['name']}: {what} failed (exit {result.returncode}):\n{output}")
+    return output
+
+
+def _only_exists_errors(output):
+    errors = re.findall(r"\b(?:ERROR|FATAL|PANIC):\s*(.*)", output)
+    return bool(errors) and all(re.fullmatch(r'database ".*" already exists', e.strip()) for e in errors)
+
+
+def _write_private(path, text):
+    """Write ``text`` to ``path`` with mode 0600, atomically (a temporary file renamed)."""
+    tmp = f"{path}.tmp"
+    if os.path.exists(tmp):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as fp:
+        fp.write(text)
+        fp.flush()
+        os.fsync(fp.fileno())
+    os.replace(tmp, path)
+
+
+def initialise(config):
+    """Make the cluster usable: directories, ``initdb``, role, database and ``pgpass``.
+
+    Idempotent and quick when done (two ``stat`` calls). Returns True if it initialised
+    anything. Raises PostgresError with the failing command's output.
+    """
+    user = server_user(config)
+    os.makedirs(config["directory"], exist_ok=True)
+    if user is not None:
+        blocked = unreachable_directory(config["data_directory"], user[0],
+                                        os.getgrouplist(config["run_as"], user[1]))
+        if blocked:
+            raise PostgresError(
+                f"{config['name']}: user {config['run_as']!r} (who runs PostgreSQL when bin/stack runs "
+                f"as root) cannot enter {blocked}: give it search permission (chmod o+x {blocked}) "
+                "or build in another directory")
+    data, bin_dir = config["data_directory"], config["bin_directory"]
+    fresh = not os.path.exists(os.path.join(data, "PG_VERSION"))
+    if fresh:
+        _make_directory(data, user)
+        _run(config, [os.path.join(bin_dir, "initdb"), "-D", data, "--encoding=UTF8", "--no-locale",
+                      "--auth-local=peer", "--auth-host=scram-sha-256"], user, "initdb")
+    if not fresh and os.path.exists(config["passfile"]):
+        return False
+    _make_directory(config["socket_directory"], user)
+    password = secrets.token_urlsafe(24)
+    role, database = config["user"], config["database"]
+    verifier = scram_verifier(password)
+    # One statement per line (single-user mode); identifiers checked at build time.
+    statements = (
+        f"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') "
+        f"THEN CREATE ROLE {role} LOGIN; END IF; END$$;\n"
+        f"ALTER ROLE {role} LOGIN PASSWORD '{verifier}';\n"
+        f"CREATE DATABASE {database} OWNER {role};\n"
+    )
+    _run(config, [os.path.join(bin_dir, "postgres"), "--single", "-D", data,
+                  "-c", "listen_addresses=", "-c", "unix_socket_directories=", "postgres"],
+         user, "creating the role and the database", stdin=statements)
+    _write_private(config["passfile"], f"{config['host']}:{config['port']}:{database}:{role}:{password}\n")
+    return True
+
+
+def server_argv(config):
+    """The ``postgres`` command line of this cluster (settings the buildout owns as ``-c``)."""
+    return [
+        os.path.join(config["bin_directory"], "postgres"), "-D", config["data_directory"],
+        "-c", f"listen_addresses={config['host']}",
+        "-c", f"port={config['port']}",
+        "-c", f"unix_socket_directories={config['socket_directory']}",
+    ]
+
+
+def serve(config):
+    """Initialise if needed, run postgres in the foreground; return its exit status.
+
+    SIGTERM and SIGINT to this process become SIGINT to postgres (a fast shutdown; see the
+    module docstring). Raises PostgresError if the initialisation fails.
+    """
+    if initialise(config):
+        print(f"{config['name']}: initialised {config['data_directory']} (password in "
+              f"{config['passfile']}, mode 0600)", flush=True)
+    child = subprocess.Popen(server_argv(config), cwd=config["directory"], **_as_user(server_user(config)))
+
+    def fast_shutdown(signum, frame):
+        if child.poll() is None:
+            child.send_signal(signal.SIGINT)
+
+    signal.signal(signal.SIGTERM, fast_shutdown)
+    signal.signal(signal.SIGINT, fast_shutdown)
+    return child.wait()
+
+
+def main(config_path, argv=None):
+    """Entry point of ``bin/<part>``: ``fg``, ``init`` or ``psql [ARGS...]``; see the module docstring."""
+    with open(config_path, encoding="utf-8") as fp:
+        config = json.load(fp)
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args.pop(0) if args else ""
+    if command not in ("fg", "init", "psql"):
+        print(f"usage: bin/{config['name']} fg | init | psql [PSQL ARGS...]", file=sys.stderr)
+        return 2
+    try:
+        if command == "fg":
+            return serve(config)
+        initialise(config)
+        if command == "psql":
+            user = server_user(config)
+            return subprocess.call(
+                [os.path.join(config["bin_directory"], "psql"), "-h", config["socket_directory"],
+                 "-p", str(config["port"]), "-d", config["database"], *args],
+                cwd=config["directory"], **_as_user(user))
+        return 0
+    except PostgresError as exc:
+        print(f"bin/{config['name']} {command}: {exc}", file=sys.stderr)
+        return 1
