@@ -93,7 +93,7 @@ def saturation_warnings(generator_cores, machine_fraction, cores, processes=1):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m loadtests.abtest",
+        prog="python -m loadtests ab",
         description="A/B load test of the ZEO clients behind HAProxy; writes var/reports/<timestamp>/.",
     )
     parser.add_argument("--users", type=int, default=10,

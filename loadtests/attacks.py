@@ -454,7 +454,7 @@ def markdown(rows):
 
 @exits_2_when_not_ready("attacks")
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m loadtests.attacks", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtests attacks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stack-config", default=STACK_JSON)
     parser.add_argument("--slow-connections", type=int, default=8,
                         help="slow-body connections at once (default 8, twice the 4 page slots)")

@@ -402,7 +402,7 @@ def plot(summary, path):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m loadtests.blobbench",
+        prog="python -m loadtests blob",
         description="Blob download benchmark of each client with and without the blobsendfile "
                     "filter (wrk); writes var/reports/blobbench-<timestamp>/.")
     parser.add_argument("--connections", default="1,2,4,8",

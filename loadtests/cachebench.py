@@ -51,7 +51,7 @@ COUNTERS = ("MAIN.cache_hit", "MAIN.cache_miss", "MAIN.cache_hitpass", "MAIN.s_p
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m loadtests.cachebench",
+        prog="python -m loadtests cache",
         description="Requests/s, p50/p99, hit ratio and CPU per request of anonymous pages "
         "through the HTTPS edge with the cache tier on and off, side by side.")
     parser.add_argument("--connections", default="10,100",
@@ -227,7 +227,7 @@ def main(argv=None):
         raise NotReady("needs a stack with a cache tier and tls-bind ([haproxy] cache = varnish)")
     wrk = require_wrk()
     meta = {
-        "command": "python -m loadtests.cachebench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m loadtests cache " + " ".join(argv if argv is not None else sys.argv[1:]),
         "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "path": args.path, "rounds": args.rounds, "duration_s": args.duration, "warmup_s": args.warmup,
         "threads": args.threads, "cores": psutil.cpu_count(),

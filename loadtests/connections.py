@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m loadtests.connections",
+        prog="python -m loadtests connections",
         description="Hold N concurrent connections per path through HAProxy (wrk) and report "
         "errors, RPS and latency percentiles.")
     parser.add_argument("--connections", type=int, default=1000,

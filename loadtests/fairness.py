@@ -270,7 +270,7 @@ def measure(config, url, accept, connections, duration, timeout, connect_rate):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m loadtests.fairness",
+        prog="python -m loadtests fairness",
         description="N keep-alive connections per path through HAProxy, closed loop; counts "
         "completions per connection (is every connection served?), errors, requests/s, "
         "latency percentiles and p99 / Little's-law mean.")

@@ -79,7 +79,7 @@ def _list(parser, option, allowed=None, kind=str):
 def parse_args(argv):
     """Options (argparse.Namespace); plan options left None are filled from DEFAULTS or
     QUICK (``--quick``). Exits with status 2 and a message naming the option on bad values."""
-    parser = argparse.ArgumentParser(prog="python -m loadtests.matrix", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m loadtests matrix", description=__doc__.split("\n\n")[0],
                                      epilog="See docs/servers.md, 'Benchmark matrix'.")
     parser.add_argument("--quick", action="store_true",
                         help="CI mode: pyruvate and waitress, connections 1,50, threads 2, 1 s runs")

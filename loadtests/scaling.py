@@ -69,7 +69,7 @@ def _int_list(text, option):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m loadtests.scaling", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtests scaling", description=__doc__.split("\n")[0])
     parser.add_argument("--clients", default="1,2,3,4", type=lambda t: _int_list(t, "--clients"),
                         help="client counts to measure (default 1,2,3,4)")
     parser.add_argument("--threads", default="1,2,4", type=lambda t: _int_list(t, "--threads"),

@@ -80,7 +80,7 @@ def group_processes(proc):
 
 @exits_2_when_not_ready("servers_wrk")
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m loadtests.servers_wrk",
+    parser = argparse.ArgumentParser(prog="python -m loadtests servers-wrk",
                                      description=__doc__.split("\n\n")[0])
     others = [s for s in serverbuild.SERVERS if s != "pyruvate"]
     parser.add_argument("--servers", default=",".join(others),
