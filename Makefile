@@ -6,12 +6,13 @@
 # Other targets: multihost (Ansible over SSH into three network namespaces), blobbench (blob
 # downloads with/without the blobsendfile filter, needs wrk), matrix (benchmark matrix of the
 # WSGI servers, needs wrk and the running stack; docs/servers.md), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
-# Variables: AB_ARGS (passed to loadtests.abtest, e.g. AB_ARGS="--rounds 6 --duration 30 --control";
+# Load tools: python -m loadtests <subcommand> (python -m loadtests --help; docs/bench.md).
+# Variables: AB_ARGS (passed to python -m loadtests ab, e.g. AB_ARGS="--rounds 6 --duration 30 --control";
 #            make demo uses DEMO_AB_ARGS unless AB_ARGS is given;
 #            AB_ARGS="--balance leastconn,roundrobin" compares HAProxy balance modes),
 #            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'"),
-#            BLOBBENCH_ARGS (passed to loadtests.blobbench, e.g. BLOBBENCH_ARGS="--rounds 1 --fd-downloads 1000"),
-#            MATRIX_ARGS (passed to loadtests.matrix, e.g. MATRIX_ARGS="--quick" or "--resume var/reports/matrix-<ts>").
+#            BLOBBENCH_ARGS (passed to python -m loadtests blob, e.g. BLOBBENCH_ARGS="--rounds 1 --fd-downloads 1000"),
+#            MATRIX_ARGS (passed to python -m loadtests matrix, e.g. MATRIX_ARGS="--quick" or "--resume var/reports/matrix-<ts>").
 #            STORAGE (zeo or relstorage: the config make build uses, buildout.cfg or relstorage.cfg).
 
 PYTHON ?= python3
@@ -94,7 +95,7 @@ status:
 	bin/stack status
 
 ab:
-	$(VENV)/bin/python -m loadtests.abtest $(AB_ARGS)
+	$(VENV)/bin/python -m loadtests ab $(AB_ARGS)
 
 stop:
 	@if [ -x bin/stack ]; then bin/stack stop; fi
@@ -103,10 +104,10 @@ multihost: build ansible-venv
 	$(VENV)/bin/python tests/multihost.py
 
 blobbench:
-	$(VENV)/bin/python -m loadtests.blobbench $(BLOBBENCH_ARGS)
+	$(VENV)/bin/python -m loadtests blob $(BLOBBENCH_ARGS)
 
 matrix:
-	$(VENV)/bin/python -m loadtests.matrix $(MATRIX_ARGS)
+	$(VENV)/bin/python -m loadtests matrix $(MATRIX_ARGS)
 
 pins: venv $(BUILDOUT_VENV)/.installed
 	$(VENV)/bin/python scripts/update_pins.py

@@ -1,4 +1,5 @@
-"""Load tests and the A/B report of plonedeploy (run the CLIs with python -m loadtests.<name>)."""
+"""Load tests and the A/B report of plonedeploy: ``python -m loadtests <subcommand>`` (see
+``python -m loadtests --help`` and docs/bench.md); shared helpers in ``loadtests.core``."""
 import os
 import sys
 

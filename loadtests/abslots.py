@@ -20,23 +20,15 @@ parts, bin and .installed.cfg live under ``var/abslots``. :class:`Slots` starts 
 the pair a round needs with the stack recipe's own start/stop helpers, by PID.
 """
 import os
-import sys
 import time
 
 from loadtests import extrabuild
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPE_SRC = os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src")
 WORK_DIR = os.path.join(ROOT, "var", "abslots")
 #: WSGI servers the A/B compares, in the order of the report (A, B).
 SERVERS = ("pyruvate", "waitress")
 SLOTS = ("a", "b")
-
-
-def default_buildout_config():
-    """The config the stack was built with: ``local.cfg`` if it exists, else ``buildout.cfg``."""
-    local = os.path.join(ROOT, "local.cfg")
-    return local if os.path.exists(local) else os.path.join(ROOT, "buildout.cfg")
 
 
 def part(slot, server):
@@ -93,8 +85,6 @@ class Slots:
     """
 
     def __init__(self, ports, log_dir, timeout=300):
-        if RECIPE_SRC not in sys.path:
-            sys.path.insert(0, RECIPE_SRC)
         from plonedeploy.recipe import stack as runtime
 
         self.runtime, self.ports, self.timeout = runtime, ports, timeout

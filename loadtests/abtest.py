@@ -38,7 +38,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -49,40 +48,12 @@ from urllib.parse import urlsplit
 import psutil
 
 from loadtests import abslots, abstats, balancers, haproxy_stats, modes_report, report
+from loadtests.core import (check_servers_up, cpu_seconds, default_buildout_config, exits_2_when_not_ready,
+                            load_stack, machine_busy_seconds, own_cpu_seconds, stack_pids)
 from loadtests.weights import DEFAULT_WEIGHTS, parse_weights
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def stack_pids(config):
-    """Return ``{process name: psutil.Process}`` for the stack's running processes."""
-    procs = {}
-    for proc in config["processes"]:
-        try:
-            with open(os.path.join(config["run_dir"], f"{proc['name']}.pid"), encoding="ascii") as fp:
-                procs[proc["name"]] = psutil.Process(int(fp.read().split()[0]))
-        except (OSError, ValueError, psutil.Error):
-            pass
-    return procs
-
-
-def cpu_seconds(processes):
-    """Return ``{name: user+system CPU seconds}`` for psutil processes (gone ones skipped)."""
-    out = {}
-    for name, proc in processes.items():
-        try:
-            t = proc.cpu_times()
-            out[name] = t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:
-            pass
-    return out
-
-
-def own_cpu_seconds():
-    """CPU seconds of this process and its waited-for children (Locust), user + system."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def locust_cpu_seconds():
@@ -120,15 +91,9 @@ def saturation_warnings(generator_cores, machine_fraction, cores, processes=1):
     return out
 
 
-def machine_busy_seconds():
-    """CPU seconds the whole machine spent not idle (all cores summed)."""
-    t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m loadtests.abtest",
+        prog="python -m loadtests ab",
         description="A/B load test of the ZEO clients behind HAProxy; writes var/reports/<timestamp>/.",
     )
     parser.add_argument("--users", type=int, default=10,
@@ -191,7 +156,7 @@ def parse_args(argv):
     if args.calibrate is not None and not 0 < args.calibrate < 100:
         parser.error("--calibrate PERCENT must be between 0 and 100")
     if args.buildout_config is None:
-        args.buildout_config = abslots.default_buildout_config()
+        args.buildout_config = default_buildout_config()
     # Locust runs in the report folder: a relative --out would point inside it.
     args.out = os.path.abspath(args.out)
     if args.balancer_port is not None and not 1 <= args.balancer_port <= 65534:
@@ -363,29 +328,6 @@ def measure(args, config, directory, label="", balancer=None, extra_procs=None):
         {name: config["server_kinds"][name] for name in config["servers"]},
     )
     return data, code, per_server
-
-
-def load_stack(path):
-    """Read stack.json and check the deployed HAProxy has every server UP.
-
-    Returns the config dict, or None after printing why (the caller exits 2).
-    """
-    if not os.path.exists(path):
-        print(f"abtest: {path} not found: run bin/buildout first", file=sys.stderr)
-        return None
-    with open(path, encoding="utf-8") as fp:
-        config = json.load(fp)
-    try:
-        rows = haproxy_stats.fetch(config["stats_url"])
-    except OSError as exc:
-        print(f"abtest: HAProxy stats at {config['stats_url']} not answering ({exc}): "
-              "start the stack with 'make start'", file=sys.stderr)
-        return None
-    states = {n: r["status"] for n, r in haproxy_stats.servers(rows, config["backend"]).items()}
-    if not states or any(s != "UP" for s in states.values()):
-        print(f"abtest: not every server is UP: {states}; see 'bin/stack status'", file=sys.stderr)
-        return None
-    return config
 
 
 def run_deployed(args, config, directory):
@@ -748,12 +690,12 @@ def write_rounds_report(data, directory):
     return md_path, png_path
 
 
+@exits_2_when_not_ready("abtest")
 def main(argv=None):
     """Entry point; see the module docstring."""
     args = parse_args(argv)
     config = load_stack(args.stack_config)
-    if config is None:
-        return 2
+    check_servers_up(config)
     modes = args.balance or [config.get("balance")]
     deployed_only = modes == [config.get("balance")]
     rounds = deployed_only and not args.deployed and not args.balance

@@ -33,8 +33,7 @@ import time
 
 import numpy
 
-from loadtests.abtest import stack_pids
-from loadtests.matrix_measure import RssSampler
+from loadtests.core import STACK_JSON, RssSampler, exits_2_when_not_ready, load_stack, stack_pids
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -338,7 +337,7 @@ def download_sha256(host, port, path, settle=5.0):
 class RssWatch:
     """Context manager: RSS (MiB) of each named process before, at peak and after.
 
-    ``processes``: ``{name: psutil.Process}`` (e.g. ``abtest.stack_pids(config)``).
+    ``processes``: ``{name: psutil.Process}`` (e.g. ``core.stack_pids(config)``).
     ``result``: ``{name: (before, peak, after)}`` after the block.
     """
 
@@ -453,9 +452,10 @@ def markdown(rows):
     return "\n".join(lines) + "\n"
 
 
+@exits_2_when_not_ready("attacks")
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m loadtests.attacks", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stack-config", default=os.path.join(ROOT, "parts", "stack", "stack.json"))
+    parser = argparse.ArgumentParser(prog="python -m loadtests attacks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stack-config", default=STACK_JSON)
     parser.add_argument("--slow-connections", type=int, default=8,
                         help="slow-body connections at once (default 8, twice the 4 page slots)")
     parser.add_argument("--slow-seconds", type=float, default=20.0,
@@ -467,8 +467,7 @@ def main(argv=None):
     parser.add_argument("--rate-requests", type=int, default=1100,
                         help="requests from 127.0.0.2 (default 1100: the default limit is 1000 per 10 s)")
     args = parser.parse_args(argv)
-    with open(args.stack_config, encoding="utf-8") as fp:
-        config = json.load(fp)
+    config = load_stack(args.stack_config)
     with open(os.path.join(ROOT, "var", "admin-password"), encoding="utf-8") as fp:
         password = fp.read().strip()
     rows = run_all(config, args, password)

@@ -40,12 +40,9 @@ import hashlib
 import json
 import os
 import platform
-import resource
-import shutil
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import time
 import urllib.request
@@ -54,16 +51,12 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests import extrabuild
-from loadtests.abslots import default_buildout_config
-from loadtests.abtest import cpu_seconds, machine_busy_seconds, stack_pids
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-RECIPE_SRC = os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src")
+from loadtests.core import (ROOT, STACK_JSON, cpu_seconds, default_buildout_config, exits_2_when_not_ready,
+                            load_stack, machine_busy_seconds, own_cpu_seconds, require_wrk, run_wrk, stack_pids,
+                            wait_for_quiet)
 BLOB_PATH = "/Plone/blob-5mb/@@download/file"
 BLOB_SIZE = 5 * 1024 * 1024
 WORK_DIR = os.path.join(ROOT, "var", "blobbench")
-WRK_SCRIPT = os.path.join(HERE, "wrk_summary.lua")  # shared with loadtests.connections and .matrix
 
 
 # ----------------------------------------------------------------------------- variants
@@ -194,67 +187,18 @@ def check_variant(variant, reference):
 
 # ----------------------------------------------------------------------------- measuring
 
-def run_wrk(url, connections, duration, threads=1):
-    """Run wrk; return the summary dict wrk_summary.lua prints (requests, bytes, errors,
-    latency_us percentiles)."""
-    cmd = ["wrk", f"-t{min(threads, connections)}", f"-c{connections}", f"-d{duration}s",
-           "--timeout", "30s", "-s", WRK_SCRIPT, url]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 120, check=False)
-    for line in result.stdout.splitlines():
-        if line.startswith("PLONEDEPLOY_WRK "):
-            return json.loads(line[len("PLONEDEPLOY_WRK "):])
-    raise RuntimeError(f"wrk gave no summary (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
-
-
-def children_cpu():
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def self_cpu():
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def foreign_cores(procs, seconds=2.0):
-    """Cores used by other processes than ours (``procs``, this process, its children)."""
-    ours_before, busy_before = cpu_seconds(procs), machine_busy_seconds()
-    mine_before = self_cpu() + children_cpu()
-    started = time.monotonic()
-    time.sleep(seconds)
-    wall = time.monotonic() - started
-    ours = sum(cpu_seconds(procs).get(n, 0) - v for n, v in ours_before.items())
-    mine = self_cpu() + children_cpu() - mine_before
-    return max(machine_busy_seconds() - busy_before - ours - mine, 0.0) / wall
-
-
-def wait_for_quiet(procs, max_foreign, timeout):
-    """Wait until other processes use at most ``max_foreign`` cores (or ``timeout`` s passed).
-
-    Returns the seconds waited. Other users' load makes a run slower for reasons unrelated
-    to the variant; runs are alternated anyway, this only avoids the worst minutes.
-    """
-    started = time.monotonic()
-    while timeout > 0:
-        load = foreign_cores(procs)
-        if load <= max_foreign or time.monotonic() - started >= timeout:
-            break
-        time.sleep(3)
-    return round(time.monotonic() - started, 1)
-
-
 def measure(variant, connections, duration, procs, threads=1):
     """One wrk run against ``variant``; return a row dict (see runs.csv)."""
     servers = variant.processes()
     server_before = sum(sum(p.cpu_times()[:2]) for p in servers)
     ours_before = cpu_seconds(procs)
-    busy_before, wrk_before, me_before = machine_busy_seconds(), children_cpu(), self_cpu()
+    busy_before, me_before = machine_busy_seconds(), own_cpu_seconds()
     wall_before = time.monotonic()
-    out = run_wrk(variant.blob_url, connections, duration, threads)
+    out = run_wrk(variant.blob_url, connections, duration, threads=threads)
     wall = time.monotonic() - wall_before
     busy = machine_busy_seconds() - busy_before
-    wrk_cpu = children_cpu() - wrk_before
-    me = self_cpu() - me_before
+    wrk_cpu = out["cpu_s"]
+    me = own_cpu_seconds() - me_before - wrk_cpu
     server_cpu = sum(sum(p.cpu_times()[:2]) for p in servers) - server_before
     ours_after = cpu_seconds(procs)
     ours = sum(ours_after.get(n, 0) - v for n, v in ours_before.items())  # stack + off clients
@@ -458,7 +402,7 @@ def plot(summary, path):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m loadtests.blobbench",
+        prog="python -m loadtests blob",
         description="Blob download benchmark of each client with and without the blobsendfile "
                     "filter (wrk); writes var/reports/blobbench-<timestamp>/.")
     parser.add_argument("--connections", default="1,2,4,8",
@@ -483,7 +427,7 @@ def parse_args(argv):
                              "default local.cfg if it exists, else buildout.cfg")
     parser.add_argument("--keep-off-clients", action="store_true",
                         help="leave the -off clients running afterwards (stop: kill their PIDs in var/blobbench/run)")
-    parser.add_argument("--stack-config", default=os.path.join(ROOT, "parts", "stack", "stack.json"))
+    parser.add_argument("--stack-config", default=STACK_JSON)
     parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
                         help="directory for report folders; default var/reports")
     parser.add_argument("--report-only", metavar="DIR",
@@ -505,19 +449,14 @@ def parse_args(argv):
     return args
 
 
+@exits_2_when_not_ready("blobbench")
 def main(argv=None):
     """Entry point; see the module docstring."""
     args = parse_args(argv)
     if args.report_only:
         return report_only(args.report_only)
-    if shutil.which("wrk") is None:
-        print("blobbench: wrk not found (apt-get install wrk; scripts/install-system.sh)", file=sys.stderr)
-        return 2
-    if not os.path.exists(args.stack_config):
-        print(f"blobbench: {args.stack_config} not found: run bin/buildout first", file=sys.stderr)
-        return 2
-    with open(args.stack_config, encoding="utf-8") as fp:
-        config = json.load(fp)
+    require_wrk()
+    config = load_stack(args.stack_config)
     clients = config["servers"]
     kinds = config["server_kinds"]
     urls = {p["name"]: p["ready"]["http"].rstrip("/") for p in config["processes"] if p["name"] in kinds}
@@ -525,8 +464,6 @@ def main(argv=None):
     if any(c not in procs for c in clients):
         print("blobbench: the stack is not running: make start", file=sys.stderr)
         return 2
-    if RECIPE_SRC not in sys.path:
-        sys.path.insert(0, RECIPE_SRC)
     from plonedeploy.recipe import stack as stack_runtime
 
     wanted_off = [v for v in args.variants if v.endswith("-off")]

@@ -30,7 +30,6 @@ always put back in service, also on errors. Traffic goes only to the stack on 12
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -40,9 +39,8 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests import haproxy_stats
-from loadtests.abtest import machine_busy_seconds, stack_pids
-from loadtests.connections import run_wrk
-from loadtests.matrix_measure import tree_cpu_seconds
+from loadtests.core import (STACK_JSON, NotReady, exits_2_when_not_ready, load_stack, machine_busy_seconds,
+                            require_wrk, run_wrk, stack_pids, tree_cpu_seconds)
 from plonedeploy.recipe.stack import StackError, runtime_api
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,7 +51,7 @@ COUNTERS = ("MAIN.cache_hit", "MAIN.cache_miss", "MAIN.cache_hitpass", "MAIN.s_p
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m loadtests.cachebench",
+        prog="python -m loadtests cache",
         description="Requests/s, p50/p99, hit ratio and CPU per request of anonymous pages "
         "through the HTTPS edge with the cache tier on and off, side by side.")
     parser.add_argument("--connections", default="10,100",
@@ -65,7 +63,7 @@ def parse_args(argv):
                         help="rounds of on/off pairs, alternating which goes first (default 2)")
     parser.add_argument("--path", default="/Plone", help="URL path (default /Plone)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
-    parser.add_argument("--stack-config", default=os.path.join(ROOT, "parts", "stack", "stack.json"),
+    parser.add_argument("--stack-config", default=STACK_JSON,
                         help="stack.json written by bin/buildout")
     parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
                         help="folder for the report folder (default var/reports)")
@@ -113,12 +111,12 @@ def measure(args, config, wrk, on, connections):
     set_cache(config, on)
     url = config["tls_url"] + args.path
     if args.warmup:
-        run_wrk(wrk, url, "", connections, args.warmup, 60, args.threads)
+        run_wrk(url, connections, args.warmup, threads=args.threads, timeout=60, wrk=wrk)
     procs = stack_pids(config)
     cpu0 = {name: tree_cpu_seconds(p.pid) for name, p in procs.items()}
     counters0 = varnish_counters(config["cache"]["workdir"])
     busy0 = machine_busy_seconds()
-    summary = run_wrk(wrk, url, "", connections, args.duration, 60, args.threads)
+    summary = run_wrk(url, connections, args.duration, threads=args.threads, timeout=60, wrk=wrk)
     busy = machine_busy_seconds() - busy0
     # Varnish's worker threads add their counts to the shared counters in batches.
     time.sleep(1.0)
@@ -221,21 +219,15 @@ def plot(runs, counts, path):
     plt.close(fig)
 
 
+@exits_2_when_not_ready("cachebench")
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        with open(args.stack_config, encoding="utf-8") as fp:
-            config = json.load(fp)
-    except OSError as exc:
-        print(f"cachebench: {exc}; run 'make build' first", file=sys.stderr)
-        return 2
-    wrk = shutil.which("wrk")
-    if not config.get("cache") or not config.get("tls_url") or not wrk:
-        print("cachebench: needs a stack with a cache tier and tls-bind ([haproxy] cache = varnish) "
-              "and Debian's wrk", file=sys.stderr)
-        return 2
+    config = load_stack(args.stack_config)
+    if not config.get("cache") or not config.get("tls_url"):
+        raise NotReady("needs a stack with a cache tier and tls-bind ([haproxy] cache = varnish)")
+    wrk = require_wrk()
     meta = {
-        "command": "python -m loadtests.cachebench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m loadtests cache " + " ".join(argv if argv is not None else sys.argv[1:]),
         "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "path": args.path, "rounds": args.rounds, "duration_s": args.duration, "warmup_s": args.warmup,
         "threads": args.threads, "cores": psutil.cpu_count(),

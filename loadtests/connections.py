@@ -24,35 +24,22 @@ Traffic goes only to 127.0.0.1.
 import argparse
 import json
 import os
-import re
-import resource
-import shutil
-import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 
 import psutil
 
 from loadtests import haproxy_stats
-from loadtests.abtest import cpu_seconds, machine_busy_seconds, stack_pids
+from loadtests.core import (PATHS, STACK_JSON, check_servers_up, cpu_seconds, exits_2_when_not_ready,
+                            haproxy_maxconn, load_stack, machine_busy_seconds, raise_fd_limit, require_wrk,
+                            run_wrk, stack_pids, wait_backend_idle)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-LUA = os.path.join(HERE, "wrk_summary.lua")
-
-#: path label -> (URL path, Accept header); the labels of the Locust tests.
-PATHS = {
-    "/": ("/", ""),
-    "/Plone": ("/Plone", ""),
-    "@json": ("/Plone", "application/json"),
-    "blob": ("/Plone/blob-5mb/@@download/file", ""),
-}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m loadtests.connections",
+        prog="python -m loadtests connections",
         description="Hold N concurrent connections per path through HAProxy (wrk) and report "
         "errors, RPS and latency percentiles.")
     parser.add_argument("--connections", type=int, default=1000,
@@ -67,7 +54,7 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=3,
                         help="seconds at 10 connections before each path (default 3; 0: none)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
-    parser.add_argument("--stack-config", default=os.path.join(ROOT, "parts", "stack", "stack.json"),
+    parser.add_argument("--stack-config", default=STACK_JSON,
                         help="stack.json written by bin/buildout")
     parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
                         help="folder for the report folder (default var/reports)")
@@ -84,88 +71,17 @@ def parse_args(argv):
     return args
 
 
-def haproxy_maxconn(config):
-    """``maxconn`` of the site's frontend in the stack's HAProxy config (its ``-f`` file),
-    or None."""
-    argv = next(p["argv"] for p in config["processes"] if p["name"] not in config["server_kinds"]
-                and "-f" in p["argv"])
-    text = open(argv[argv.index("-f") + 1], encoding="utf-8").read()
-    found = re.search(r"^frontend\b.*?^\s+maxconn\s+(\d+)", text, re.MULTILINE | re.DOTALL)
-    return int(found.group(1)) if found else None
-
-
-def raise_fd_limit(needed):
-    """Raise this process' soft RLIMIT_NOFILE (inherited by wrk) towards ``needed``.
-
-    Returns the (soft, hard) limits after the attempt; the hard limit is never exceeded.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-    if want > soft:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
-def run_wrk(wrk, url, accept, connections, duration, timeout, threads, progress=None):
-    """Run wrk once; return its summary dict (see wrk_summary.lua) plus ``wall_s``.
-
-    ``progress`` is called every 5 s with the elapsed seconds while wrk runs.
-    Raises RuntimeError with wrk's output when it fails or prints no summary.
-    """
-    cmd = [wrk, f"-t{threads}", f"-c{connections}", f"-d{duration}s", f"--timeout={timeout}s",
-           "-s", LUA, url]
-    env = dict(os.environ, PLONEDEPLOY_ACCEPT=accept)
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    try:
-        while True:
-            try:
-                output, _ = proc.communicate(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                if progress:
-                    progress(time.monotonic() - started)
-    finally:
-        if proc.poll() is None:  # interrupted: never leave wrk running
-            proc.kill()
-            proc.wait()
-    found = re.search(r"^PLONEDEPLOY_WRK (\{.*\})$", output, re.MULTILINE)
-    if proc.returncode != 0 or not found:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{output}")
-    summary = json.loads(found.group(1))
-    summary["wall_s"] = round(time.monotonic() - started, 1)
-    return summary
-
-
-def backend_row(rows, backend):
-    return next(r for r in rows if r["pxname"] == backend and r["svname"] == "BACKEND")
-
-
-def wait_idle(config, timeout=120.0):
-    """Wait until HAProxy's backend has no request queued or in progress (the previous
-    path's requests are gone); return the seconds waited. Raises RuntimeError on timeout."""
-    started = time.monotonic()
-    while True:
-        row = backend_row(haproxy_stats.fetch(config["stats_url"]), config["backend"])
-        if int(row["qcur"] or 0) == 0 and int(row["scur"] or 0) == 0:
-            return time.monotonic() - started
-        if time.monotonic() - started > timeout:
-            raise RuntimeError(f"HAProxy backend still busy after {timeout} s: "
-                               f"{row['qcur']} queued, {row['scur']} in progress")
-        time.sleep(0.5)
-
-
 def measure_path(args, config, wrk, label):
     """Warm up, then hold ``args.connections`` on one path; return the path's result dict."""
     path, accept = PATHS[label]
     url = config["frontend_url"] + path
-    wait_idle(config)
+    wait_backend_idle(config)
     if args.warmup:
-        run_wrk(wrk, url, accept, min(10, args.connections), args.warmup, args.timeout, args.threads)
+        run_wrk(url, min(10, args.connections), args.warmup, threads=args.threads, timeout=args.timeout,
+                accept=accept, wrk=wrk)
     procs = stack_pids(config)
     before = haproxy_stats.fetch(config["stats_url"])
     cpu_before, busy_before = cpu_seconds(procs), machine_busy_seconds()
-    kids_before = resource.getrusage(resource.RUSAGE_CHILDREN)
 
     def progress(elapsed):
         try:
@@ -175,18 +91,17 @@ def measure_path(args, config, wrk, label):
                   flush=True)
             return
         done = sum(d["stot"] for d in haproxy_stats.deltas(before, rows, config["backend"]).values())
-        queued = backend_row(rows, config["backend"])["qcur"]
+        queued = haproxy_stats.backend_row(rows, config["backend"])["qcur"]
         print(f"  {label}: {elapsed:4.0f}/{args.duration} s, {done} requests served, "
               f"{queued} queued in HAProxy", flush=True)
 
-    summary = run_wrk(wrk, url, accept, args.connections, args.duration, args.timeout, args.threads,
-                      progress)
+    summary = run_wrk(url, args.connections, args.duration, threads=args.threads, timeout=args.timeout,
+                      accept=accept, wrk=wrk, progress=progress)
     after = haproxy_stats.fetch(config["stats_url"])
-    kids_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     stack_cpu = {n: v - cpu_before.get(n, 0.0) for n, v in cpu_seconds(procs).items()}
-    wrk_cpu = (kids_after.ru_utime + kids_after.ru_stime) - (kids_before.ru_utime + kids_before.ru_stime)
+    wrk_cpu = summary["cpu_s"]
     busy = machine_busy_seconds() - busy_before
-    drained = wait_idle(config)  # requests still queued when wrk stopped: dropped (abortonclose)
+    drained = wait_backend_idle(config)  # requests still queued when wrk stopped: dropped (abortonclose)
     servers = haproxy_stats.deltas(before, after, config["backend"])
     seconds = summary["duration_us"] / 1e6
     rps = summary["requests"] / seconds if seconds else 0.0
@@ -210,7 +125,7 @@ def measure_path(args, config, wrk, label):
             "drain_after_run_s": round(drained, 1),
             "sessions": sum(d["stot"] for d in servers.values()),
             "hrsp_5xx": sum(d["hrsp_5xx"] for d in servers.values()),
-            "backend_qmax": int(backend_row(after, config["backend"])["qmax"] or 0),
+            "backend_qmax": int(haproxy_stats.backend_row(after, config["backend"])["qmax"] or 0),
             "per_server_sessions": {n: d["stot"] for n, d in servers.items()},
         },
         "cpu_s": {
@@ -247,22 +162,12 @@ def to_markdown(results, meta):
     return "\n".join(lines) + "\n"
 
 
+@exits_2_when_not_ready("connections")
 def main(argv=None):
     args = parse_args(argv)
-    wrk = shutil.which("wrk")
-    if not wrk:
-        print("wrk not found: install Debian's package (apt-get install wrk; make system)", file=sys.stderr)
-        return 2
-    try:
-        config = json.load(open(args.stack_config, encoding="utf-8"))
-        rows = haproxy_stats.fetch(config["stats_url"])
-    except (OSError, ValueError) as exc:
-        print(f"stack not ready ({exc}): run 'make start' first", file=sys.stderr)
-        return 2
-    states = {n: r["status"] for n, r in haproxy_stats.servers(rows, config["backend"]).items()}
-    if not states or any(s != "UP" for s in states.values()):
-        print(f"HAProxy servers not all UP: {states}; run 'make start'", file=sys.stderr)
-        return 2
+    wrk = require_wrk()
+    config = load_stack(args.stack_config)
+    check_servers_up(config)
     maxconn = haproxy_maxconn(config)
     fd_limit = raise_fd_limit(args.connections + 64)
     if fd_limit[0] < args.connections + 16:

@@ -47,8 +47,9 @@ from urllib.parse import urlsplit
 import psutil
 
 from loadtests import haproxy_stats
-from loadtests.abtest import cpu_seconds, machine_busy_seconds, stack_pids
-from loadtests.connections import backend_row, haproxy_maxconn, raise_fd_limit, wait_idle
+from loadtests.core import (STACK_JSON, cpu_seconds, exits_2_when_not_ready, fetch_stats, haproxy_maxconn,
+                            load_stack, machine_busy_seconds, percentile, raise_fd_limit, stack_pids,
+                            wait_backend_idle)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Largest response head accepted (bytes); Plone's headers are a few kB.
@@ -69,15 +70,6 @@ class ConnectionStats:
         self.latencies = []
         self.connects = 0
         self.unfinished = 0
-
-
-def percentile(sorted_values, fraction):
-    """Nearest-rank percentile of an ascending list: the smallest value with at least
-    ``fraction`` (0 < fraction <= 1) of the values at or below it. None for an empty list."""
-    if not sorted_values:
-        return None
-    rank = max(1, -(-len(sorted_values) * fraction // 1))  # ceil without float surprises
-    return sorted_values[min(int(rank), len(sorted_values)) - 1]
 
 
 def summarize(stats, seconds):
@@ -243,7 +235,7 @@ def listen_overflows():
 def measure(config, url, accept, connections, duration, timeout, connect_rate):
     """One run through the stack's HAProxy with HAProxy counters and CPU seconds; returns
     summarize()'s dict plus ``haproxy`` {hrsp_5xx, backend_qmax} and ``cpu_s``."""
-    wait_idle(config)
+    wait_backend_idle(config)
     procs = stack_pids(config)
     before = haproxy_stats.fetch(config["stats_url"])
     cpu_before, busy_before = cpu_seconds(procs), machine_busy_seconds()
@@ -266,7 +258,7 @@ def measure(config, url, accept, connections, duration, timeout, connect_rate):
             "sessions": sum(d["stot"] for d in servers.values()),
             # The frontend's count: it includes HAProxy's own 503s (queue timeout, no server).
             "hrsp_5xx": frontend_5xx(after) - frontend_5xx(before),
-            "backend_qmax": int(backend_row(after, config["backend"])["qmax"] or 0),
+            "backend_qmax": int(haproxy_stats.backend_row(after, config["backend"])["qmax"] or 0),
         },
         "listen_overflows": listen_overflows() - overflows_before,
         "cpu_s": {"stack": round(stack_cpu, 1), "client": round(own, 1),
@@ -278,7 +270,7 @@ def measure(config, url, accept, connections, duration, timeout, connect_rate):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m loadtests.fairness",
+        prog="python -m loadtests fairness",
         description="N keep-alive connections per path through HAProxy, closed loop; counts "
         "completions per connection (is every connection served?), errors, requests/s, "
         "latency percentiles and p99 / Little's-law mean.")
@@ -303,7 +295,7 @@ def parse_args(argv):
     parser.add_argument("--url", default=None,
                         help="frontend base URL (default: the stack's frontend_url); must be "
                         "127.0.0.1")
-    parser.add_argument("--stack-config", default=os.path.join(ROOT, "parts", "stack", "stack.json"),
+    parser.add_argument("--stack-config", default=STACK_JSON,
                         help="stack.json written by bin/buildout")
     parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
                         help="folder for the report folder (default var/reports)")
@@ -356,14 +348,11 @@ def to_markdown(rows, meta):
     return "\n".join(lines) + "\n"
 
 
+@exits_2_when_not_ready("fairness")
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        config = json.load(open(args.stack_config, encoding="utf-8"))
-        haproxy_stats.fetch(config["stats_url"])
-    except (OSError, ValueError) as exc:
-        print(f"stack not ready ({exc}): run 'make start' first", file=sys.stderr)
-        return 2
+    config = load_stack(args.stack_config)
+    fetch_stats(config)
     base = (args.url or config["frontend_url"]).rstrip("/")
     if urlsplit(base).hostname != "127.0.0.1":
         print(f"--url must point at 127.0.0.1, got {base}", file=sys.stderr)

@@ -44,6 +44,12 @@ def servers(rows, backend):
     }
 
 
+def backend_row(rows, backend):
+    """The BACKEND row (column -> string) of ``backend`` in a ``fetch`` result; raises
+    StopIteration when the stats have no such backend."""
+    return next(r for r in rows if r["pxname"] == backend and r["svname"] == "BACKEND")
+
+
 def _int(value):
     return int(value) if value not in (None, "") else 0
 

@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import sys
 import time
@@ -50,15 +49,11 @@ from datetime import datetime, timezone
 
 import psutil
 
-from loadtests import matrix_plan, matrix_report, matrix_servers, serverbuild
-from loadtests.abtest import stack_pids
-from loadtests.connections import raise_fd_limit, run_wrk
-from loadtests.matrix_measure import MATRIX_PATHS, measure, wait_idle
-
-sys.path.insert(0, serverbuild.RECIPE_SRC)
-from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED  # noqa: E402
-
-ROOT = serverbuild.ROOT
+from loadtests import matrix_plan, matrix_report, matrix_servers
+from loadtests.core import (ROOT, STACK_JSON, exits_2_when_not_ready, load_stack, raise_fd_limit, require_wrk,
+                            run_wrk, stack_pids, wait_tree_idle)
+from loadtests.matrix_measure import MATRIX_PATHS, measure
+from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED
 DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 50, 100, 500, 1000],
             "threads": [1, 2, 4], "sweep_at": 100, "runs": 4, "duration": 1, "warmup": 1}
 QUICK = {"servers": ["pyruvate", "waitress"], "paths": list(MATRIX_PATHS), "connections": [1, 50],
@@ -84,7 +79,7 @@ def _list(parser, option, allowed=None, kind=str):
 def parse_args(argv):
     """Options (argparse.Namespace); plan options left None are filled from DEFAULTS or
     QUICK (``--quick``). Exits with status 2 and a message naming the option on bad values."""
-    parser = argparse.ArgumentParser(prog="python -m loadtests.matrix", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m loadtests matrix", description=__doc__.split("\n\n")[0],
                                      epilog="See docs/servers.md, 'Benchmark matrix'.")
     parser.add_argument("--quick", action="store_true",
                         help="CI mode: pyruvate and waitress, connections 1,50, threads 2, 1 s runs")
@@ -121,7 +116,7 @@ def parse_args(argv):
                         help="first port of the servers (two per part: Zope, hello; default 9510)")
     parser.add_argument("--port-limit", type=int, default=matrix_servers.PORT_RANGE[1],
                         help="last port the servers may use (default 9599)")
-    parser.add_argument("--stack-config", default=os.path.join(ROOT, "parts", "stack", "stack.json"),
+    parser.add_argument("--stack-config", default=STACK_JSON,
                         help="stack.json written by bin/buildout (default parts/stack/stack.json)")
     parser.add_argument("--estimate", action="store_true", help="print the plan and its estimate, run nothing")
     args = parser.parse_args(argv)
@@ -166,6 +161,7 @@ def _minutes(seconds):
     return f"{seconds / 60:.1f} min"
 
 
+@exits_2_when_not_ready("matrix")
 def main(argv=None):
     args = parse_args(argv)
     cells, pairs, order = plan(args)
@@ -187,15 +183,8 @@ def main(argv=None):
           f"{len(order) - len(todo)} runs already measured; estimate {_minutes(estimate)}", flush=True)
     if args.estimate:
         return 0
-    wrk = shutil.which("wrk")
-    if not wrk:
-        print("matrix: wrk not found (apt-get install wrk; make system)", file=sys.stderr)
-        return 2
-    try:
-        config = json.load(open(args.stack_config, encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        print(f"matrix: stack not built ({exc}): make build, make start", file=sys.stderr)
-        return 2
+    wrk = require_wrk()
+    config = load_stack(args.stack_config)
     stack = stack_pids(config)
     if "zeoserver" not in stack:
         print("matrix: the stack's zeoserver is not running: make start", file=sys.stderr)
@@ -302,10 +291,11 @@ def run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path):
         try:
             if cell not in warmed and args.warmup:
                 accept = MATRIX_PATHS[path][1]
-                run_wrk(wrk, base + MATRIX_PATHS[path][0], accept, min(conns, 10), args.warmup, args.timeout, 1)
+                run_wrk(base + MATRIX_PATHS[path][0], min(conns, 10), args.warmup, timeout=args.timeout,
+                        accept=accept, wrk=wrk)
             warmed.add(cell)
             # the warm-up's (or the server's last run's) abandoned requests
-            drain = wait_idle(procs[key].pid, max_seconds=args.drain_max)
+            drain = wait_tree_idle(procs[key].pid, max_seconds=args.drain_max)
             record = measure(wrk, base, path, conns, args.duration, args.timeout, procs[key].pid, own)
             record["drain_before_s"] = round(drain, 1)
             record["backlog"] = drain >= args.drain_max

@@ -7,59 +7,15 @@ the server's tree, of wrk, of our own processes (this script, the stack, the oth
 servers) and of the whole machine. What the machine did beyond ours is *foreign* CPU:
 other users of the shared machine.
 """
-import resource
-import threading
 import time
 
 import psutil
 
-from loadtests.abtest import cpu_seconds, machine_busy_seconds
-from loadtests.connections import PATHS, run_wrk
+from loadtests.core import (PATHS, RssSampler, cpu_seconds, machine_busy_seconds, own_cpu_seconds, run_wrk,
+                            tree_cpu_seconds)
 
 #: path labels of the matrix: the four of loadtests.connections plus the hello-world app.
 MATRIX_PATHS = dict(PATHS, hello=("/", ""))
-
-
-def _tree_processes(root_pid):
-    try:
-        parent = psutil.Process(root_pid)
-        return [parent] + parent.children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def tree_cpu_seconds(root_pid):
-    """CPU seconds (user + system, incl. reaped children) of a process tree."""
-    return sum(cpu_seconds({p.pid: p for p in _tree_processes(root_pid)}).values())
-
-
-class RssSampler(threading.Thread):
-    """Samples the summed RSS (bytes) of the process tree of ``root_pid`` every
-    ``interval`` seconds until :meth:`stop`; ``peak`` is the largest sample."""
-
-    def __init__(self, root_pid, interval=0.2):
-        super().__init__(daemon=True)
-        self.root_pid, self.interval, self.peak = root_pid, interval, 0
-        self._stop_event = threading.Event()
-
-    def sample(self):
-        total = 0
-        for proc in _tree_processes(self.root_pid):
-            try:
-                total += proc.memory_info().rss
-            except psutil.Error:
-                pass
-        self.peak = max(self.peak, total)
-
-    def run(self):
-        while not self._stop_event.is_set():
-            self.sample()
-            self._stop_event.wait(self.interval)
-
-    def stop(self):
-        self._stop_event.set()
-        self.join()
-        self.sample()
 
 
 def measure(wrk, base_url, path_label, connections, duration, timeout, server_pid, own_pids,
@@ -84,17 +40,18 @@ def measure(wrk, base_url, path_label, connections, duration, timeout, server_pi
     own = {pid: p for pid in own_pids for p in [_safe_process(pid)] if p is not None}
     sampler = RssSampler(server_pid)
     server0, own0 = tree_cpu_seconds(server_pid), sum(cpu_seconds(own).values())
-    me0 = _self_and_children_cpu()
+    me0 = own_cpu_seconds()
     busy0, t0 = machine_busy_seconds(), time.monotonic()
     sampler.start()
     try:
-        summary = run_wrk(wrk, base_url + path, accept, connections, duration, timeout, threads)
+        summary = run_wrk(base_url + path, connections, duration, threads=threads, timeout=timeout, accept=accept,
+                          wrk=wrk)
     finally:
         sampler.stop()
     wall = time.monotonic() - t0
     busy = machine_busy_seconds() - busy0
     server_cpu = tree_cpu_seconds(server_pid) - server0
-    ours = server_cpu + (sum(cpu_seconds(own).values()) - own0) + (_self_and_children_cpu() - me0)
+    ours = server_cpu + (sum(cpu_seconds(own).values()) - own0) + (own_cpu_seconds() - me0)
     foreign = max(busy - ours, 0.0)
     seconds = summary["duration_us"] / 1e6
     lat = summary["latency_us"]
@@ -117,34 +74,8 @@ def measure(wrk, base_url, path_label, connections, duration, timeout, server_pi
     }
 
 
-def wait_idle(root_pid, max_seconds=60.0, window=0.3, idle_cores=0.1):
-    """Wait until the process tree of ``root_pid`` uses less than ``idle_cores`` cores over
-    a ``window`` (seconds), at most ``max_seconds``; returns the seconds waited.
-
-    Why: wrk abandons the requests in flight when it stops, but a server without
-    disconnect detection (pyruvate, waitress's threads) still serves the requests it
-    queued -- up to one per connection. Without this wait they would run into the next
-    run of that server and lower its figures.
-    """
-    started = time.monotonic()
-    before = tree_cpu_seconds(root_pid)
-    while time.monotonic() - started < max_seconds:
-        time.sleep(window)
-        now = tree_cpu_seconds(root_pid)
-        if now - before < idle_cores * window:
-            break
-        before = now
-    return time.monotonic() - started
-
-
 def _safe_process(pid):
     try:
         return psutil.Process(pid)
     except psutil.Error:
         return None
-
-
-def _self_and_children_cpu():
-    """CPU seconds of this process and its reaped children (wrk)."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime

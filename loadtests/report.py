@@ -13,6 +13,8 @@ bytes, shares as fractions 0..1.
 import json
 import os
 
+from loadtests.core import histogram_percentile
+
 #: Request names of the locustfile, in report order.
 PATHS = ("/", "/Plone", "@json", "blob 5MB")
 
@@ -21,30 +23,10 @@ def _ratio(a, b):
     return a / b if b else None
 
 
-def percentile(histogram, fraction):
-    """Response time (ms) within which ``fraction`` (0..1) of the requests finished.
-
-    ``histogram`` is Locust's ``{rounded ms: count}`` (keys may be strings, as in JSON).
-    Same rule as ``locust.stats.calculate_response_time_percentile``, which this module
-    cannot import (importing Locust monkey-patches the process with gevent). Returns
-    None for an empty histogram.
-    """
-    counts = {int(ms): n for ms, n in histogram.items()}
-    total = sum(counts.values())
-    if not total:
-        return None
-    allowed_above = int(total * fraction)
-    seen = 0
-    for ms in sorted(counts, reverse=True):
-        seen += counts[ms]
-        if total - seen <= allowed_above:
-            return ms
-    return 0
-
-
 def latency(histogram):
-    """``{"p50_ms", "p95_ms", "p99_ms"}`` of a Locust histogram (see ``percentile``)."""
-    return {f"p{q}_ms": percentile(histogram, q / 100) for q in (50, 95, 99)}
+    """``{"p50_ms", "p95_ms", "p99_ms"}`` of a Locust histogram ``{rounded ms: count}``
+    (see :func:`loadtests.core.histogram_percentile`); None for an empty histogram."""
+    return {f"p{q}_ms": histogram_percentile(histogram, q / 100) for q in (50, 95, 99)}
 
 
 def _path_entry(entry, elapsed):

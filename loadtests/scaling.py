@@ -40,14 +40,13 @@ import psutil
 import requests
 
 from loadtests import haproxy_stats, serverbuild
-from loadtests.abtest import cpu_seconds, machine_busy_seconds, stack_pids
 from loadtests.balancers import BalancerError, TemporaryBalancer
-from loadtests.connections import run_wrk
+from loadtests.core import (cpu_seconds, exits_2_when_not_ready, fetch_stats, load_stack, machine_busy_seconds,
+                            require_wrk, run_wrk, stack_pids)
 from plonedeploy.recipe import edge, tls
 from plonedeploy.recipe.options import render_template
 
 ROOT = serverbuild.ROOT
-STACK_JSON = os.path.join(ROOT, "parts", "stack", "stack.json")
 BACKEND = "zeoclients"
 
 PART = """
@@ -70,7 +69,7 @@ def _int_list(text, option):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m loadtests.scaling", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtests scaling", description=__doc__.split("\n")[0])
     parser.add_argument("--clients", default="1,2,3,4", type=lambda t: _int_list(t, "--clients"),
                         help="client counts to measure (default 1,2,3,4)")
     parser.add_argument("--threads", default="1,2,4", type=lambda t: _int_list(t, "--threads"),
@@ -178,12 +177,13 @@ def measure(args, config, wrk, balancer_dir, threads, count, clients, ports, bin
     with ScalingBalancer(binary, balancer_dir, args.port + 90, servers) as balancer:
         balancer.start(BACKEND, [s["name"] for s in servers], timeout=60)
         url = balancer.frontend_url + args.path
-        run_wrk(wrk, url, "", max(2, count * threads), 3, 60, 2)  # warm-up: caches of every client
+        # warm-up: fills the caches of every client
+        run_wrk(url, max(2, count * threads), 3, threads=2, timeout=60, wrk=wrk)
         before = haproxy_stats.fetch(balancer.stats_url)
         procs = {**stack_pids(config), **{f"s{threads}_{n}": psutil.Process(clients[n].pid)
                                           for n in range(1, count + 1)}}
         cpu_before, busy_before = cpu_seconds(procs), machine_busy_seconds()
-        summary = run_wrk(wrk, url, "", args.connections, args.duration, 60, 2)
+        summary = run_wrk(url, args.connections, args.duration, threads=2, timeout=60, wrk=wrk)
         busy = machine_busy_seconds() - busy_before
         used = sum(cpu_seconds(procs).values()) - sum(cpu_before.values())
         after = haproxy_stats.fetch(balancer.stats_url)
@@ -257,18 +257,12 @@ def plot(rows, path, title):
     plt.close(fig)
 
 
+@exits_2_when_not_ready("scaling")
 def main(argv=None):
     args = parse_args(argv)
-    wrk = shutil.which("wrk")
-    if not wrk:
-        print("wrk not found: apt-get install wrk (make system)", file=sys.stderr)
-        return 2
-    try:
-        config = json.load(open(STACK_JSON, encoding="utf-8"))
-        haproxy_stats.fetch(config["stats_url"])
-    except (OSError, ValueError) as exc:
-        print(f"stack not running ({exc}): run 'make start' first", file=sys.stderr)
-        return 2
+    wrk = require_wrk()
+    config = load_stack()
+    fetch_stats(config)
     binary = next(p["argv"][0] for p in config["processes"] if "-f" in p["argv"])
     started = datetime.now(timezone.utc)
     folder = os.path.join(args.out, "scaling-" + started.strftime("%Y%m%d-%H%M%S"))

@@ -12,14 +12,10 @@ quick side-by-side figure per server). The parts are named
 import os
 import pathlib
 import subprocess
-import sys
+
+from plonedeploy.recipe.options import SERVERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPE_SRC = os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src")
-if RECIPE_SRC not in sys.path:
-    sys.path.insert(0, RECIPE_SRC)
-
-from plonedeploy.recipe.options import SERVERS  # noqa: E402
 
 BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
 

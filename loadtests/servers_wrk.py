@@ -8,7 +8,7 @@ Usage (stack running with the site, ``make start``; ``wrk`` on PATH)::
 Builds ``--build`` (loadtests/serverbuild.py: one ZEO client part per server, ZEO clients of
 the stack's zeoserver, on the ports after the stack's client2) unless it is built, then
 for each server in turn: starts its client, waits for ``GET <path>`` to answer 200, runs
-``wrk --latency -t1 -c<connections> -d<duration>s`` against the stack's pyruvate client
+``wrk -t1 -c<connections> -d<duration>s`` (loadtests.core.run_wrk) against the stack's pyruvate client
 (``instance``) and then against the server's client, stops the client, and prints one row:
 requests/s of each, the ratio server/pyruvate, p50/p99 latency (ms) from wrk, non-2xx
 responses and socket errors, and the CPU load of other processes on the machine during
@@ -20,12 +20,8 @@ Exit status: 0, or 2 if the stack is not running or wrk is missing. Traffic goes
 127.0.0.1.
 """
 import argparse
-import json
 import os
 import pathlib
-import re
-import shutil
-import subprocess
 import sys
 import time
 
@@ -33,50 +29,29 @@ import psutil
 import requests
 
 from loadtests import serverbuild
-from loadtests.abtest import cpu_seconds, machine_busy_seconds, stack_pids
-
-ROOT = serverbuild.ROOT
-STACK_JSON = os.path.join(ROOT, "parts", "stack", "stack.json")
-_UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+from loadtests.core import (ROOT, cpu_seconds, exits_2_when_not_ready, load_stack, machine_busy_seconds,
+                            require_wrk, run_wrk, stack_pids)
 
 
-def parse_wrk(text):
-    """``{"rps", "p50_ms", "p99_ms", "non_2xx", "socket_errors"}`` from ``wrk --latency`` output."""
-    def latency(pct):
-        match = re.search(rf"^\s*{pct}%\s+([\d.]+)(us|ms|s|m)\s*$", text, re.MULTILINE)
-        return round(float(match.group(1)) * _UNITS_MS[match.group(2)], 2) if match else None
-
-    rps = re.search(r"^Requests/sec:\s+([\d.]+)", text, re.MULTILINE)
-    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
-    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+def wrk_row(summary):
+    """``{"rps", "p50_ms", "p99_ms", "non_2xx", "socket_errors"}`` of one
+    :func:`loadtests.core.run_wrk` summary: requests/s, latencies in ms, counts."""
+    seconds = summary["duration_us"] / 1e6
+    errors = summary["errors"]
     return {
-        "rps": float(rps.group(1)) if rps else 0.0,
-        "p50_ms": latency(50),
-        "p99_ms": latency(99),
-        "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
-        "socket_errors": sum(int(n) for n in errors.groups()) if errors else 0,
+        "rps": round(summary["requests"] / seconds, 2) if seconds else 0.0,
+        "p50_ms": round(summary["latency_us"]["p50"] / 1000, 2),
+        "p99_ms": round(summary["latency_us"]["p99"] / 1000, 2),
+        "non_2xx": errors["status"],
+        "socket_errors": sum(errors[k] for k in ("connect", "read", "write", "timeout")),
     }
 
 
-def run_wrk(url, connections, duration):
-    """Run wrk on ``url``; returns (parse_wrk result, wrk's CPU seconds)."""
-    proc = subprocess.Popen(["wrk", "--latency", "-t1", f"-c{connections}", f"-d{duration}s", url],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    handle = psutil.Process(proc.pid)
-    cpu = 0.0
-    out = ""
-    while proc.poll() is None:
-        try:
-            t = handle.cpu_times()
-            cpu = t.user + t.system
-        except psutil.Error:
-            pass
-        try:
-            out, _ = proc.communicate(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
-    out = out or proc.stdout.read()
-    return parse_wrk(out), cpu
+def measure(url, connections, duration):
+    """One wrk run (one thread) on ``url``; returns (:func:`wrk_row`, wrk's CPU seconds)."""
+    # wrk's own default timeout: a response slower than 2 s counts as a socket error.
+    summary = run_wrk(url, connections, duration, threads=1, timeout=2)
+    return wrk_row(summary), summary["cpu_s"]
 
 
 def wait_up(url, proc, timeout=180):
@@ -103,8 +78,9 @@ def group_processes(proc):
         return {}
 
 
+@exits_2_when_not_ready("servers_wrk")
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m loadtests.servers_wrk",
+    parser = argparse.ArgumentParser(prog="python -m loadtests servers-wrk",
                                      description=__doc__.split("\n\n")[0])
     others = [s for s in serverbuild.SERVERS if s != "pyruvate"]
     parser.add_argument("--servers", default=",".join(others),
@@ -119,13 +95,8 @@ def main(argv=None):
     unknown = [s for s in servers if s not in serverbuild.SERVERS]
     if unknown:
         parser.error(f"unknown server(s) {unknown}; expected some of {list(serverbuild.SERVERS)}")
-    if not shutil.which("wrk"):
-        print("servers_wrk: wrk not found (apt-get install wrk)", file=sys.stderr)
-        return 2
-    if not os.path.exists(STACK_JSON):
-        print("servers_wrk: no parts/stack/stack.json: run make build and make start", file=sys.stderr)
-        return 2
-    config = json.load(open(STACK_JSON))
+    require_wrk()
+    config = load_stack()
     stack = stack_pids(config)
     if "zeoserver" not in stack or "instance" not in stack:
         print("servers_wrk: the stack's zeoserver and instance must run (make start)", file=sys.stderr)
@@ -164,8 +135,8 @@ def main(argv=None):
             watched = dict(stack, **group_processes(proc))
             busy0, cpu0 = machine_busy_seconds(), cpu_seconds(watched)
             t0 = time.monotonic()
-            ref, wrk_cpu_a = run_wrk(reference + args.path, args.connections, args.duration)
-            res, wrk_cpu_b = run_wrk(url + args.path, args.connections, args.duration)
+            ref, wrk_cpu_a = measure(reference + args.path, args.connections, args.duration)
+            res, wrk_cpu_b = measure(url + args.path, args.connections, args.duration)
             wall = time.monotonic() - t0
             cpu1 = cpu_seconds(watched)
             ours = sum(cpu1.get(n, 0.0) - cpu0.get(n, 0.0) for n in cpu0) + wrk_cpu_a + wrk_cpu_b

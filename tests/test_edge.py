@@ -13,7 +13,7 @@ import requests
 
 from conftest import ROOT
 from loadtests import attacks, haproxy_stats
-from loadtests.abtest import stack_pids
+from loadtests.core import stack_pids
 
 pytestmark = pytest.mark.integration
 

@@ -20,16 +20,6 @@ def _stats(completions, latencies=(), errors=None, unfinished=0):
     return s
 
 
-def test_percentile_is_nearest_rank():
-    values = list(range(1, 101))  # 1..100
-    assert fairness.percentile(values, 0.99) == 99
-    assert fairness.percentile(values, 0.50) == 50
-    assert fairness.percentile(values, 1.0) == 100
-    assert fairness.percentile([7.0], 0.99) == 7.0
-    assert fairness.percentile([1, 2, 3], 0.01) == 1
-    assert fairness.percentile([], 0.5) is None
-
-
 def test_summarize_counts_starved_connections_and_littles_law():
     # 4 connections in a 10 s run: one starved (0 completions, one timeout).
     stats = [_stats(3, [1.0, 1.0, 1.0]), _stats(2, [2.0, 2.0]), _stats(3, [1.0, 1.0, 4.0]),

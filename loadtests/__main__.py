@@ -1,0 +1,57 @@
+"""One entry point for the load tools: ``python -m loadtests <subcommand> [options]``.
+
+Each subcommand is one module's ``main(argv)``; ``python -m loadtests <subcommand> --help``
+shows that module's own options. The old module commands (``python -m loadtests.abtest``,
+...) still work as aliases for one release (docs/bench.md).
+"""
+import argparse
+import collections
+import importlib
+import sys
+
+Subcommand = collections.namedtuple("Subcommand", "module summary")
+
+#: subcommand -> its module (whose ``main(argv)`` runs it) and one line for --help
+SUBCOMMANDS = {
+    "ab": Subcommand("loadtests.abtest", "A/B of the two servers through HAProxy (Locust)"),
+    "connections": Subcommand("loadtests.connections", "N connections per path through HAProxy (wrk)"),
+    "fairness": Subcommand("loadtests.fairness", "is every one of N connections served? (closed loop)"),
+    "blob": Subcommand("loadtests.blobbench", "blob downloads, blobsendfile filter on/off (wrk)"),
+    "matrix": Subcommand("loadtests.matrix", "WSGI servers x threads x paths x connections (wrk)"),
+    "scaling": Subcommand("loadtests.scaling", "req/s by number of ZEO clients (wrk)"),
+    "cache": Subcommand("loadtests.cachebench", "cache tier on vs off through the HTTPS edge (wrk)"),
+    "attacks": Subcommand("loadtests.attacks", "slow bodies, big POSTs, rate limits, uploads"),
+    "servers-wrk": Subcommand("loadtests.servers_wrk", "quick wrk figure per WSGI server vs pyruvate"),
+}
+
+
+def parser():
+    """The top-level parser: one subparser per subcommand, whose options the module parses."""
+    # The list is the epilog, one line each: argparse wraps subcommand names longer than
+    # its help column onto two lines.
+    listing = "\n".join(f"  {name:<13} {sub.summary}" for name, sub in SUBCOMMANDS.items())
+    top = argparse.ArgumentParser(
+        prog="python -m loadtests",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="plonedeploy's load tools, one subcommand each.",
+        epilog=f"subcommands:\n{listing}\n\n'python -m loadtests <subcommand> --help' shows its options.")
+    subs = top.add_subparsers(dest="subcommand", metavar="<subcommand>", required=True,
+                              help="one of the subcommands below, then its options")
+    for name in SUBCOMMANDS:
+        # add_help=False: --help after the subcommand goes to the module's own parser.
+        subs.add_parser(name, add_help=False)
+    return top
+
+
+def main(argv=None):
+    """Run the subcommand named first in ``argv``; returns its exit status. An unknown or
+    missing subcommand exits 2 (argparse)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Only the subcommand's name is ours; the rest goes to the module untouched.
+    chosen = parser().parse_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
+    module = importlib.import_module(SUBCOMMANDS[chosen.subcommand].module)
+    return module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""The helpers every load tool of plonedeploy shares: the stack's facts, CPU accounting, wrk,
+waiting for quiet, percentiles.
+
+The subcommands (``python -m loadtests <subcommand>``) import what they need from here and
+never from each other. Units: seconds for times and CPU, bytes for sizes, requests/s for
+rates, unless a name says otherwise (``_us`` microseconds, ``_ms`` milliseconds).
+"""
+import functools
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+
+from loadtests import haproxy_stats
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+#: The stack's contract, written by bin/buildout (the ``stack`` part).
+STACK_JSON = os.path.join(ROOT, "parts", "stack", "stack.json")
+#: wrk script: optional Accept header from the environment, one-line JSON summary at the end.
+WRK_SCRIPT = os.path.join(HERE, "wrk_summary.lua")
+
+#: path label -> (URL path, Accept header); the labels of the Locust tests.
+PATHS = {
+    "/": ("/", ""),
+    "/Plone": ("/Plone", ""),
+    "@json": ("/Plone", "application/json"),
+    "blob": ("/Plone/blob-5mb/@@download/file", ""),
+}
+
+
+# ----------------------------------------------------------------------------- the stack
+
+class NotReady(RuntimeError):
+    """A run cannot start: the stack is not built, not running or not healthy, or wrk is
+    missing. The message says which and what to run; :func:`exits_2_when_not_ready` prints
+    it and exits 2."""
+
+
+def exits_2_when_not_ready(prog):
+    """Decorator for a tool's ``main(argv)``: a NotReady it raises is printed as
+    ``<prog>: <message>`` on stderr and main returns 2 (nothing was run)."""
+    def decorate(main):
+        @functools.wraps(main)
+        def run(argv=None):
+            try:
+                return main(argv)
+            except NotReady as exc:
+                print(f"{prog}: {exc}", file=sys.stderr)
+                return 2
+        return run
+    return decorate
+
+
+def require_wrk():
+    """Path of the ``wrk`` binary on PATH; raises NotReady when it is not installed."""
+    wrk = shutil.which("wrk")
+    if not wrk:
+        raise NotReady("wrk not found: install Debian's package (apt-get install wrk; make system)")
+    return wrk
+
+
+def load_stack(path=STACK_JSON):
+    """Read the stack's facts from ``parts/stack/stack.json`` (or the file at ``path``).
+
+    Returns the parsed dict (``processes``, ``run_dir``, ``frontend_url``, ``stats_url``,
+    ``backend``, ``servers``, ``server_kinds``, ...). Raises NotReady when the file is
+    missing or not JSON.
+    """
+    try:
+        with open(path, encoding="utf-8") as fp:
+            return json.load(fp)
+    except FileNotFoundError:
+        raise NotReady(f"{path} not found: run bin/buildout first (make build)") from None
+    except (OSError, ValueError) as exc:
+        raise NotReady(f"{path} unreadable ({exc}): run bin/buildout again (make build)") from None
+
+
+def fetch_stats(config):
+    """The rows of the stack's HAProxy stats CSV (see :func:`haproxy_stats.fetch`); raises
+    NotReady when the stats page does not answer."""
+    try:
+        return haproxy_stats.fetch(config["stats_url"])
+    except OSError as exc:
+        raise NotReady(f"HAProxy stats at {config['stats_url']} not answering ({exc}): "
+                       "start the stack with 'make start'") from None
+
+
+def check_servers_up(config):
+    """Check that the stack's HAProxy answers and reports every server of its backend UP.
+
+    Returns the stats rows read. Raises NotReady when the stats do not answer or a
+    server is not UP.
+    """
+    rows = fetch_stats(config)
+    states = {n: r["status"] for n, r in haproxy_stats.servers(rows, config["backend"]).items()}
+    if not states or any(s != "UP" for s in states.values()):
+        raise NotReady(f"not every server is UP: {states}; see 'bin/stack status'")
+    return rows
+
+
+def default_buildout_config():
+    """The config the stack was built with: ``local.cfg`` if it exists, else ``buildout.cfg``."""
+    local = os.path.join(ROOT, "local.cfg")
+    return local if os.path.exists(local) else os.path.join(ROOT, "buildout.cfg")
+
+
+def stack_pids(config):
+    """Return ``{process name: psutil.Process}`` for the stack's running processes (from
+    their pidfiles in ``config["run_dir"]``); processes not running are left out."""
+    procs = {}
+    for proc in config["processes"]:
+        try:
+            with open(os.path.join(config["run_dir"], f"{proc['name']}.pid"), encoding="ascii") as fp:
+                procs[proc["name"]] = psutil.Process(int(fp.read().split()[0]))
+        except (OSError, ValueError, psutil.Error):
+            pass
+    return procs
+
+
+def haproxy_maxconn(config):
+    """``maxconn`` (int) of the site's frontend in the stack's HAProxy config (its ``-f``
+    file), or None when the frontend sets none. Raises StopIteration when the stack runs no
+    HAProxy with ``-f``, OSError when its config cannot be read."""
+    argv = next(p["argv"] for p in config["processes"] if p["name"] not in config["server_kinds"]
+                and "-f" in p["argv"])
+    with open(argv[argv.index("-f") + 1], encoding="utf-8") as fp:
+        text = fp.read()
+    found = re.search(r"^frontend\b.*?^\s+maxconn\s+(\d+)", text, re.MULTILINE | re.DOTALL)
+    return int(found.group(1)) if found else None
+
+
+def wait_backend_idle(config, timeout=120.0):
+    """Wait until HAProxy's backend has no request queued or in progress (the previous
+    run's requests are gone); return the seconds waited. Raises RuntimeError on timeout."""
+    started = time.monotonic()
+    while True:
+        row = haproxy_stats.backend_row(haproxy_stats.fetch(config["stats_url"]), config["backend"])
+        if int(row["qcur"] or 0) == 0 and int(row["scur"] or 0) == 0:
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"HAProxy backend still busy after {timeout} s: "
+                               f"{row['qcur']} queued, {row['scur']} in progress")
+        time.sleep(0.5)
+
+
+# ----------------------------------------------------------------------------- CPU, RSS, descriptors
+
+def cpu_seconds(processes):
+    """Return ``{name: user+system CPU seconds}`` (reaped children included) for a dict of
+    psutil processes; processes that are gone are left out."""
+    out = {}
+    for name, proc in processes.items():
+        try:
+            t = proc.cpu_times()
+            out[name] = t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return out
+
+
+def machine_busy_seconds():
+    """CPU seconds the whole machine spent not idle since boot (all cores summed)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def children_cpu_seconds():
+    """CPU seconds (user + system) of this process' reaped children (wrk, Locust)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime
+
+
+def own_cpu_seconds():
+    """CPU seconds (user + system) of this process and its reaped children."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return me.ru_utime + me.ru_stime + children_cpu_seconds()
+
+
+def tree_processes(root_pid):
+    """``[psutil.Process]`` of ``root_pid`` and its descendants; empty when it is gone."""
+    try:
+        parent = psutil.Process(root_pid)
+        return [parent] + parent.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def tree_cpu_seconds(root_pid):
+    """CPU seconds (user + system, reaped children included) of a process tree."""
+    return sum(cpu_seconds({p.pid: p for p in tree_processes(root_pid)}).values())
+
+
+class RssSampler(threading.Thread):
+    """Samples the summed RSS (bytes) of the process tree of ``root_pid`` every
+    ``interval`` seconds until :meth:`stop`; ``peak`` is the largest sample (bytes)."""
+
+    def __init__(self, root_pid, interval=0.2):
+        super().__init__(daemon=True)
+        self.root_pid, self.interval, self.peak = root_pid, interval, 0
+        self._stop_event = threading.Event()
+
+    def sample(self):
+        """Take one sample now and update ``peak``."""
+        total = 0
+        for proc in tree_processes(self.root_pid):
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                pass
+        self.peak = max(self.peak, total)
+
+    def run(self):
+        while not self._stop_event.is_set():
+            self.sample()
+            self._stop_event.wait(self.interval)
+
+    def stop(self):
+        """Stop sampling, wait for the thread, and take a last sample."""
+        self._stop_event.set()
+        self.join()
+        self.sample()
+
+
+def raise_fd_limit(needed):
+    """Raise this process' soft RLIMIT_NOFILE (inherited by wrk and started servers) towards
+    ``needed`` descriptors. Returns the (soft, hard) limits after the attempt; the hard limit
+    is never exceeded."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if want > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+# ----------------------------------------------------------------------------- waiting for quiet
+
+def foreign_cores(procs, seconds=2.0):
+    """Cores (0.0 .. number of cores) used over ``seconds`` by other processes than ours:
+    ``procs`` (``{name: psutil.Process}``), this process and its reaped children."""
+    ours_before, busy_before = cpu_seconds(procs), machine_busy_seconds()
+    mine_before = own_cpu_seconds()
+    started = time.monotonic()
+    time.sleep(seconds)
+    wall = time.monotonic() - started
+    ours = sum(cpu_seconds(procs).get(n, 0) - v for n, v in ours_before.items())
+    mine = own_cpu_seconds() - mine_before
+    return max(machine_busy_seconds() - busy_before - ours - mine, 0.0) / wall
+
+
+def wait_for_quiet(procs, max_foreign, timeout):
+    """Wait until other processes use at most ``max_foreign`` cores (see
+    :func:`foreign_cores`) or ``timeout`` seconds passed; returns the seconds waited.
+
+    Other users' load makes a run slower for reasons unrelated to what is measured; runs
+    are alternated anyway, this only avoids the worst minutes.
+    """
+    started = time.monotonic()
+    while timeout > 0:
+        load = foreign_cores(procs)
+        if load <= max_foreign or time.monotonic() - started >= timeout:
+            break
+        time.sleep(3)
+    return round(time.monotonic() - started, 1)
+
+
+def wait_tree_idle(root_pid, max_seconds=60.0, window=0.3, idle_cores=0.1):
+    """Wait until the process tree of ``root_pid`` uses less than ``idle_cores`` cores over
+    a ``window`` (seconds), at most ``max_seconds``; returns the seconds waited.
+
+    wrk abandons the requests in flight when it stops, but a server without disconnect
+    detection (pyruvate, waitress's threads) still serves the requests it queued, up to one
+    per connection: without this wait they would run into the next run of that server.
+    """
+    started = time.monotonic()
+    before = tree_cpu_seconds(root_pid)
+    while time.monotonic() - started < max_seconds:
+        time.sleep(window)
+        now = tree_cpu_seconds(root_pid)
+        if now - before < idle_cores * window:
+            break
+        before = now
+    return time.monotonic() - started
+
+
+# ----------------------------------------------------------------------------- wrk
+
+_WRK_SUMMARY = re.compile(r"^PLONEDEPLOY_WRK (\{.*\})$", re.MULTILINE)
+
+
+def run_wrk(url, connections, duration, *, threads=1, timeout=30, accept="", wrk="wrk", progress=None):
+    """Run wrk once against ``url`` with ``wrk_summary.lua``; return its summary.
+
+    ``connections``: wrk ``-c``; ``duration``: seconds (``-d``); ``threads``: wrk ``-t``
+    (at most ``connections``); ``timeout``: seconds wrk waits for one response before it
+    counts a timeout error; ``accept``: Accept header ('' for none); ``wrk``: the binary;
+    ``progress``: called every 5 s with the elapsed seconds while wrk runs.
+
+    Returns ``{"requests", "duration_us", "bytes", "errors": {"connect", "read", "write",
+    "status", "timeout"}, "latency_us": {"mean", "stdev", "max", "p50", "p90", "p95",
+    "p99", "p99.9"}}`` (wrk's counters; ``status`` counts non-2xx/3xx answers) plus
+    ``wall_s`` (seconds wrk ran) and ``cpu_s`` (wrk's CPU seconds, user + system).
+    Raises RuntimeError with wrk's output when it fails, prints no summary, or runs more
+    than 120 s past ``duration`` (it is killed then).
+    """
+    cmd = [wrk, f"-t{max(1, min(threads, connections))}", f"-c{connections}", f"-d{duration}s",
+           f"--timeout={timeout}s", "-s", WRK_SCRIPT, url]
+    env = dict(os.environ, PLONEDEPLOY_ACCEPT=accept)
+    cpu_before = children_cpu_seconds()
+    started = time.monotonic()
+    deadline = started + duration + 120
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        while True:
+            try:
+                output, _ = proc.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{' '.join(cmd)} still running {duration + 120} s after its start")
+                if progress:
+                    progress(time.monotonic() - started)
+    finally:
+        if proc.poll() is None:  # interrupted or stuck: never leave wrk running
+            proc.kill()
+            proc.wait()
+    found = _WRK_SUMMARY.search(output)
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{output}")
+    summary = json.loads(found.group(1))
+    summary["wall_s"] = round(time.monotonic() - started, 1)
+    summary["cpu_s"] = round(children_cpu_seconds() - cpu_before, 3)
+    return summary
+
+
+# ----------------------------------------------------------------------------- percentiles
+
+def percentile(values, fraction):
+    """Nearest-rank percentile: the smallest of ``values`` with at least ``fraction``
+    (0 < fraction <= 1) of them at or below it (numpy's ``inverted_cdf``). ``values`` need
+    not be sorted. Returns a Python number, or None when ``values`` is empty."""
+    if len(values) == 0:
+        return None
+    return np.quantile(np.asarray(values), fraction, method="inverted_cdf").item()
+
+
+def histogram_percentile(histogram, fraction):
+    """Response time (ms) within which ``fraction`` (0..1) of the requests finished, from
+    Locust's histogram ``{rounded ms: count}`` (keys may be strings, as in JSON).
+
+    Same rule as ``locust.stats.calculate_response_time_percentile`` (so the reports agree
+    with Locust's own): the bucket holding request number ``int(total * fraction) + 1``
+    counted from the fastest. Locust itself cannot be imported here (it monkey-patches the
+    process with gevent). Returns an int, or None for an empty histogram.
+    """
+    counts = {int(ms): n for ms, n in histogram.items()}
+    keys = np.array(sorted(counts), dtype=np.int64)
+    cumulative = np.cumsum([counts[k] for k in keys.tolist()])
+    if not len(keys) or cumulative[-1] == 0:
+        return None
+    index = np.searchsorted(cumulative, int(cumulative[-1] * fraction), side="right")
+    return int(keys[min(index, len(keys) - 1)])

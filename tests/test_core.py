@@ -1,0 +1,160 @@
+"""loadtests.core without a stack: wrk's summary (a fake wrk on PATH), percentiles, the
+stack's facts, CPU and RSS accounting."""
+import json
+import os
+import stat
+import subprocess
+
+import psutil
+import pytest
+
+from loadtests import core, haproxy_stats
+
+SUMMARY = {"requests": 120, "duration_us": 2_000_000, "bytes": 4096,
+           "errors": {"connect": 0, "read": 1, "write": 0, "status": 2, "timeout": 0},
+           "latency_us": {"mean": 1500, "stdev": 300, "max": 9000, "p50": 1200, "p90": 2500,
+                          "p95": 3000, "p99": 8000, "p99.9": 9000}}
+
+
+def _fake_wrk(tmp_path, monkeypatch, body):
+    """A ``wrk`` first on PATH that runs ``body`` (sh); it writes its argv and the Accept
+    it was given to ``wrk.args``."""
+    script = tmp_path / "bin" / "wrk"
+    script.parent.mkdir()
+    script.write_text(f'#!/bin/sh\necho "$* accept=$PLONEDEPLOY_ACCEPT" > {tmp_path}/wrk.args\n{body}\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    return tmp_path / "wrk.args"
+
+
+def test_run_wrk_returns_the_summary_line(tmp_path, monkeypatch):
+    args = _fake_wrk(tmp_path, monkeypatch,
+                     f"echo 'Running 2s test'\necho 'PLONEDEPLOY_WRK {json.dumps(SUMMARY)}'\necho done")
+    summary = core.run_wrk("http://127.0.0.1:1/x", 4, 2, threads=8, timeout=7, accept="application/json")
+    assert {k: summary[k] for k in SUMMARY} == SUMMARY
+    assert summary["wall_s"] >= 0 and summary["cpu_s"] >= 0
+    given = args.read_text().split()
+    # threads never above connections (wrk refuses that); the Lua script gives the summary
+    assert given[:4] == ["-t4", "-c4", "-d2s", "--timeout=7s"]
+    assert given[4:6] == ["-s", core.WRK_SCRIPT] and given[6] == "http://127.0.0.1:1/x"
+    assert given[7] == "accept=application/json"
+
+
+@pytest.mark.parametrize("body", ["echo 'no summary here'", f"echo 'PLONEDEPLOY_WRK {json.dumps(SUMMARY)}'; exit 1"])
+def test_run_wrk_raises_with_the_output(tmp_path, monkeypatch, body):
+    _fake_wrk(tmp_path, monkeypatch, body)
+    with pytest.raises(RuntimeError, match="exited"):
+        core.run_wrk("http://127.0.0.1:1/", 1, 1)
+
+
+def test_run_wrk_reports_progress(tmp_path, monkeypatch):
+    _fake_wrk(tmp_path, monkeypatch, f"sleep 6; echo 'PLONEDEPLOY_WRK {json.dumps(SUMMARY)}'")
+    seen = []
+    core.run_wrk("http://127.0.0.1:1/", 1, 1, progress=seen.append)
+    assert len(seen) == 1 and 4.5 < seen[0] < 6.5
+
+
+def test_percentile_is_nearest_rank():
+    values = list(range(100, 0, -1))  # 1..100, unsorted
+    assert core.percentile(values, 0.99) == 99
+    assert core.percentile(values, 0.50) == 50
+    assert core.percentile(values, 1.0) == 100
+    assert core.percentile([7.0], 0.99) == 7.0
+    assert core.percentile([1, 2, 3], 0.01) == 1
+    assert core.percentile([], 0.5) is None
+    assert type(core.percentile([1, 2], 0.5)) is int  # JSON-serialisable, not numpy.int64
+
+
+def test_histogram_percentile_is_locusts_rule():
+    # Locust: the bucket holding request int(total * fraction) + 1 from the fastest.
+    assert core.histogram_percentile({"10": 1, "20": 1}, 0.5) == 20
+    assert core.histogram_percentile({10: 98, 20: 1, 300: 1}, 0.99) == 300
+    assert core.histogram_percentile({10: 98, 20: 1, 300: 1}, 0.98) == 20
+    assert core.histogram_percentile({10: 98, 20: 1, 300: 1}, 0.50) == 10
+    assert core.histogram_percentile({5: 0, 10: 3}, 1.0) == 10
+    assert core.histogram_percentile({}, 0.5) is None
+    assert core.histogram_percentile({"7": 0}, 0.5) is None
+
+
+def test_load_stack_reads_the_contract_or_says_what_to_run(tmp_path):
+    path = tmp_path / "stack.json"
+    with pytest.raises(core.NotReady, match="not found: run bin/buildout"):
+        core.load_stack(str(path))
+    path.write_text("{not json")
+    with pytest.raises(core.NotReady, match="unreadable"):
+        core.load_stack(str(path))
+    path.write_text('{"backend": "plone"}')
+    assert core.load_stack(str(path)) == {"backend": "plone"}
+
+
+def test_check_servers_up(monkeypatch):
+    config = {"stats_url": "http://127.0.0.1:1/stats;csv", "backend": "plone"}
+    rows = [{"pxname": "plone", "svname": "instance", "status": "UP"},
+            {"pxname": "plone", "svname": "client2", "status": "DOWN"},
+            {"pxname": "plone", "svname": "BACKEND", "status": "UP"}]
+    monkeypatch.setattr(haproxy_stats, "fetch", lambda url: rows)
+    with pytest.raises(core.NotReady, match="not every server is UP"):
+        core.check_servers_up(config)
+    rows[1]["status"] = "UP"
+    assert core.check_servers_up(config) is rows
+
+    def refused(url):
+        raise OSError("refused")
+    monkeypatch.setattr(haproxy_stats, "fetch", refused)
+    with pytest.raises(core.NotReady, match="not answering"):
+        core.check_servers_up(config)
+
+
+def test_stack_pids_and_cpu_seconds(tmp_path):
+    (tmp_path / "me.pid").write_text(f"{os.getpid()}\n")
+    (tmp_path / "gone.pid").write_text("not a pid\n")
+    config = {"run_dir": str(tmp_path), "processes": [{"name": "me"}, {"name": "gone"}, {"name": "never"}]}
+    procs = core.stack_pids(config)
+    assert list(procs) == ["me"] and procs["me"].pid == os.getpid()
+    assert core.cpu_seconds(procs)["me"] > 0
+    assert core.tree_cpu_seconds(os.getpid()) >= core.cpu_seconds(procs)["me"] - 0.05
+    assert core.machine_busy_seconds() > 0 and core.own_cpu_seconds() > 0
+
+
+def test_rss_sampler_and_idle_tree():
+    sampler = core.RssSampler(os.getpid(), interval=0.05)
+    sampler.start()
+    sampler.stop()
+    assert sampler.peak >= psutil.Process().memory_info().rss // 2
+    assert core.tree_processes(2**22 + 1) == []
+    # A sleeping process tree is idle at once (one window).
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert core.wait_tree_idle(sleeper.pid, max_seconds=2, window=0.1) < 1.0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_raise_fd_limit_never_beyond_hard():
+    soft, hard = core.raise_fd_limit(10**9)
+    assert soft <= hard or hard == -1
+    assert core.raise_fd_limit(0)[0] == soft  # never lowers
+
+
+def test_haproxy_maxconn_from_the_frontend(tmp_path):
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text("global\n    maxconn 4000\nfrontend site\n    bind :8080\n    maxconn 2000\n")
+    config = {"server_kinds": {"instance": "pyruvate"},
+              "processes": [{"name": "instance", "argv": ["bin/instance"]},
+                            {"name": "haproxy", "argv": ["haproxy", "-f", str(cfg)]}]}
+    assert core.haproxy_maxconn(config) == 2000
+
+
+def test_require_wrk_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no wrk there
+
+    @core.exits_2_when_not_ready("tool")
+    def main(argv=None):
+        core.require_wrk()
+        return 0
+
+    assert main([]) == 2
+    assert capsys.readouterr().err.startswith("tool: wrk not found")
+    _fake_wrk(tmp_path, monkeypatch, "true")
+    assert main([]) == 0
