@@ -2,7 +2,7 @@
 
 Usage (stack running with its cache tier, site created; ``make start``)::
 
-    .venv/bin/python -m loadtests.cachebench [--connections 10,100] [--duration 20]
+    .venv/bin/python -m loadtests cache [--connections 10,100] [--duration 20]
         [--rounds 2] [--path /Plone] [--out var/reports]
 
 Both variants go through the same HTTPS listener of the same HAProxy (``tls_url`` of
