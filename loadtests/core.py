@@ -127,14 +127,12 @@ def stack_pids(config):
 
 
 def haproxy_maxconn(config):
-    """``maxconn`` (int) of the site's frontend in the stack's HAProxy config (its ``-f``
-    file), or None when the frontend sets none. Raises StopIteration when the stack runs no
-    HAProxy with ``-f``, OSError when its config cannot be read."""
-    argv = next(p["argv"] for p in config["processes"] if p["name"] not in config["server_kinds"]
-                and "-f" in p["argv"])
-    with open(argv[argv.index("-f") + 1], encoding="utf-8") as fp:
+    """``maxconn`` (int) of the site's frontend in the stack's HAProxy config
+    (``haproxy_config`` of stack.json), or None when the frontend sets none. Raises
+    OSError when the config cannot be read."""
+    with open(config["haproxy_config"], encoding="utf-8") as fp:
         text = fp.read()
-    found = re.search(r"^frontend\b.*?^\s+maxconn\s+(\d+)", text, re.MULTILINE | re.DOTALL)
+    found = re.search(r"^frontend\s+plone\b.*?^\s+maxconn\s+(\d+)", text, re.MULTILINE | re.DOTALL)
     return int(found.group(1)) if found else None
 
 

@@ -263,7 +263,7 @@ def main(argv=None):
     wrk = require_wrk()
     config = load_stack()
     fetch_stats(config)
-    binary = next(p["argv"][0] for p in config["processes"] if "-f" in p["argv"])
+    binary = config["haproxy_binary"]
     started = datetime.now(timezone.utc)
     folder = os.path.join(args.out, "scaling-" + started.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(folder, exist_ok=True)

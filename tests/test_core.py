@@ -137,13 +137,12 @@ def test_raise_fd_limit_never_beyond_hard():
     assert core.raise_fd_limit(0)[0] == soft  # never lowers
 
 
-def test_haproxy_maxconn_from_the_frontend(tmp_path):
+def test_haproxy_maxconn_from_the_site_frontend(tmp_path):
     cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text("global\n    maxconn 4000\nfrontend site\n    bind :8080\n    maxconn 2000\n")
-    config = {"server_kinds": {"instance": "pyruvate"},
-              "processes": [{"name": "instance", "argv": ["bin/instance"]},
-                            {"name": "haproxy", "argv": ["haproxy", "-f", str(cfg)]}]}
-    assert core.haproxy_maxconn(config) == 2000
+    # The cache tier's frontend may come first in another template: the site's is "plone".
+    cfg.write_text("global\n    maxconn 4000\nfrontend cache_fill\n    bind :8088\n    maxconn 50\n"
+                   "frontend plone\n    bind :8080\n    maxconn 2000\n")
+    assert core.haproxy_maxconn({"haproxy_config": str(cfg)}) == 2000
 
 
 def test_require_wrk_and_exit_2(tmp_path, monkeypatch, capsys):

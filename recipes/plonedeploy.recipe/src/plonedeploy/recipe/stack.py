@@ -176,6 +176,9 @@ class Recipe:
             "tls_url": ("https://%s:%s" % parse_http_address(options["haproxy"], hap["tls-bind"], "tls-bind")
                         if hap.get("tls-bind", "").strip() else None),
             "balance": hap["balance"],
+            # HAProxy's binary and rendered config, for tools that check or copy the config.
+            "haproxy_binary": hap["binary"],
+            "haproxy_config": hap["config"],
             # HAProxy's runtime API (drain/enable servers for a rolling restart).
             "haproxy_socket": os.path.join(hap["run-directory"], "haproxy.sock"),
             "server_kinds": {part: buildout[part].get("wsgi-server", "-") for part in clients},

@@ -13,7 +13,7 @@ Options:
     ``127.0.0.1:6081``. HAProxy sends visitors' requests to the first; the ZEO clients send
     their PURGE requests to any of them.
 ``backend``
-    ``host:port`` of HAProxy's cache-fill listener, default ``127.0.0.1:8088``.
+    ``host:port`` of HAProxy's cache-fill listener, default ``127.0.0.1:6088``.
 ``clients``
     Whitespace-separated ``plonedeploy.recipe:instance`` parts whose hosts (``http-address``)
     may PURGE and BAN (plone.cachepurging runs in the ZEO clients). Required.
@@ -59,7 +59,7 @@ from plonedeploy.recipe.options import (
 )
 
 DEFAULT_BIND = "127.0.0.1:6081"
-DEFAULT_BACKEND = "127.0.0.1:8088"
+DEFAULT_BACKEND = "127.0.0.1:6088"
 DEFAULT_CACHE_SIZE = "256M"
 # The cookies Plone itself reads (plone.recipe.varnish's "cookie-whitelist" and
 # plone.restapi's auth_token); all others are tracking cookies as far as the cache knows.
