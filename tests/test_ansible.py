@@ -22,13 +22,10 @@ import urllib.request
 import psutil
 import pytest
 import requests
-import urllib3
 
 from conftest import ROOT, run
 from loadtests import haproxy_stats
 from plonedeploy.recipe import varnish
-
-urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # the generated self-signed certificate
 
 pytestmark = pytest.mark.ansible
 
@@ -338,6 +335,7 @@ def test_https_with_generated_certificate(deployed):
     assert json.loads(data.stdout)["@id"] == "https://127.0.0.1:18443/Plone"
 
 
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")  # the self-signed certificate
 def test_cache_hit_over_tls(deployed):
     """The varnish role's cache on the HTTPS listener: the second anonymous GET of /Plone is a
     hit (plone.app.caching, enabled by create_site.py with the role's PLONEDEPLOY_CACHING_PROXIES);
