@@ -248,11 +248,13 @@ def verify():
     check("varnish listens on 127.0.0.1:6081 and 10.231.0.4:6081 (purges from the app host)",
           "127.0.0.1:6081" in varnish and "10.231.0.4:6081" in varnish and "0.0.0.0:6081" not in varnish,
           [line.split()[3] for line in varnish.splitlines() if "varnishd" in line])
-    # The unix jail: the manager runs as varnish, the cache process as vcache.
-    users = sh("ps", "-C", "varnishd", "-o", "user=,args=", capture=True, check=False)
-    users = {line.split()[0] for line in users.splitlines() if f"{WORK}/lb1/" in line}
-    check("varnishd runs in its unix jail (users varnish and vcache)", users == {"root", "varnish", "vcache"}
-          or users == {"varnish", "vcache"}, sorted(users))
+    # The unix jail: the manager runs as varnish, the cache process (named cache-main, hence
+    # matched by its arguments) as vcache.
+    users = sh("ps", "-eo", "user=,args=", capture=True, check=False)
+    users = {line.split()[0] for line in users.splitlines()
+             if "varnishd" in line and f"{WORK}/lb1/varnish/" in line}
+    check("varnishd runs in its unix jail (users varnish and vcache)", users == {"varnish", "vcache"},
+          sorted(users))
     for ns, status in (("pdmh-zeo", "405"), ("pdmh-app", "200")):
         got = in_ns(ns, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PURGE",
                     "http://10.231.0.4:6081/Plone?purge-probe", capture=True, check=False)
