@@ -16,6 +16,9 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
    10.231.0.4:8080 (blob 5,242,880 bytes); the edge rules (a foreign Host gets 421, a
    100 kB POST goes to the upload client, a 100-byte one to the pool); ZEO listens only on 10.231.0.2 and the app
    host's ZEO connections go from 10.231.0.3 to 10.231.0.2:8100 (namespace network);
+   the cache tier (varnish on lb1): the second anonymous /Plone over https is a hit,
+   varnish listens on 127.0.0.1:6081 and 10.231.0.4:6081 (the app host's purges), a PURGE
+   from a namespace that is not a ZEO client (zeo1) gets 405, one from the app host 200;
    nothing listens on the demo ports of this namespace's loopback;
 4. runs site.yml a second time (expects changed=0);
 5. tears down: supervisord of each host (which stops its programs), sshd by PID, the
@@ -233,9 +236,53 @@ def verify():
     clients = in_ns("pdmh-app", "ss", "-Htln", capture=True)
     check("clients listen on 10.231.0.3:8081, :8082 and :8079 (uploads), not on 0.0.0.0",
           all(f"10.231.0.3:{port}" in clients for port in (8081, 8082, 8079)) and "0.0.0.0:80" not in clients)
-    local = sh("ss", "-Htln", capture=True)
-    check("nothing of the deployment on this namespace's demo ports",
-          not re.search(r":(8100|8079|8081|8082)\s", local))
+    # The cache tier: varnish on lb1 between HAProxy's TLS listener and the pool.
+    answers = []
+    for _ in range(2):
+        with urllib.request.urlopen(base + "/Plone", timeout=60) as response:
+            answers.append((response.status, response.headers.get("X-Cache"), response.read()))
+    check("second anonymous GET /Plone over https is a cache hit", answers[1][:2] == (200, "HIT"),
+          f"{[a[:2] for a in answers]}")
+    check("the cached page has https links", b'href="https://10.231.0.4/Plone' in answers[1][2])
+    varnish = in_ns("pdmh-lb", "ss", "-Htlnp", capture=True)
+    check("varnish listens on 127.0.0.1:6081 and 10.231.0.4:6081 (purges from the app host)",
+          "127.0.0.1:6081" in varnish and "10.231.0.4:6081" in varnish and "0.0.0.0:6081" not in varnish,
+          [line.split()[3] for line in varnish.splitlines() if "varnishd" in line])
+    # The unix jail: the manager runs as varnish, the cache process (named cache-main, hence
+    # matched by its arguments) as vcache.
+    users = sh("ps", "-eo", "user=,args=", capture=True, check=False)
+    users = {line.split()[0] for line in users.splitlines()
+             if "varnishd" in line and f"{WORK}/lb1/varnish/" in line}
+    check("varnishd runs in its unix jail (users varnish and vcache)", users == {"varnish", "vcache"},
+          sorted(users))
+    for ns, status in (("pdmh-zeo", "405"), ("pdmh-app", "200")):
+        got = in_ns(ns, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PURGE",
+                    "http://10.231.0.4:6081/Plone?purge-probe", capture=True, check=False)
+        check(f"PURGE from {ns} -> {status}", got == status, f"got {got}")
+    request = urllib.request.Request(base + "/Plone", method="PURGE")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            got = response.status
+    except urllib.error.HTTPError as exc:
+        got = exc.code
+    check("PURGE through HAProxy -> 405", got == 405, f"got {got}")
+    # Another checkout's buildout stack may use the demo ports of this namespace meanwhile:
+    # only listeners of processes of this deployment (under WORK) count.
+    local = sh("ss", "-Htlnp", capture=True)
+    leaked = []
+    for line in local.splitlines():
+        if not re.search(r":(8100|8079|8081|8082|8080|8443|6081|8088)\s", line):
+            continue
+        for pid in re.findall(r"pid=(\d+)", line):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fp:
+                    args = fp.read().replace(b"\0", b" ").decode(errors="replace")
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            if WORK in args or cwd.startswith(WORK):
+                leaked.append(line.split()[3])
+    check("nothing of the deployment on this namespace's demo ports", not leaked, leaked)
     return ok
 
 

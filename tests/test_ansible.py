@@ -1,8 +1,9 @@
 """Ansible, for real: lint, converge on localhost, idempotence, check mode, rolling restart.
 
-The converge uses ansible/inventories/local (everything on this machine, ports 18xxx) into
-an isolated prefix under pytest's temporary directory, with this checkout's eggs as the
-eggs cache (so bin/buildout downloads nothing). At the end supervisord is shut down,
+The converge uses ansible/inventories/local (everything on this machine, ports 18xxx, varnish
+on 16081) into an isolated prefix under pytest's temporary directory, with this checkout's
+eggs as the eggs cache (so bin/buildout downloads nothing). Varnish's directory is a
+separate temporary directory that its jail's users can reach (pytest's is 0700). At the end supervisord is shut down,
 which stops every deployed process. The two PLAY RECAPs are printed (``pytest -s``) and
 written to var/ansible/recaps.txt with their wall times.
 """
@@ -10,7 +11,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
+import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -21,15 +25,19 @@ import requests
 
 from conftest import ROOT, run
 from loadtests import haproxy_stats
+from plonedeploy.recipe import varnish
 
 pytestmark = pytest.mark.ansible
 
 ANSIBLE = os.path.join(ROOT, "ansible")
 BIN = os.path.join(ANSIBLE, ".venv", "bin")
 PORTS = (18079, 18080, 18081, 18082, 18100, 18404, 18443,
-         18091, 18092, 18093, 18190, 18191)  # clients' metrics, Prometheus, node-exporter
+         18091, 18092, 18093, 18190, 18191,  # clients' metrics, Prometheus, node-exporter
+         16081, 18088)  # varnish, HAProxy's cache_fill listener
 PROMETHEUS = "http://127.0.0.1:18190"
 FRONTEND = "http://127.0.0.1:18080"
+TLS_FRONTEND = "https://127.0.0.1:18443"
+VARNISH = "http://127.0.0.1:16081"
 BLOB_SIZE = 5 * 1024 * 1024
 
 
@@ -66,8 +74,12 @@ def deployed(tmp_path_factory):
     if taken:
         pytest.fail(f"ports {taken} in use: another Ansible test deployment is running")
     prefix = str(tmp_path_factory.mktemp("ansible") / "srv")
+    # varnishd's unix jail (users varnish and vcache) must reach its VCL and working directory.
+    varnish_directory = tempfile.mkdtemp(prefix="plonedeploy-varnish-")
+    os.chmod(varnish_directory, 0o755)
     extra = {
         "plonedeploy_prefix": prefix,
+        "varnish_directory": varnish_directory,
         "zeoserver_eggs_directory": os.path.join(ROOT, "eggs"),
         "zeoclient_eggs_directory": os.path.join(ROOT, "eggs"),
         # no crontab entries for a temporary prefix
@@ -91,6 +103,7 @@ def deployed(tmp_path_factory):
                 psutil.Process(pid).wait(60)
             except psutil.NoSuchProcess:
                 pass
+        shutil.rmtree(varnish_directory, ignore_errors=True)
 
 
 def test_lint_and_syntax():
@@ -111,6 +124,28 @@ def test_buildout_venv_pins_match_requirements():
     requirements = {line.strip() for line in open(os.path.join(ROOT, "requirements-buildout.txt"))
                     if "==" in line and not line.startswith("#")}
     assert pins <= requirements
+
+
+def test_varnish_rules_match_the_recipe():
+    """The roles' copies of plonedeploy.recipe's varnish rules (health path, cookies, defaults)."""
+    def text(*path):
+        with open(os.path.join(ANSIBLE, "roles", *path), encoding="utf-8") as fp:
+            return fp.read()
+
+    def value(source, name):
+        return re.search(rf"^{name}: (.*)$", source, re.MULTILINE).group(1).strip()
+
+    defaults = text("varnish", "defaults", "main.yml")
+    assert value(text("varnish", "vars", "main.yml"), "varnish_health_path") == varnish.HEALTH_PATH
+    assert value(text("haproxy", "vars", "main.yml"), "haproxy_cache_health_path") == varnish.HEALTH_PATH
+    cookies = value(defaults, "varnish_cookie_allowlist").strip("[]").split(", ")
+    assert tuple(cookies) == varnish.DEFAULT_COOKIE_ALLOWLIST
+    assert value(defaults, "varnish_bind") == varnish.DEFAULT_BIND
+    assert value(defaults, "varnish_backend") == varnish.DEFAULT_BACKEND
+    assert value(defaults, "varnish_cache_size") == varnish.DEFAULT_CACHE_SIZE
+    haproxy = text("haproxy", "defaults", "main.yml")
+    assert f"default('{varnish.DEFAULT_BIND}')" in value(haproxy, "haproxy_cache_server")
+    assert f"default('{varnish.DEFAULT_BACKEND}')" in value(haproxy, "haproxy_cache_fill_bind")
 
 
 BAD = [
@@ -146,6 +181,10 @@ BAD = [
      "(metrics_port, if set, another unique one)"),
     ({"monitoring_disk_used_percent": 120}, "0 < monitoring_disk_used_percent < 100"),
     ({"monitoring_queue_for": "soon"}, "monitoring_queue_for a duration such as 1m"),
+    ({"varnish_cache_size": "lots"}, "varnish_cache_size is a size such as 256M or 2G, got lots"),
+    ({"varnish_backend": "127.0.0.1:16081"}, "not varnish's own"),
+    ({"varnish_cookie_allowlist": ["__ac", "a.b"]}, "varnish_cookie_allowlist names are letters"),
+    ({"haproxy_tls_bind": ""}, "haproxy_cache needs haproxy_tls_bind"),
 ]
 
 
@@ -163,7 +202,7 @@ def test_bad_variables_fail_before_any_change(tmp_path, bad, message):
 
 
 def test_processes_run_under_supervisor(deployed):
-    names = ("zeoserver", "client1", "client2", "uploads", "haproxy", "prometheus", "node-exporter")
+    names = ("zeoserver", "client1", "client2", "uploads", "varnish", "haproxy", "prometheus", "node-exporter")
     for _ in range(30):  # supervisor says STARTING for its first startsecs (5 s)
         status = run(deployed["supervisorctl"] + ["status"], timeout=60).stdout
         if all(re.search(rf"^{n}\s+RUNNING", status, re.MULTILINE) for n in names):
@@ -294,6 +333,28 @@ def test_https_with_generated_certificate(deployed):
     assert result.stdout == "2 200", result.stdout
     data = run(["curl", "-sk", "-H", "Accept: application/json", "https://127.0.0.1:18443/Plone"], timeout=60)
     assert json.loads(data.stdout)["@id"] == "https://127.0.0.1:18443/Plone"
+
+
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")  # the self-signed certificate
+def test_cache_hit_over_tls(deployed):
+    """The varnish role's cache on the HTTPS listener: the second anonymous GET of /Plone is a
+    hit (plone.app.caching, enabled by create_site.py with the role's PLONEDEPLOY_CACHING_PROXIES);
+    the plain frontend is never cached; PURGE from outside the ACL is refused."""
+    rows = haproxy_stats.fetch("http://127.0.0.1:18404/stats;csv")
+    assert {r["svname"]: r["status"] for r in rows if r["pxname"] == "cache"} == {"varnish": "UP", "BACKEND": "UP"}
+    answers = [requests.get(TLS_FRONTEND + "/Plone", verify=False, timeout=60) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[1].headers["X-Cache"] == "HIT", answers[1].headers
+    assert "s-maxage=" in answers[1].headers["Cache-Control"]
+    assert f'href="{TLS_FRONTEND}/Plone' in answers[1].text
+    assert "X-Cache" not in requests.get(FRONTEND + "/Plone", timeout=60).headers
+    # 127.0.0.5 is this host but not a ZEO client's address (the ACL is 127.0.0.1).
+    foreign = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PURGE",
+                              "--interface", "127.0.0.5", VARNISH + "/Plone"],
+                             capture_output=True, text=True, timeout=30, check=False)
+    assert foreign.stdout == "405", foreign
+    assert requests.request("PURGE", TLS_FRONTEND + "/Plone", verify=False, timeout=30).status_code == 405
+    assert requests.get(TLS_FRONTEND + "/Plone", verify=False, timeout=60).headers["X-Cache"] == "HIT"
 
 
 def _client_pids(supervisorctl):
