@@ -271,7 +271,7 @@ def verify():
     local = sh("ss", "-Htlnp", capture=True)
     leaked = []
     for line in local.splitlines():
-        if not re.search(r":(8100|8079|8081|8082|8080|8443|6081|8088)\s", line):
+        if not re.search(r":(8100|8079|8081|8082|8080|8443|6081|6088)\s", line):
             continue
         for pid in re.findall(r"pid=(\d+)", line):
             try:

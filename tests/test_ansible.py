@@ -33,7 +33,7 @@ ANSIBLE = os.path.join(ROOT, "ansible")
 BIN = os.path.join(ANSIBLE, ".venv", "bin")
 PORTS = (18079, 18080, 18081, 18082, 18100, 18404, 18443,
          18091, 18092, 18093, 18190, 18191,  # clients' metrics, Prometheus, node-exporter
-         16081, 18088)  # varnish, HAProxy's cache_fill listener
+         16081, 16088)  # varnish, HAProxy's cache_fill listener
 PROMETHEUS = "http://127.0.0.1:18190"
 FRONTEND = "http://127.0.0.1:18080"
 TLS_FRONTEND = "https://127.0.0.1:18443"

@@ -164,7 +164,7 @@ def test_edit_through_restapi_purges_the_page_within_a_second(edge):
 
 
 @pytest.mark.integration
-def test_purge_only_from_the_zeo_clients(edge):
+def test_purge_only_from_the_zeo_clients_and_pages_only_through_haproxy(edge):
     tls_url, cache = edge
     path = f"/Plone?purge={uuid.uuid4().hex}"
     get(tls_url + path)
@@ -174,6 +174,11 @@ def test_purge_only_from_the_zeo_clients(edge):
                               "--interface", "127.0.0.5", cache["url"] + path],
                              capture_output=True, text=True, timeout=30, check=False)
     assert foreign.stdout == "405", foreign
+    # A visitor's GET straight to varnish, not from HAProxy on this host: refused.
+    direct = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                             "--interface", "127.0.0.5", cache["url"] + path],
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert direct.stdout == "403", direct
     # Through the edge: refused by HAProxy, whatever the visitor's address.
     via_edge = requests.request("PURGE", tls_url + path, verify=False, timeout=30)
     assert via_edge.status_code == 405
