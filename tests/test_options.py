@@ -391,3 +391,11 @@ def test_unreachable_directory_names_the_first_closed_parent(tmp_path):
         assert postgresql.unreachable_directory(target, nobody, [nobody]) is None
     finally:
         shutil.rmtree(base)
+
+
+def test_find_program_names_what_it_tried():
+    assert options.find_program(None, ["no-such-program-x", "sh"], "{tried}") == shutil.which("sh")
+    with pytest.raises(zc.buildout.UserError, match=r"^missing: no-such-a, /no/such-b$"):
+        options.find_program(None, ["no-such-a", "/no/such-b"], "missing: {tried}")
+    with pytest.raises(zc.buildout.UserError, match=r"^missing: /opt/x$"):
+        options.find_program("/opt/x", ["sh"], "missing: {tried}")  # a configured one only

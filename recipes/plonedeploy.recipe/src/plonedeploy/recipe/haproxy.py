@@ -124,6 +124,7 @@ from plonedeploy.recipe.options import (
     BALANCE_ALGORITHMS,
     check_choice,
     fail,
+    find_program,
     parse_http_address,
     parse_network,
     parse_positive_int,
@@ -141,15 +142,9 @@ def fd_limit_needed(maxconn, servers):
 
 def find_haproxy(configured=None):
     """Return the path of the haproxy binary, or raise ``zc.buildout.UserError``."""
-    candidates = [configured] if configured else ["haproxy", "/usr/sbin/haproxy"]
-    for candidate in candidates:
-        found = shutil.which(candidate)
-        if found:
-            return found
-    raise zc.buildout.UserError(
-        f"haproxy binary not found (tried {', '.join(candidates)}); install Debian's "
-        "package with 'apt-get install haproxy' or set the part's haproxy option"
-    )
+    return find_program(configured, ["haproxy", "/usr/sbin/haproxy"],
+                        "haproxy binary not found (tried {tried}); install Debian's package with "
+                        "'apt-get install haproxy' or set the part's haproxy option")
 
 
 def check_config(haproxy, path):

@@ -8,6 +8,7 @@ one readable line instead of a traceback.
 import ipaddress
 import os
 import re
+import shutil
 
 import jinja2
 import zc.buildout
@@ -81,6 +82,19 @@ def fail(part, option, value, allowed):
     raise zc.buildout.UserError(
         f"[{part}] {option} = {value!r} is invalid: expected {allowed}"
     )
+
+
+def find_program(configured, defaults, missing):
+    """Path of a program: ``configured`` (a part's option) if given, else the first of
+    ``defaults`` (names or absolute paths) found on PATH. Raises ``zc.buildout.UserError``
+    with ``missing`` formatted with ``tried`` (the candidates, comma-separated) when none is
+    found."""
+    candidates = [configured] if configured else list(defaults)
+    for candidate in candidates:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise zc.buildout.UserError(missing.format(tried=", ".join(candidates)))
 
 
 def parse_http_address(part, value, option="http-address"):

@@ -53,6 +53,7 @@ import zc.buildout
 
 from plonedeploy.recipe.options import (
     fail,
+    find_program,
     parse_http_address,
     parse_network,
     render_template,
@@ -95,14 +96,9 @@ def template_context(part, backend, purge_networks, cookie_allowlist=DEFAULT_COO
 
 def find_varnishd(configured=None):
     """Path of the varnishd binary; raises ``zc.buildout.UserError`` if there is none."""
-    candidates = [configured] if configured else ["varnishd", "/usr/sbin/varnishd"]
-    for candidate in candidates:
-        found = shutil.which(candidate)
-        if found:
-            return found
-    raise zc.buildout.UserError(
-        f"varnishd not found (tried {', '.join(candidates)}); install Debian's package with "
-        "'apt-get install varnish' or set the part's varnishd option")
+    return find_program(configured, ["varnishd", "/usr/sbin/varnishd"],
+                        "varnishd not found (tried {tried}); install Debian's package with "
+                        "'apt-get install varnish' or set the part's varnishd option")
 
 
 def check_vcl(varnishd, path):
