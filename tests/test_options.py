@@ -399,3 +399,18 @@ def test_find_program_names_what_it_tried():
         options.find_program(None, ["no-such-a", "/no/such-b"], "missing: {tried}")
     with pytest.raises(zc.buildout.UserError, match=r"^missing: /opt/x$"):
         options.find_program("/opt/x", ["sh"], "missing: {tried}")  # a configured one only
+
+
+def test_write_checked_replaces_only_what_the_check_accepts(tmp_path):
+    path = tmp_path / "parts" / "x" / "site.cfg"
+    options.write_checked(str(path), "good\n", lambda tmp: None)
+    assert path.read_text() == "good\n" and oct(path.stat().st_mode & 0o777) == "0o644"
+
+    def refuse(tmp):
+        assert tmp.endswith(".cfg") and open(tmp).read() == "bad\n"  # the checker sees the new text
+        raise zc.buildout.UserError("refused")
+
+    with pytest.raises(zc.buildout.UserError, match="refused"):
+        options.write_checked(str(path), "bad\n", refuse)
+    assert path.read_text() == "good\n"  # the file in use is untouched
+    assert os.listdir(path.parent) == ["site.cfg"]  # no temporary file left

@@ -115,7 +115,6 @@ HAProxy's own message.
 import os
 import shutil
 import subprocess
-import tempfile
 
 import zc.buildout
 
@@ -130,6 +129,7 @@ from plonedeploy.recipe.options import (
     parse_positive_int,
     parse_switch,
     render_template,
+    write_checked,
 )
 
 
@@ -382,18 +382,8 @@ class Recipe:
             except tls.TLSError as exc:
                 raise zc.buildout.UserError(f"[{self.name}] cannot make a self-signed certificate: {exc}")
         text = render_template(options["template"], context)
-        os.makedirs(options["location"], exist_ok=True)
         os.makedirs(options["run-directory"], exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=options["location"], suffix=".cfg")
-        with os.fdopen(fd, "w", encoding="utf-8") as fp:
-            fp.write(text)
-        try:
-            check_config(options["binary"], tmp)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, options["config"])
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_checked(options["config"], text, lambda tmp: check_config(options["binary"], tmp))
         return [options["location"]]
 
     update = install

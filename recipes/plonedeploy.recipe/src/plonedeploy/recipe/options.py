@@ -9,6 +9,7 @@ import ipaddress
 import os
 import re
 import shutil
+import tempfile
 
 import jinja2
 import zc.buildout
@@ -95,6 +96,28 @@ def find_program(configured, defaults, missing):
         if found:
             return found
     raise zc.buildout.UserError(missing.format(tried=", ".join(candidates)))
+
+
+def write_checked(path, text, check):
+    """Write ``text`` to ``path`` (mode 0644) only if ``check(temporary path)`` accepts it.
+
+    The text goes to a temporary file beside ``path`` (same suffix), ``check`` runs on it
+    and raises to refuse it (e.g. ``zc.buildout.UserError`` with the checker's message);
+    then it replaces ``path`` atomically, so a running process never reads a half-written
+    or refused file. The temporary file is removed in every case.
+    """
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=os.path.splitext(path)[1])
+    with os.fdopen(fd, "w", encoding="utf-8") as fp:
+        fp.write(text)
+    try:
+        os.chmod(tmp, 0o644)
+        check(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def parse_http_address(part, value, option="http-address"):

@@ -57,6 +57,7 @@ from plonedeploy.recipe.options import (
     parse_http_address,
     parse_network,
     render_template,
+    write_checked,
 )
 
 DEFAULT_BIND = "127.0.0.1:6081"
@@ -178,17 +179,7 @@ class Recipe:
     def install(self):
         options = self.options
         text = render_template(options["template"], self.context)
-        os.makedirs(options["location"], exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=options["location"], suffix=".vcl")
-        with os.fdopen(fd, "w", encoding="utf-8") as fp:
-            fp.write(text)
-        try:
-            os.chmod(tmp, 0o644)
-            check_vcl(options["binary"], tmp)
-            os.replace(tmp, options["vcl"])
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_checked(options["vcl"], text, lambda tmp: check_vcl(options["binary"], tmp))
         return [options["location"]]
 
     update = install
