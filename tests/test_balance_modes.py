@@ -110,9 +110,12 @@ def test_ab_per_balance_mode(stack, tmp_path):
     config_before = _fingerprint(DEPLOYED_CONFIG)
     deployed_pid = stack.pids()["haproxy"]
     port = stack.ports["haproxy"] + 10
-    # --warmup 0: Locust's and HAProxy's counts must then agree exactly.
+    # --warmup 0: Locust's and HAProxy's counts then agree up to the requests in flight when
+    # Locust stops at --duration (HAProxy counted them, Locust cancels them unrecorded): at most
+    # one per user.
+    users = 6
     result = run([sys.executable, "-m", "loadtests.abtest", "--balance", "leastconn,roundrobin",
-                  "--warmup", "0", "--duration", "8", "--users", "6", "--spawn-rate", "6", "--out", str(tmp_path)],
+                  "--warmup", "0", "--duration", "8", "--users", str(users), "--spawn-rate", str(users), "--out", str(tmp_path)],
                  timeout=180)
     (folder,) = list(tmp_path.iterdir())
     for name in ("report.md", "report.json", "modes.png"):
@@ -126,10 +129,11 @@ def test_ab_per_balance_mode(stack, tmp_path):
         for name, server in servers.items():
             assert server["requests"] > 0, (mode, name)
             assert server["failures"] == 0, (mode, name)
-            # Locust's count (X-Served-By) and this mode's own HAProxy's stot agree.
-            assert server["requests"] == server["haproxy_sessions"], (mode, name)
+            # Locust's count (X-Served-By) and this mode's own HAProxy's stot agree (see above).
+            assert server["requests"] <= server["haproxy_sessions"] <= server["requests"] + users, (mode, name)
             assert server["p50_ms"] <= server["p95_ms"] <= server["p99_ms"], (mode, name)
-        assert data["totals"]["requests"] == data["totals"]["haproxy_sessions"] > 0, mode
+        totals = data["totals"]
+        assert 0 < totals["requests"] <= totals["haproxy_sessions"] <= totals["requests"] + users, mode
         assert sum(s["share"] for s in servers.values()) == pytest.approx(1.0), mode
         assert 0.0 <= data["totals"]["queued_share"] <= 1.0, mode
         (run_info,) = data["rounds"]
