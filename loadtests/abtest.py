@@ -108,6 +108,16 @@ def parse_args(argv):
     parser.add_argument("--processes", type=int, default=-1,
                         help="Locust processes on this machine (Locust's --processes: a master and that "
                         "many workers; -1: one per core; 1: a single process, no master); default -1")
+    parser.add_argument("--remote-workers", type=int, default=0, metavar="N",
+                        help="run Locust as a master on this host that waits for N workers on other "
+                        "hosts (the Ansible loadgenerator role starts them) and sends no traffic itself; "
+                        "needs --master-bind; default 0 (Locust's processes on this machine, --processes)")
+    parser.add_argument("--master-bind", default=None, metavar="ADDRESS",
+                        help="address the Locust master listens on for --remote-workers (the address "
+                        "the load generator hosts reach this host at, loadgenerator_master_host)")
+    parser.add_argument("--master-port", type=int, default=5557,
+                        help="TCP port of the Locust master for --remote-workers "
+                        "(loadgenerator_master_port); default 5557, Locust's own")
     parser.add_argument("--window", type=float, default=5.0,
                         help="seconds per time window, the unit the confidence intervals resample; default 5")
     parser.add_argument("--weights", default=DEFAULT_WEIGHTS,
@@ -153,6 +163,13 @@ def parse_args(argv):
         parser.error("--users, --duration and --rounds must be >= 1 and --spawn-rate > 0")
     if args.warmup < 0 or args.window <= 0:
         parser.error("--warmup must be >= 0 and --window > 0 seconds")
+    if args.remote_workers < 0 or bool(args.remote_workers) != bool(args.master_bind):
+        parser.error("--remote-workers N (>= 1) and --master-bind ADDRESS go together")
+    if args.remote_workers and not args.deployed:
+        parser.error("--remote-workers needs --deployed: the rounds' temporary HAProxys listen on "
+                     "127.0.0.1, which other hosts cannot reach")
+    if not 1 <= args.master_port <= 65535:
+        parser.error("--master-port must be between 1 and 65535")
     if args.calibrate is not None and not 0 < args.calibrate < 100:
         parser.error("--calibrate PERCENT must be between 0 and 100")
     if args.buildout_config is None:
@@ -168,6 +185,16 @@ def parse_args(argv):
     except ValueError as exc:
         parser.error(str(exc))
     return args
+
+
+def locust_generator_args(args):
+    """Locust's options for where the users run: a master waiting up to 60 s for
+    ``args.remote_workers`` workers on other hosts (it then runs no users itself), or
+    ``--processes`` on this machine (none for a single process)."""
+    if args.remote_workers:
+        return ["--master", "--master-bind-host", args.master_bind, "--master-bind-port", str(args.master_port),
+                "--expect-workers", str(args.remote_workers), "--expect-workers-max-wait", "60"]
+    return [] if args.processes == 1 else ["--processes", str(args.processes)]
 
 
 def run_locust(args, config, directory, label="", on_warm=None):
@@ -189,7 +216,7 @@ def run_locust(args, config, directory, label="", on_warm=None):
         "--users", str(args.users), "--spawn-rate", str(args.spawn_rate),
         "--run-time", f"{run_time}s", "--stop-timeout", "10",
         "--warmup", str(args.warmup), "--warm-mark", mark, "--window", str(args.window),
-    ] + ([] if args.processes == 1 else ["--processes", str(args.processes)]) + [
+    ] + locust_generator_args(args) + [
         "--host", config["frontend_url"],
         "--weights", args.weights,
         "--csv", os.path.join(directory, "locust"),
@@ -288,7 +315,8 @@ def measure(args, config, directory, label="", balancer=None, extra_procs=None):
     busy = busy_after - busy_before
     cores = psutil.cpu_count() or 1
     foreign = max(busy - sum(stack_cpu.values()) - own, 0.0)
-    processes = cores if args.processes == -1 else args.processes
+    # With remote workers only the master runs here: the cores its one process can use.
+    processes = 1 if args.remote_workers else cores if args.processes == -1 else args.processes
     warnings = saturation_warnings(own / wall, busy / (wall * cores), cores, processes)
     for text in warnings:
         print(f"  {label}warning: {text}", flush=True)
@@ -308,6 +336,8 @@ def measure(args, config, directory, label="", balancer=None, extra_procs=None):
         "locust_version": importlib.metadata.version("locust"),
         "locust_exit_code": code,
         "locust_processes": args.processes,
+        # Workers on other hosts: their CPU is not in "cpu" below (only the master's is).
+        "remote_workers": args.remote_workers,
         "cpu": {
             "cores": cores,
             "machine_busy_s": round(busy, 2),

@@ -144,7 +144,10 @@ def to_markdown(report, plot_name="ab.png"):
         f"{meta.get('duration_s')} s, through HAProxy {meta.get('host')} "
         f"(balance {meta.get('balance', '?')}). Machine: {meta.get('cpu', {}).get('cores')} cores; "
         f"CPU used by processes outside the stack and Locust during the run: "
-        f"{_fmt(meta.get('cpu', {}).get('foreign_percent'))}% of the machine.",
+        f"{_fmt(meta.get('cpu', {}).get('foreign_percent'))}% of the machine."
+        + (f" The users ran on {meta['remote_workers']} Locust worker"
+           f"{'s' if meta['remote_workers'] != 1 else ''} on other hosts (their CPU is "
+           "not counted here; this host ran the master only)." if meta.get("remote_workers") else ""),
         "",
         f"Total: {_fmt(totals['requests'])} requests, {_fmt(totals['failures'])} failures, "
         f"{_fmt(totals['rps'])} req/s; HAProxy sessions: {_fmt(totals['haproxy_sessions'])}.",

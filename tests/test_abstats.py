@@ -86,6 +86,26 @@ def test_defaults_and_option_errors(capsys):
     assert "--calibrate" in capsys.readouterr().err
 
 
+def test_remote_workers_make_locust_a_master(capsys):
+    """--remote-workers: Locust waits as a master for the workers of the loadgenerator role
+    and runs no users of its own; without it, --processes on this machine."""
+    args = abtest.parse_args(["--deployed", "--remote-workers", "2", "--master-bind", "10.0.0.1",
+                              "--master-port", "15557"])
+    assert abtest.locust_generator_args(args) == [
+        "--master", "--master-bind-host", "10.0.0.1", "--master-bind-port", "15557",
+        "--expect-workers", "2", "--expect-workers-max-wait", "60"]
+    assert abtest.locust_generator_args(abtest.parse_args([])) == ["--processes", "-1"]
+    assert abtest.locust_generator_args(abtest.parse_args(["--processes", "1"])) == []
+    for bad, message in ((["--deployed", "--remote-workers", "2"], "go together"),
+                         (["--deployed", "--master-bind", "10.0.0.1"], "go together"),
+                         (["--remote-workers", "2", "--master-bind", "10.0.0.1"], "needs --deployed"),
+                         (["--deployed", "--remote-workers", "1", "--master-bind", "h", "--master-port", "0"],
+                          "--master-port")):
+        with pytest.raises(SystemExit):
+            abtest.parse_args(bad)
+        assert message in capsys.readouterr().err, bad
+
+
 LOG = """\
 127.0.0.1:1 [23/Nov/2026:12:00:00.500] plone zeoclients/s1 0/0/0/900/930 200 5243262 - - ---- 4/4/3/1/0 0/0 "GET /Plone/blob-5mb/@@download/file HTTP/1.1"
 127.0.0.1:2 [23/Nov/2026:12:00:01.100] plone zeoclients/s1 0/0/0/10/12 200 100 - - ---- 4/4/3/1/0 0/0 "GET / HTTP/1.1"

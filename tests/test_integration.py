@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import socket
+import subprocess
 import sys
 
 import psutil
@@ -155,6 +156,34 @@ def test_ab_report(stack, tmp_path):
     assert report["meta"]["warmup_s"] == 4
     assert "warm-up of 4 s over" in result.stdout
     assert "report:" in result.stdout
+
+
+def test_ab_report_with_a_remote_worker(stack, tmp_path):
+    """--remote-workers: Locust as a master waiting for workers started elsewhere (here a
+    worker process as the loadgenerator role runs it; make multihost runs them on another
+    host). The users run in the worker: it gets the master's options and quits with it."""
+    with socket.socket() as probe:  # a free port, not Locust's 5557 (other runs may hold it)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    worker = psutil.Popen([sys.executable, "-m", "locust", "-f", os.path.join(ROOT, "loadtests", "locustfile.py"),
+                           "--worker", "--master-host", "127.0.0.1", "--master-port", str(port),
+                           "--loglevel", "WARNING"], stdout=open(tmp_path / "worker.log", "wb"),
+                          stderr=subprocess.STDOUT)
+    try:
+        out = tmp_path / "reports"
+        run([sys.executable, "-m", "loadtests", "ab", "--deployed", "--remote-workers", "1",
+             "--master-bind", "127.0.0.1", "--master-port", str(port), "--warmup", "2", "--duration", "6",
+             "--users", "4", "--spawn-rate", "4", "--out", str(out)], timeout=180)
+        (folder,) = list(out.iterdir())
+        report = json.loads((folder / "report.json").read_text())
+        assert report["meta"]["remote_workers"] == 1
+        assert all(s["requests"] > 0 and s["failures"] == 0 for s in report["servers"].values())
+        assert "ran on 1 Locust worker on other hosts" in (folder / "report.md").read_text()
+        worker.wait(30)  # the master's end stops its workers
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
 
 
 def test_ab_rounds_with_control(stack, tmp_path):
