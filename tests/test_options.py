@@ -187,7 +187,8 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
             ["127.0.0.1", "www.example.org"], per_source_exempt=networks,
             upload_servers=[{"name": "u", "host": "127.0.0.1", "port": 18079, "maxconn": 8,
                              "wsgi_server": "waitress", "max_body": 1024}] if uploads else []),
-        **tls.template_context("127.0.0.1:18443" if with_tls else "", str(pem), True, tls.DEFAULT_HSTS_MAX_AGE))
+        **tls.template_context("127.0.0.1:18443" if with_tls else "", str(pem), True, tls.DEFAULT_HSTS_MAX_AGE,
+                               redirect_exempt=networks))
     path = tmp_path / "haproxy.cfg"
     path.write_text(text)
     check = subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, check=False)
@@ -205,6 +206,11 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
     assert ("\n    use_backend uploads if body_large || !body_whole || tus_upload\n" in text) == uploads
     assert ("\n    server u 127.0.0.1:18079 maxconn 8 check" in text) == uploads
     assert ("\n    http-request redirect location https://" in text) == with_tls
+    # the load generators' networks are served plain, everyone else is redirected
+    exempt = with_tls and bool(networks)
+    assert ("\n    acl redirect_exempt src 127.0.0.1/32\n" in text) == exempt
+    assert ("code 301 if !{ ssl_fc } !redirect_exempt\n" in text) == exempt
+    assert ("code 301 if !{ ssl_fc }\n" in text) == (with_tls and not networks)
     assert ("ssl crt" in text) == with_tls and ("Strict-Transport-Security" in text) == with_tls
     # one balance line (loadtests.balancers rewrites it), the pool's
     assert len(re.findall(r"^\s*balance\s", text, re.MULTILINE)) == 1

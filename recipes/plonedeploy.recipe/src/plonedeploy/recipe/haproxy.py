@@ -91,6 +91,11 @@ server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and 
     ``on``/``off``: answer requests on the plain ``bind`` with 301 to the same URL over
     https (the ``tls-bind`` port). Default ``on`` when ``tls-bind`` is set; buildout.cfg
     sets ``off``, because the load tests use the plain port.
+``tls-redirect-exempt``
+    Whitespace-separated IPv4/IPv6 networks (CIDR or address) whose plain requests are
+    served, not redirected, when ``tls-redirect`` is on: the A/B test's load generators on
+    other hosts (docs/usage.md), which measure the pool without TLS and the cache. Default
+    empty: everyone is redirected.
 ``hsts-max-age``
     Seconds of ``Strict-Transport-Security`` on HTTPS answers, default 63072000 (two
     years, Mozilla's value); ``0`` sends none.
@@ -277,10 +282,11 @@ class Recipe:
         """Read the ``tls-*`` and ``hsts-max-age`` options; raises UserError."""
         self.tls_bind = None
         self.tls_redirect = False
+        self.tls_redirect_exempt = []
         self.hsts_max_age = 0
         text = options.setdefault("tls-bind", "").strip()
         if not text:
-            for key in ("tls-certificate", "tls-redirect"):
+            for key in ("tls-certificate", "tls-redirect", "tls-redirect-exempt"):
                 if options.get(key, "").strip():
                     raise zc.buildout.UserError(f"[{name}] {key} is set but tls-bind is empty: set "
                                                 "tls-bind (host:port of the HTTPS listener) or remove it")
@@ -289,6 +295,11 @@ class Recipe:
         if self.tls_bind == self.bind:
             raise zc.buildout.UserError(f"[{name}] tls-bind = {text} is the same address as bind")
         self.tls_redirect = parse_switch(name, "tls-redirect", options.setdefault("tls-redirect", "on"))
+        self.tls_redirect_exempt = [parse_network(name, "tls-redirect-exempt", value)
+                                    for value in options.setdefault("tls-redirect-exempt", "").split()]
+        if self.tls_redirect_exempt and not self.tls_redirect:
+            raise zc.buildout.UserError(f"[{name}] tls-redirect-exempt is set but tls-redirect is off: "
+                                        "every plain request is served already; remove it")
         hsts = options.setdefault("hsts-max-age", str(tls.DEFAULT_HSTS_MAX_AGE)).strip()
         self.hsts_max_age = 0 if hsts == "0" else parse_positive_int(
             name, hsts, "hsts-max-age", "a number of seconds such as 63072000, or 0 for no header")
@@ -370,7 +381,7 @@ class Recipe:
                                     self.per_source_exempt, self.per_source),
             **tls.template_context(self.tls_bind and f"{self.tls_bind[0]}:{self.tls_bind[1]}",
                                    options["tls-certificate"] if self.tls_bind else "",
-                                   self.tls_redirect, self.hsts_max_age),
+                                   self.tls_redirect, self.hsts_max_age, self.tls_redirect_exempt),
             "run_directory": options["run-directory"],
             "cache_server": self.cache_server,
             "cache_fill_bind": self.cache_fill_bind,

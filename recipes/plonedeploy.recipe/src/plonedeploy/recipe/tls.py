@@ -118,20 +118,23 @@ def make_self_signed(path, names, days=SELF_SIGNED_DAYS):
         os.replace(combined, path)
 
 
-def template_context(tls_bind, certificate, redirect, hsts_max_age):
+def template_context(tls_bind, certificate, redirect, hsts_max_age, redirect_exempt=()):
     """The TLS variables of ``haproxy/haproxy.cfg.j2`` as a dict.
 
     ``tls_bind``: ``host:port`` of the HTTPS listener, or empty/None for no TLS (the other
     values are then ignored); ``certificate``: PEM path; ``redirect``: bool, 301 from the
-    plain port; ``hsts_max_age``: seconds, 0 for no header.
+    plain port; ``hsts_max_age``: seconds, 0 for no header; ``redirect_exempt``: networks
+    (CIDR strings) served on the plain port without the redirect (the A/B's load generators).
     """
     if not tls_bind:
         return {"tls_bind": "", "tls_certificate": "", "tls_redirect": False, "tls_port": 443,
-                "hsts_max_age": 0, "tls_ciphers": "", "tls_ciphersuites": "", "tls_options": ""}
+                "tls_redirect_exempt": [], "hsts_max_age": 0, "tls_ciphers": "", "tls_ciphersuites": "",
+                "tls_options": ""}
     return {
         "tls_bind": tls_bind,
         "tls_certificate": certificate,
         "tls_redirect": bool(redirect),
+        "tls_redirect_exempt": list(redirect_exempt) if redirect else [],
         "tls_port": int(tls_bind.rpartition(":")[2]),
         "hsts_max_age": int(hsts_max_age),
         "tls_ciphers": INTERMEDIATE_CIPHERS,
