@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests import extrabuild
-from loadtests.core import (ROOT, STACK_JSON, cpu_seconds, default_buildout_config, exits_2_when_not_ready,
+from loadtests.core import (ROOT, add_stack_arguments, cpu_seconds, default_buildout_config, exits_2_when_not_ready,
                             load_stack, machine_busy_seconds, own_cpu_seconds, require_wrk, run_wrk, stack_pids,
                             wait_for_quiet)
 BLOB_PATH = "/Plone/blob-5mb/@@download/file"
@@ -427,9 +427,7 @@ def parse_args(argv):
                              "default local.cfg if it exists, else buildout.cfg")
     parser.add_argument("--keep-off-clients", action="store_true",
                         help="leave the -off clients running afterwards (stop: kill their PIDs in var/blobbench/run)")
-    parser.add_argument("--stack-config", default=STACK_JSON)
-    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
-                        help="directory for report folders; default var/reports")
+    add_stack_arguments(parser)
     parser.add_argument("--report-only", metavar="DIR",
                         help="measure nothing: re-write the summary, tables and plot of DIR/report.json")
     args = parser.parse_args(argv)

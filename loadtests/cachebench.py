@@ -39,12 +39,10 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests import haproxy_stats
-from loadtests.core import (STACK_JSON, NotReady, exits_2_when_not_ready, load_stack, machine_busy_seconds,
-                            require_wrk, run_wrk, stack_pids, tree_cpu_seconds)
+from loadtests.core import (NotReady, add_stack_arguments, exits_2_when_not_ready, load_stack, machine_busy_seconds,
+                            parse_counts, require_wrk, run_wrk, stack_pids, tree_cpu_seconds)
 from plonedeploy.recipe.stack import StackError, runtime_api
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 CACHE_SERVER = "cache/varnish"  # HAProxy backend/server of the cache tier (haproxy.cfg.j2)
 COUNTERS = ("MAIN.cache_hit", "MAIN.cache_miss", "MAIN.cache_hitpass", "MAIN.s_pass")
 
@@ -63,16 +61,10 @@ def parse_args(argv):
                         help="rounds of on/off pairs, alternating which goes first (default 2)")
     parser.add_argument("--path", default="/Plone", help="URL path (default /Plone)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
-    parser.add_argument("--stack-config", default=STACK_JSON,
-                        help="stack.json written by bin/buildout")
-    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
-                        help="folder for the report folder (default var/reports)")
+    add_stack_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        args.connections = [int(c) for c in args.connections.split(",") if c.strip()]
-    except ValueError:
-        parser.error(f"--connections: expected comma-separated positive integers, got {args.connections!r}")
-    if not args.connections or min(args.connections) < args.threads:
+    args.connections = parse_counts(parser, "--connections", args.connections)
+    if min(args.connections) < args.threads:
         parser.error(f"--connections: each count must be at least --threads ({args.threads})")
     for name in ("duration", "rounds", "threads"):
         if getattr(args, name) < 1:

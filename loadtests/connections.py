@@ -30,11 +30,10 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests import haproxy_stats
-from loadtests.core import (PATHS, STACK_JSON, check_servers_up, cpu_seconds, exits_2_when_not_ready,
+from loadtests.core import (PATHS, add_stack_arguments, check_servers_up, cpu_seconds, exits_2_when_not_ready,
                             haproxy_maxconn, load_stack, machine_busy_seconds, raise_fd_limit, require_wrk,
                             run_wrk, stack_pids, wait_backend_idle)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_args(argv):
@@ -54,10 +53,7 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=3,
                         help="seconds at 10 connections before each path (default 3; 0: none)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
-    parser.add_argument("--stack-config", default=STACK_JSON,
-                        help="stack.json written by bin/buildout")
-    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
-                        help="folder for the report folder (default var/reports)")
+    add_stack_arguments(parser)
     args = parser.parse_args(argv)
     args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     bad = [p for p in args.paths if p not in PATHS]

@@ -37,6 +37,29 @@ PATHS = {
 }
 
 
+# ----------------------------------------------------------------------------- arguments
+
+def add_stack_arguments(parser, out_help="folder for the report folder (default var/reports)"):
+    """Add the options every tool shares to an ``argparse`` parser: ``--stack-config`` (the
+    stack's contract, default parts/stack/stack.json) and ``--out`` (default var/reports)."""
+    parser.add_argument("--stack-config", default=STACK_JSON,
+                        help="stack.json written by bin/buildout (default parts/stack/stack.json)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"), help=out_help)
+
+
+def parse_counts(parser, option, text, minimum=1):
+    """``"10,100"`` -> ``[10, 100]``: a comma-separated list of integers >= ``minimum`` given
+    to ``option`` (such as ``--connections``); anything else ends in ``parser.error`` naming
+    the option, what was given and what is allowed (exit status 2)."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = None
+    if not counts or min(counts) < minimum:
+        parser.error(f"{option}: expected comma-separated integers >= {minimum}, got {text!r}")
+    return counts
+
+
 # ----------------------------------------------------------------------------- the stack
 
 class NotReady(RuntimeError):

@@ -47,11 +47,10 @@ from urllib.parse import urlsplit
 import psutil
 
 from loadtests import haproxy_stats
-from loadtests.core import (STACK_JSON, cpu_seconds, exits_2_when_not_ready, fetch_stats, haproxy_maxconn,
-                            load_stack, machine_busy_seconds, percentile, raise_fd_limit, stack_pids,
-                            wait_backend_idle)
+from loadtests.core import (add_stack_arguments, cpu_seconds, exits_2_when_not_ready, fetch_stats, haproxy_maxconn,
+                            load_stack, machine_busy_seconds, parse_counts, percentile, raise_fd_limit,
+                            stack_pids, wait_backend_idle)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Largest response head accepted (bytes); Plone's headers are a few kB.
 HEAD_LIMIT = 2**20
 
@@ -295,17 +294,9 @@ def parse_args(argv):
     parser.add_argument("--url", default=None,
                         help="frontend base URL (default: the stack's frontend_url); must be "
                         "127.0.0.1")
-    parser.add_argument("--stack-config", default=STACK_JSON,
-                        help="stack.json written by bin/buildout")
-    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
-                        help="folder for the report folder (default var/reports)")
+    add_stack_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        args.connections = [int(x) for x in args.connections.split(",") if x.strip()]
-    except ValueError:
-        parser.error(f"--connections must be comma-separated integers, got {args.connections!r}")
-    if not args.connections or min(args.connections) < 1:
-        parser.error("--connections needs positive integers")
+    args.connections = parse_counts(parser, "--connections", args.connections)
     if args.timeout is None:
         args.timeout = args.duration * 0.75
     if not 0 < args.timeout < args.duration:

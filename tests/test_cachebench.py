@@ -20,7 +20,7 @@ def test_summary_is_the_median_and_range_of_the_per_round_ratios():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--connections", "ten"], "--connections: expected comma-separated positive integers"),
+    (["--connections", "ten"], "--connections: expected comma-separated integers >= 1"),
     (["--connections", "1", "--threads", "2"], "each count must be at least --threads"),
     (["--rounds", "0"], "--rounds must be a positive integer"),
     (["--path", "Plone"], "--path must start with /"),

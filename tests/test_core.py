@@ -157,3 +157,21 @@ def test_require_wrk_and_exit_2(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.startswith("tool: wrk not found")
     _fake_wrk(tmp_path, monkeypatch, "true")
     assert main([]) == 0
+
+
+def test_shared_arguments_and_counts(capsys):
+    """add_stack_arguments gives every tool the same --stack-config and --out; parse_counts
+    turns '10,100' into integers or ends with an error naming the option."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    core.add_stack_arguments(parser)
+    args = parser.parse_args([])
+    assert args.stack_config == core.STACK_JSON
+    assert args.out == os.path.join(core.ROOT, "var", "reports")
+    assert core.parse_counts(parser, "--connections", "10, 100,") == [10, 100]
+    assert core.parse_counts(parser, "--rounds", "0,2", minimum=0) == [0, 2]
+    for text in ("", "ten", "10,0", "-5"):
+        with pytest.raises(SystemExit):
+            core.parse_counts(parser, "--connections", text)
+        assert f"--connections: expected comma-separated integers >= 1, got {text!r}" in capsys.readouterr().err
