@@ -6,9 +6,10 @@ Usage (root; ``make multihost``)::
 
 What it does, and undoes at the end (also after a failure, unless ``--keep``):
 
-1. creates a bridge ``pdmh0`` (10.231.0.1/24) in this namespace and three namespaces
-   ``pdmh-zeo`` (10.231.0.2), ``pdmh-app`` (10.231.0.3), ``pdmh-lb`` (10.231.0.4), each
-   joined to the bridge by a veth pair and running its own sshd (key-only root login);
+1. creates a bridge ``pdmh0`` (10.231.0.1/24) in this namespace and four namespaces
+   ``pdmh-zeo`` (10.231.0.2), ``pdmh-app`` (10.231.0.3), ``pdmh-lb`` (10.231.0.4),
+   ``pdmh-lg`` (10.231.0.5, the load generator), each joined to the bridge by a veth pair
+   and running its own sshd (key-only root login);
 2. runs ``ansible-playbook -i inventories/multihost -i <generated> site.yml`` over SSH:
    the multihost inventory's group_vars with these addresses and one prefix per host
    under /tmp/pdmh (the namespaces share this machine's file system);
@@ -19,7 +20,11 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
    the cache tier (varnish on lb1): the second anonymous /Plone over https is a hit,
    varnish listens on 127.0.0.1:6081 and 10.231.0.4:6081 (the app host's purges), a PURGE
    from a namespace that is not a ZEO client (zeo1) gets 405, one from the app host 200;
-   nothing listens on the demo ports of this namespace's loopback;
+   nothing listens on the demo ports of this namespace's loopback; the A/B test with its
+   Locust master here (10.231.0.1, the control host) and its users on lg1's two workers
+   (``python -m loadtests ab --deployed --remote-workers 2``, HAProxy's stats through an SSH
+   tunnel to lb1's localhost): both servers answer, no failure, every request HAProxy logs
+   comes from 10.231.0.5, which is served on the plain port while others get 301;
 4. runs site.yml a second time (expects changed=0);
 5. tears down: supervisord of each host (which stops its programs), sshd by PID, the
    namespaces and the bridge.
@@ -29,6 +34,7 @@ All traffic stays on this machine: the bridge and namespaces exist only during t
 """
 import argparse
 import hashlib
+import importlib.metadata
 import http.client
 import json
 import os
@@ -49,7 +55,11 @@ HOSTS = {  # inventory name: (namespace, address)
     "zeo1": ("pdmh-zeo", "10.231.0.2"),
     "app1": ("pdmh-app", "10.231.0.3"),
     "lb1": ("pdmh-lb", "10.231.0.4"),
+    "lg1": ("pdmh-lg", "10.231.0.5"),
 }
+#: The Locust master's port on the control host (not Locust's 5557, which a local
+#: --processes run of the test suite may hold on every address).
+MASTER_PORT = 15557
 
 
 def sh(*cmd, check=True, capture=False, timeout=600):
@@ -79,7 +89,8 @@ def setup():
     # pinned bootstrap wheels from a local folder instead.
     wheels = os.path.join(WORK, "wheels")
     sh(sys.executable, "-m", "pip", "download", "--quiet", "-d", wheels,
-       "pip==26.3", "setuptools==84.2.1", "wheel==0.48.0", "zc.buildout==6.0.1")
+       "pip==26.3", "setuptools==84.2.1", "wheel==0.48.0", "zc.buildout==6.0.1",
+       "locust==" + importlib.metadata.version("locust"))
     sh("ip", "link", "add", BRIDGE, "type", "bridge")
     sh("ip", "addr", "add", "10.231.0.1/24", "dev", BRIDGE)
     sh("ip", "link", "set", BRIDGE, "up")
@@ -118,6 +129,10 @@ def setup():
             "zeoserver_logrotate_enabled": False,
             "zeoclient_logrotate_enabled": False,
             "buildout_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
+            "loadgenerator_pip_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
+            "loadgenerator_master_host": "10.231.0.1",
+            "loadgenerator_master_port": MASTER_PORT,
+            "loadgenerator_workers": 2,
         }
     path = os.path.join(WORK, "hosts.json")
     with open(path, "w") as fp:
@@ -283,7 +298,70 @@ def verify():
             if WORK in args or cwd.startswith(WORK):
                 leaked.append(line.split()[3])
     check("nothing of the deployment on this namespace's demo ports", not leaked, leaked)
+    for label, passed, detail in ab_with_remote_workers():
+        check(label, passed, detail)
     return ok
+
+
+def ab_with_remote_workers():
+    """The A/B test as an operator runs it: Locust's master on the control host (this
+    namespace, 10.231.0.1), the users on lg1's workers, HAProxy's stats (on lb1's localhost)
+    through an SSH tunnel. Returns ``[(label, passed, detail)]``."""
+    results = []
+    plain = in_ns("pdmh-lg", "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                  "http://10.231.0.4:8080/Plone/@@ok", capture=True, check=False)
+    results.append(("lg1 is served on the plain port (haproxy_tls_redirect_exempt)", plain == "200", plain))
+    tunnel = subprocess.Popen(
+        ["ssh", "-N", "-i", os.path.join(WORK, "id_ed25519"), "-o", "StrictHostKeyChecking=no",
+         "-o", "UserKnownHostsFile=/dev/null", "-o", "ExitOnForwardFailure=yes",
+         "-L", "127.0.0.1:18404:127.0.0.1:8404", "root@10.231.0.4"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(30):
+            try:
+                urllib.request.urlopen("http://127.0.0.1:18404/stats;csv", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.5)
+        with open(f"{WORK}/lb1/haproxy/abtest.json", encoding="utf-8") as fp:
+            config = json.load(fp)
+        config["stats_url"] = "http://127.0.0.1:18404/stats;csv"
+        config_path = os.path.join(WORK, "abtest-control.json")
+        with open(config_path, "w", encoding="utf-8") as fp:
+            json.dump(config, fp)
+        log_path = f"{WORK}/lb1/var/log/haproxy.log"
+        log_start = os.path.getsize(log_path)
+        out = os.path.join(WORK, "ab")
+        shutil.rmtree(out, ignore_errors=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "loadtests", "ab", "--deployed", "--stack-config", config_path,
+             "--remote-workers", "2", "--master-bind", "10.231.0.1", "--master-port", str(MASTER_PORT),
+             "--users", "8", "--spawn-rate", "8", "--warmup", "3", "--duration", "10", "--out", out],
+            cwd=ROOT, text=True, capture_output=True, timeout=300, check=False)
+    finally:
+        tunnel.terminate()
+        tunnel.wait(10)
+    results.append(("A/B with the master here and lg1's workers exits 0", result.returncode == 0,
+                    (result.stdout + result.stderr)[-1500:] if result.returncode else ""))
+    if result.returncode != 0:
+        return results
+    (folder,) = os.listdir(out)
+    with open(os.path.join(out, folder, "report.json"), encoding="utf-8") as fp:
+        report = json.load(fp)
+    servers = {name: (s["requests"], s["failures"]) for name, s in report["servers"].items()}
+    results.append(("A/B: both servers answered, no failure",
+                    len(servers) == 2 and all(n > 0 and f == 0 for n, f in servers.values()), servers))
+    results.append(("A/B report names the 2 remote workers", report["meta"]["remote_workers"] == 2,
+                    report["meta"]["remote_workers"]))
+    with open(log_path, encoding="utf-8", errors="replace") as fp:
+        fp.seek(log_start)
+        # requests of the frontend "plone" (the stats listener logs the tunnel's scrapes)
+        sources = re.findall(r"^(\d+\.\d+\.\d+\.\d+):\d+ \[[^]]+\] plone ", fp.read(), re.MULTILINE)
+    counted = {address: sources.count(address) for address in set(sources)}
+    requests = sum(n for n, _f in servers.values())
+    results.append(("every request HAProxy logged during the A/B came from lg1 (10.231.0.5)",
+                    set(counted) == {"10.231.0.5"} and counted["10.231.0.5"] >= requests, counted))
+    return results
 
 
 def main(argv=None):

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 import psutil
@@ -143,6 +144,9 @@ def test_varnish_rules_match_the_recipe():
     assert value(defaults, "varnish_bind") == varnish.DEFAULT_BIND
     assert value(defaults, "varnish_backend") == varnish.DEFAULT_BACKEND
     assert value(defaults, "varnish_cache_size") == varnish.DEFAULT_CACHE_SIZE
+    # the monitoring role scrapes the exporter at the varnish role's default address
+    prometheus = text("monitoring", "templates", "prometheus.yml.j2")
+    assert prometheus.count(f"varnish_metrics_listen | default('{value(defaults, 'varnish_metrics_listen')}')") == 2
     haproxy = text("haproxy", "defaults", "main.yml")
     assert f"default('{varnish.DEFAULT_BIND}')" in value(haproxy, "haproxy_cache_server")
     assert f"default('{varnish.DEFAULT_BACKEND}')" in value(haproxy, "haproxy_cache_fill_bind")
@@ -183,9 +187,86 @@ BAD = [
     ({"monitoring_queue_for": "soon"}, "monitoring_queue_for a duration such as 1m"),
     ({"varnish_cache_size": "lots"}, "varnish_cache_size is a size such as 256M or 2G, got lots"),
     ({"varnish_backend": "127.0.0.1:16081"}, "not varnish's own"),
+    ({"varnish_metrics_listen": "127.0.0.1:16081"}, "varnish_metrics_listen is empty or a host:port"),
     ({"varnish_cookie_allowlist": ["__ac", "a.b"]}, "varnish_cookie_allowlist names are letters"),
     ({"haproxy_tls_bind": ""}, "haproxy_cache needs haproxy_tls_bind"),
+    ({"haproxy_tls_redirect_exempt": ["anyone"]}, "haproxy_tls_redirect_exempt a list of CIDR networks"),
 ]
+
+#: The loadgenerator role's checks: localhost joins the loadgenerators group (below).
+LOADGENERATOR_BAD = [
+    ({"loadgenerator_master_host": ""}, "loadgenerator_master_host must name the control host"),
+    ({"loadgenerator_master_host": "10.0.0.1", "loadgenerator_workers": 0}, "loadgenerator_workers >= 1"),
+    ({"loadgenerator_master_host": "10.0.0.1", "loadgenerator_locust_version": "2.47"},
+     "loadgenerator_locust_version an exact version such as 2.47.0"),
+]
+
+
+def test_systemd_units_verify(tmp_path):
+    """process_manager_kind: systemd, as far as a machine without systemd allows: the unit
+    the process_manager role writes, rendered by Ansible's template module for HAProxy (with
+    its reload signal), a ZEO client, varnish and a Locust worker, passes
+    ``systemd-analyze verify`` (syntax, known directives, executable ExecStart)."""
+    varnish_dir = tmp_path / "varnish"
+    varnish_dir.mkdir()
+    programs = [
+        {"name": "haproxy", "command": ["/usr/sbin/haproxy", "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
+         "signal": "USR2", "directory": str(tmp_path)},
+        {"name": "client1", "command": [os.path.join(ROOT, "bin", "instance"), "console"], "signal": "",
+         "directory": ROOT},
+        {"name": "varnish", "command": ["/usr/sbin/varnishd", "-F", "-j", "unix", "-n", str(varnish_dir / "work"),
+                                        "-f", str(varnish_dir / "varnish.vcl"), "-a", "127.0.0.1:6081"],
+         "signal": "", "directory": str(varnish_dir)},
+        {"name": "locust-worker-1", "command": [os.path.join(ROOT, ".venv", "bin", "locust"), "-f",
+                                                os.path.join(ROOT, "loadtests", "locustfile.py"), "--worker",
+                                                "--master-host", "10.0.0.1"],
+         "signal": "", "directory": str(tmp_path)},
+    ]
+    book = tmp_path / "units.yml"
+    book.write_text(json.dumps([{
+        "name": "Render the process_manager role's systemd unit", "hosts": "localhost", "gather_facts": False,
+        "tasks": [{
+            "name": "Write a unit",
+            "ansible.builtin.template": {
+                "src": os.path.join(ANSIBLE, "roles", "process_manager", "templates", "program.service.j2"),
+                "dest": str(tmp_path) + "/plonedeploy-{{ item.name }}.service", "mode": "0644"},
+            "vars": {"process_manager_program_name": "{{ item.name }}",
+                     "process_manager_program_command": "{{ item.command }}",
+                     "process_manager_program_directory": "{{ item.directory }}",
+                     "process_manager_program_reload_signal": "{{ item.signal }}",
+                     "process_manager_stop_timeout": 30},
+            "loop": programs}]}]))
+    playbook(str(book), extra={}, timeout=120)
+    units = sorted(str(p) for p in tmp_path.glob("plonedeploy-*.service"))
+    assert len(units) == len(programs)
+    haproxy_unit = (tmp_path / "plonedeploy-haproxy.service").read_text()
+    assert "ExecReload=/bin/kill -USR2 $MAINPID" in haproxy_unit
+    assert "ExecReload" not in (tmp_path / "plonedeploy-client1.service").read_text()
+    result = run(["systemd-analyze", "verify", *units], timeout=60, check=False)
+    # An unknown directive is only a warning ("Unknown key ..., ignoring"), exit status 0.
+    assert result.returncode == 0 and "ignoring" not in result.stderr, result.stdout + result.stderr
+
+
+def test_loadgenerator_locust_is_the_projects():
+    """The workers run the Locust of requirements.txt: master and workers must match."""
+    defaults = open(os.path.join(ANSIBLE, "roles", "loadgenerator", "defaults", "main.yml")).read()
+    pinned = re.search(r'^loadgenerator_locust_version: "([^"]+)"$', defaults, re.MULTILINE).group(1)
+    requirements = open(os.path.join(ROOT, "requirements.txt")).read()
+    assert f"\nlocust=={pinned}\n" in requirements
+
+
+@pytest.mark.parametrize("bad, message", LOADGENERATOR_BAD, ids=[str(i) for i in range(len(LOADGENERATOR_BAD))])
+def test_bad_loadgenerator_variables_fail_before_any_change(tmp_path, bad, message):
+    inventory = tmp_path / "loadgenerators.yml"
+    inventory.write_text("all:\n  children:\n    loadgenerators:\n      hosts:\n        localhost:\n")
+    extra = {"plonedeploy_prefix": str(tmp_path / "srv"), **bad}
+    result = playbook("-i", "inventories/local/hosts.yml", "-i", str(inventory), "site.yml", extra=extra, timeout=300,
+                      check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", output), output[-3000:]
+    assert "changed=0" in output
+    assert not (tmp_path / "srv").exists()
 
 
 @pytest.mark.parametrize("bad, message", BAD, ids=[next(iter(b)) + "-" + str(i) for i, (b, _) in enumerate(BAD)])
@@ -202,7 +283,8 @@ def test_bad_variables_fail_before_any_change(tmp_path, bad, message):
 
 
 def test_processes_run_under_supervisor(deployed):
-    names = ("zeoserver", "client1", "client2", "uploads", "varnish", "haproxy", "prometheus", "node-exporter")
+    names = ("zeoserver", "client1", "client2", "uploads", "varnish", "varnish-exporter", "haproxy", "prometheus",
+             "node-exporter")
     for _ in range(30):  # supervisor says STARTING for its first startsecs (5 s)
         status = run(deployed["supervisorctl"] + ["status"], timeout=60).stdout
         if all(re.search(rf"^{n}\s+RUNNING", status, re.MULTILINE) for n in names):
@@ -213,9 +295,9 @@ def test_processes_run_under_supervisor(deployed):
 
 
 def test_prometheus_scrapes_every_target_up(deployed):
-    """Prometheus (monitoring role) finds HAProxy's exporter, the three clients' exporters,
-    node-exporter and itself, all up, and has loaded the alert rules."""
-    expected = {("prometheus", "127.0.0.1:18190"), ("haproxy", "127.0.0.1:18404"),
+    """Prometheus (monitoring role) finds HAProxy's exporter, varnish's, the three clients'
+    exporters, node-exporter and itself, all up, and has loaded the alert rules."""
+    expected = {("prometheus", "127.0.0.1:18190"), ("haproxy", "127.0.0.1:18404"), ("varnish", "127.0.0.1:19131"),
                 ("zeoclients", "127.0.0.1:18091"), ("zeoclients", "127.0.0.1:18092"),
                 ("zeoclients", "127.0.0.1:18093"), ("node", "127.0.0.1:18191")}
     for _ in range(60):  # the first scrape of each target comes within one interval (15 s)
@@ -228,6 +310,11 @@ def test_prometheus_scrapes_every_target_up(deployed):
     assert set(health) == expected and set(health.values()) == {"up"}, health
     with urllib.request.urlopen(PROMETHEUS + "/api/v1/rules", timeout=10) as response:
         rules = [r["name"] for g in json.load(response)["data"]["groups"] for r in g["rules"]]
+    # varnish's counters through its exporter (the varnish role's, scraped above)
+    query = urllib.parse.quote("varnish_main_cache_hit")
+    with urllib.request.urlopen(f"{PROMETHEUS}/api/v1/query?query={query}", timeout=10) as response:
+        series = json.load(response)["data"]["result"]
+    assert [s["metric"]["job"] for s in series] == ["varnish"], series
     assert sorted(rules) == ["DiskAlmostFull", "HAProxyQueueing", "HAProxyServerDown",
                              "HTTP5xxRate", "ScrapeTargetDown"]
 
