@@ -9,13 +9,15 @@ import gzip
 import hashlib
 import os
 import shutil
+import signal
+import subprocess
 import threading
 import time
 
 import pytest
 import requests
 
-from conftest import ROOT, STACK, run
+from conftest import ROOT, STACK, port_taken, run
 
 pytestmark = pytest.mark.integration
 
@@ -171,3 +173,44 @@ def test_restore_brings_back_content_and_blob(stack):
     for client_base in stack.client_urls.values():  # each client directly, too
         assert _sha256(client_base + BLOB) == blob_before
     assert stack.states() == {**{name: "UP" for name in stack.kinds}, "BACKEND": "UP"}
+
+
+@pytest.mark.stack_last
+def test_instance_fg_as_the_readme_says(stack, tmp_path):
+    """README's classic way: with ZEO running (``bin/zeoserver start``) and the stack's
+    clients stopped, ``bin/instance fg`` serves /Plone on 127.0.0.1:8081 in the foreground,
+    and Ctrl-C (SIGINT to its process group, as a terminal sends it) stops it and frees the
+    port. Runs last: it stops the stack."""
+    run([STACK, "stop"], timeout=120)
+    zeoserver = os.path.join(ROOT, "bin", "zeoserver")
+    run([zeoserver, "start"], timeout=120)
+    try:
+        with open(tmp_path / "fg.log", "wb") as log:
+            process = subprocess.Popen([os.path.join(ROOT, "bin", "instance"), "fg"], cwd=ROOT, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            base = stack.client_urls["instance"]  # http://127.0.0.1:8081 in buildout.cfg
+            address = base.split("//", 1)[1]
+            url = base + "/Plone"
+            deadline = time.monotonic() + 180
+            while True:
+                assert process.poll() is None, (tmp_path / "fg.log").read_text()[-3000:]
+                try:
+                    page = requests.get(url, timeout=10)
+                    if page.status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                assert time.monotonic() < deadline, "bin/instance fg did not serve /Plone within 180 s"
+                time.sleep(1)
+            assert "<html" in page.text[:2000].lower()
+            assert f"pyruvate listening on {address}" in (tmp_path / "fg.log").read_text()
+            os.killpg(process.pid, signal.SIGINT)
+            process.wait(60)
+            assert not port_taken(int(address.rpartition(":")[2]))
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    finally:
+        run([zeoserver, "stop"], timeout=120, check=False)
