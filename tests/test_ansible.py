@@ -69,6 +69,12 @@ def _port_taken(port):
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+#: /etc/cron.d files of the test deployment (names: letters, digits, - and _ only, or cron
+#: ignores them); one pair per test process.
+CRON_FILES = {"zeoserver": f"plonedeploy-test-{os.getpid()}-zeoserver",
+              "zeoclient": f"plonedeploy-test-{os.getpid()}-zeoclient"}
+
+
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
     taken = [p for p in PORTS if _port_taken(p)]
@@ -83,11 +89,10 @@ def deployed(tmp_path_factory):
         "varnish_directory": varnish_directory,
         "zeoserver_eggs_directory": os.path.join(ROOT, "eggs"),
         "zeoclient_eggs_directory": os.path.join(ROOT, "eggs"),
-        # no crontab entries for a temporary prefix
-        "zeoserver_pack_enabled": False,
-        "zeoserver_backup_enabled": False,
-        "zeoserver_logrotate_enabled": False,
-        "zeoclient_logrotate_enabled": False,
+        # The cron jobs of a temporary prefix go into /etc/cron.d files of their own (removed
+        # at the end), where test_cron_jobs_run_as_cron_runs_them finds and runs them.
+        "zeoserver_cron_file": CRON_FILES["zeoserver"],
+        "zeoclient_cron_file": CRON_FILES["zeoclient"],
     }
     supervisorctl = ["supervisorctl", "-c", os.path.join(prefix, "etc", "supervisord.conf")]
     try:
@@ -105,6 +110,9 @@ def deployed(tmp_path_factory):
             except psutil.NoSuchProcess:
                 pass
         shutil.rmtree(varnish_directory, ignore_errors=True)
+        for name in CRON_FILES.values():
+            if os.path.exists(os.path.join("/etc/cron.d", name)):
+                os.remove(os.path.join("/etc/cron.d", name))
 
 
 def test_lint_and_syntax():
@@ -344,21 +352,38 @@ def test_clients_run_the_configured_servers(deployed):
     assert "use = egg:waitress#main" in ini and "listen = 127.0.0.1:18082" in ini
 
 
-def test_backup_and_logrotate_are_built(deployed):
-    """The zeoserver build has bin/backup, bin/restore (backups under
-    zeoserver_backup_directory) and a logrotate config that logrotate accepts; bin/backup
-    backs up the deployed ZEO server's Data.fs and blobs."""
+def test_cron_jobs_run_as_cron_runs_them(deployed):
+    """The schedule the roles install (zeopack weekly, bin/backup daily, bin/snapshotbackup
+    weekly, logrotate daily for the ZEO server and the clients), read back from its
+    /etc/cron.d files and each job run the way cron runs it (``/bin/sh -c`` with cron's
+    minimal environment) -- the jobs, not only the scripts, work: the backup lands in
+    zeoserver_backup_directory, the snapshot beside it, logrotate accepts its config."""
     prefix = deployed["prefix"]
     build = os.path.join(prefix, "zeoserver")
     for script in ("backup", "snapshotbackup", "restore"):
         assert os.access(os.path.join(build, "bin", script), os.X_OK), script
-    run([os.path.join(build, "bin", "backup")], timeout=300)
-    assert [n for n in os.listdir(os.path.join(prefix, "backups", "backups")) if n.endswith(".fsz")]
-    assert os.path.islink(os.path.join(prefix, "backups", "blobstoragebackups", "latest"))
+    jobs = {}
+    for part, name in CRON_FILES.items():
+        with open(os.path.join("/etc/cron.d", name), encoding="utf-8") as fp:
+            lines = [line.split(None, 6) for line in fp if line.strip() and not line.startswith("#")]
+        for minute, hour, _day, _month, weekday, user, command in lines:
+            assert user == "root" and minute.isdigit() and hour.isdigit(), (part, command)
+            jobs[command.split()[0].rsplit("/", 1)[-1] + ("-" + part if "logrotate" in command else "")] = (
+                weekday, command.strip())
+    assert sorted(jobs) == ["backup", "logrotate-zeoclient", "logrotate-zeoserver", "snapshotbackup", "zeopack"]
+    assert jobs["zeopack"][0] == "0" and jobs["snapshotbackup"][0] == "6" and jobs["backup"][0] == "*"
+    cron_env = {"SHELL": "/bin/sh", "PATH": "/usr/bin:/bin", "HOME": "/root", "LOGNAME": "root"}
+    for label in ("backup", "snapshotbackup", "zeopack", "logrotate-zeoserver", "logrotate-zeoclient"):
+        result = subprocess.run(["/bin/sh", "-c", jobs[label][1]], env=cron_env, cwd="/root" if os.path.isdir("/root")
+                                else "/", capture_output=True, text=True, timeout=300, check=False)
+        # -q and logrotate print nothing unless something fails (cron would mail it)
+        assert result.returncode == 0 and "error" not in result.stderr.lower(), (label, result.stderr[-2000:])
+    backups = os.path.join(prefix, "backups")
+    assert [n for n in os.listdir(os.path.join(backups, "backups")) if n.endswith(".fsz")]
+    assert os.path.islink(os.path.join(backups, "blobstoragebackups", "latest"))
+    assert [n for n in os.listdir(os.path.join(backups, "snapshotbackups")) if n.endswith(".fsz")]
     for part in ("zeoserver", "zeoclient"):
-        conf = os.path.join(prefix, part, "parts", "logrotate", "logrotate.conf")
-        result = run(["logrotate", "-d", "-s", os.path.join(prefix, "logrotate.state"), conf], timeout=60)
-        assert "error" not in result.stderr.lower(), result.stderr
+        assert os.path.exists(os.path.join(prefix, part, "var", "logrotate.state")), part
 
 
 def changed_tasks(output):
