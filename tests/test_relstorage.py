@@ -268,10 +268,11 @@ def _password(directory):
 
 
 def test_zodbconvert_moves_a_filestorage_with_its_blob_into_postgresql(relstack):
-    """docs/storage.md's migration: bin/zodbconvert with the built config copies a
-    FileStorage (two transactions, a 1 MiB blob) into an empty database; read back through
-    RelStorage with an empty blob cache, the title, the blob's sha256 and the number of
-    transactions are the source's. A second run refuses a destination that has data."""
+    """docs/storage.md's migration: with the built config, bin/zodbconvert --dry-run lists
+    the transactions of a FileStorage made here (two transactions, a 1 MiB blob) and
+    bin/zodbconvert copies them into an empty database; read back through RelStorage with
+    an empty blob cache, the title, the blob's sha256 and the number of transactions are the
+    source's. A second run refuses a destination that has data."""
     directory, timings = relstack
     source = os.path.join(directory, "var", "migration")
     os.makedirs(source)
@@ -286,6 +287,8 @@ def test_zodbconvert_moves_a_filestorage_with_its_blob_into_postgresql(relstack)
     text = open(config, encoding="utf-8").read()
     assert f"passfile={directory}/var/postgresql/pgpass" in text and _password(directory) not in text
     zodbconvert = os.path.join(directory, "bin", "zodbconvert")
+    dry = run([zodbconvert, "--dry-run", config], timeout=300, cwd_override=directory)
+    assert f"Would copy {made['transactions']} transactions" in dry.stdout + dry.stderr, dry.stderr
     started = time.monotonic()
     converted = run([zodbconvert, config], timeout=300, cwd_override=directory)
     timings["zodbconvert (1 MiB blob)"] = time.monotonic() - started
