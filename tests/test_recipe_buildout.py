@@ -300,6 +300,14 @@ zeoserver =
 database = postgresql
 """
 
+# relstorage.cfg's [relstorage-tools] on PG: the configs of bin/zodbconvert and bin/zodbpack.
+TOOLS = PG.replace("parts += postgresql\n", "parts += postgresql relstorage-tools\n") + """\
+[relstorage-tools]
+recipe = plonedeploy.recipe:relstorage-tools
+file-storage = ${buildout:directory}/var/filestorage/Data.fs
+blob-storage = ${buildout:directory}/var/blobstorage
+"""
+
 
 BAD = [
     ("[instance]\nwsgi-server = tornado\n",
@@ -430,6 +438,11 @@ BAD = [
      "[stack] zeoserver and database are both set; keep one"),
     (PG + "[stack]\ndatabase =\nzeoserver =\n",
      "[stack] zeoserver is required (part names)"),
+    (TOOLS + "[relstorage-tools]\nclient = haproxy\n",
+     "[relstorage-tools] client = 'haproxy' is invalid: expected a plonedeploy.recipe:instance part "
+     "with storage = relstorage"),
+    (TOOLS + "[relstorage-tools]\nfile-storage = var/Data.fs\n",
+     "[relstorage-tools] file-storage = 'var/Data.fs' is invalid: expected an absolute path"),
 ]
 
 
@@ -599,12 +612,57 @@ def test_relstorage_switch_renders_every_client(tmp_path):
 
 
 def test_relstorage_shared_blob_directory(tmp_path):
-    result = buildout(tmp_path, PG + "[instance]\nrelstorage-blobs = shared-directory\n")
+    """shared-directory: the clients and zodbconvert's destination use var/relstorage-blobs."""
+    result = buildout(tmp_path, TOOLS + "[instance]\nrelstorage-blobs = shared-directory\n")
     assert result.returncode == 0, result.stdout + result.stderr
     for part in ("instance", "client2"):
         zope_conf = (tmp_path / "parts" / part / "etc" / "zope.conf").read_text()
         assert f"blob-dir {tmp_path}/var/relstorage-blobs\n" in zope_conf
         assert "shared-blob-dir true" in zope_conf
+    convert = (tmp_path / "parts" / "relstorage-tools" / "zodbconvert.conf").read_text()
+    assert f"    blob-dir {tmp_path}/var/relstorage-blobs\n    shared-blob-dir true\n" in convert
+
+
+# ZConfig reads the tools' files with RelStorage's own schemas (without opening a storage).
+READ_TOOL_CONFIGS = """\
+import io, json, sys, ZConfig
+from relstorage import zodbconvert, zodbpack
+out = {}
+for module, path in ((zodbconvert, sys.argv[1]), (zodbpack, sys.argv[2])):
+    schema = ZConfig.loadSchemaFile(io.StringIO(module.schema_xml))
+    config, _ = ZConfig.loadConfigFile(schema, open(path))
+    out[module.__name__] = config
+convert, pack = out["relstorage.zodbconvert"], out["relstorage.zodbpack"].storages[0]
+print(json.dumps({"source": [convert.source.config.path, convert.source.config.read_only,
+                             convert.source.config.blob_dir],
+                  "destination": [convert.destination.config.blob_dir,
+                                  convert.destination.config.shared_blob_dir,
+                                  convert.destination.config.adapter.config.dsn],
+                  "pack": [pack.config.pack_gc, pack.config.adapter.config.dsn]}))
+"""
+
+
+def test_relstorage_tools_write_the_configs_of_zodbconvert_and_zodbpack(tmp_path):
+    """[relstorage-tools]: zodbconvert's config reads the Data.fs read-only with its blobs and
+    writes into the clients' database (their DSN, passfile and no password), blobs through a
+    cache of the tools' own; zodbpack's packs that database with garbage collection. RelStorage's
+    schemas accept both; bin/zodbconvert and bin/zodbpack are there (the clients' RelStorage egg)."""
+    result = buildout(tmp_path, TOOLS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    location = tmp_path / "parts" / "relstorage-tools"
+    script = tmp_path / "read_tool_configs.py"  # the interpreter's -c ignores further arguments
+    script.write_text(READ_TOOL_CONFIGS)
+    code = subprocess.run([str(tmp_path / "parts" / "instance" / "bin" / "interpreter"), str(script),
+                           str(location / "zodbconvert.conf"), str(location / "zodbpack.conf")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert code.returncode == 0, code.stderr
+    read = json.loads(code.stdout.splitlines()[-1])
+    dsn = f"host=127.0.0.1 port=18432 dbname=plone user=plone passfile={tmp_path}/var/postgresql/pgpass"
+    assert read == {"source": [f"{tmp_path}/var/filestorage/Data.fs", True, f"{tmp_path}/var/blobstorage"],
+                    "destination": [f"{tmp_path}/var/blobcache/relstorage-tools", False, dsn],
+                    "pack": [True, dsn]}
+    for name in ("zodbconvert", "zodbpack"):
+        assert "RelStorage-4.3.0" in (tmp_path / "bin" / name).read_text()
 
 
 def test_zeo_stays_the_default(built):

@@ -11,7 +11,10 @@ Entry points (use them as ``recipe = plonedeploy.recipe:<name>``):
   pool on HAProxy's TLS listener) and checks it with ``varnishd -C``.
 - ``stack``: writes ``bin/stack`` (start/stop/status of zeoserver, clients and HAProxy).
 - ``postgresql``: a local PostgreSQL cluster in ``var/<part>`` for clients with
-  ``storage = relstorage``, started by ``bin/stack`` instead of the ZEO server.
+  ``storage = relstorage``, started by ``bin/stack`` instead of the ZEO server; its
+  ``bin/<part> dump`` and ``restore`` back it up with pg_dump and pg_restore.
+- ``relstorage-tools``: the configs of RelStorage's ``bin/zodbconvert`` (Data.fs and blobs
+  into PostgreSQL) and ``bin/zodbpack`` for those clients.
 
 PasteDeploy server runners (``use = egg:plonedeploy.recipe#<server>`` in a client's
 wsgi.ini) for gunicorn, cheroot, granian, bjoern, uwsgi (pyuwsgi) and gevent:
@@ -61,6 +64,7 @@ setup(
             "stack = plonedeploy.recipe.stack:Recipe",
             "varnish = plonedeploy.recipe.varnish:Recipe",
             "postgresql = plonedeploy.recipe.postgresql:Recipe",
+            "relstorage-tools = plonedeploy.recipe.relstoragetools:Recipe",
         ],
         # WSGI servers without a PasteDeploy entry point usable with Zope: the ZEO
         # client's wsgi.ini says "use = egg:plonedeploy.recipe#<server>" (see

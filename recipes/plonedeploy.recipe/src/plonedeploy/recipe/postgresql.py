@@ -33,8 +33,11 @@ Files, all under ``var/<part>`` (kept by bin/buildout; delete the directory to s
   (and root) reaches the socket, where the superuser logs in by ``peer`` authentication;
 - ``pgpass``: the site role's generated password (32 URL-safe characters) in libpq's
   passfile format, mode 0600, owned by whoever runs ``bin/stack`` (the clients run as that
-  user and read it). The password is never printed, never on a command line and never sent
-  to the server in clear text: the role gets a SCRAM-SHA-256 verifier computed here.
+  user and read it). Its line matches any database (``*``): a role's password is the same
+  in every database of the cluster, and ``restore`` and a ``zodbconvert`` into a second
+  database log in as that role too. The password is never printed, never on a command
+  line and never sent to the server in clear text: the role gets a SCRAM-SHA-256 verifier
+  computed here.
 
 ``bin/<part>`` (the part's script)::
 
@@ -42,6 +45,21 @@ Files, all under ``var/<part>`` (kept by bin/buildout; delete the directory to s
                            (bin/stack runs this; SIGTERM/SIGINT -> a fast shutdown)
     bin/postgresql init    initialise only: initdb, the role, the database, pgpass
     bin/postgresql psql    psql as the cluster's superuser on the Unix socket
+    bin/postgresql dump [FILE]     pg_dump of the site's database, custom format (-Fc), to
+                           FILE or var/<part>-backups/<database>-<UTC time>.dump (mode 0600)
+    bin/postgresql restore FILE    pg_restore of such a dump in place of the site's database
+
+``dump`` runs while the clients run (pg_dump reads one snapshot: a consistent copy of every
+object and blob committed before it began). It logs in as the site role over TCP with the
+passfile, like the clients; the role owns every table and large object of its database.
+``restore`` needs the clients stopped (``bin/stack stop``, then ``bin/stack start
+postgresql``: the database alone; ``bin/stack start`` afterwards): it restores into a new
+database ``<database>_restore`` first (``pg_restore --single-transaction --exit-on-error``),
+and only when that succeeded drops the site's database and renames the new one, so a
+damaged dump leaves the old database as it was.
+Dropping fails while a client is still connected ("is being accessed by other users"):
+stop it and run ``restore`` again. The default backup directory lies beside
+``var/<part>``, not in it, so starting over (deleting ``var/<part>``) keeps the dumps.
 
 Initialisation (first ``fg`` or ``init``) runs ``initdb`` (UTF8, C locale, ``peer`` on the
 socket, ``scram-sha-256`` over TCP), then creates role and database in single-user mode
@@ -73,6 +91,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 
 import zc.buildout
 
@@ -121,6 +140,8 @@ class Recipe:
             "data_directory": os.path.join(directory, "data"),
             "socket_directory": os.path.join(directory, "run"),
             "passfile": os.path.join(directory, "pgpass"),
+            # Beside var/<part>, so deleting it to start over keeps the dumps.
+            "backup_directory": f"{directory}-backups",
         }
         socket_path = os.path.join(self.config["socket_directory"], f".s.PGSQL.{port}")
         if len(socket_path.encode()) > _SOCKET_PATH_MAX:
@@ -130,8 +151,7 @@ class Recipe:
         options["address"] = f"{host}:{port}"
         options["data-directory"] = self.config["data_directory"]
         options["passfile"] = self.config["passfile"]
-        options["dsn"] = (f"host={host} port={port} dbname={self.config['database']} "
-                          f"user={self.config['user']} passfile={self.config['passfile']}")
+        options["dsn"] = site_dsn(self.config)
         location = os.path.join(buildout["buildout"]["parts-directory"], name)
         options["location"] = location
         self.script = os.path.join(buildout["buildout"]["bin-directory"], name)
@@ -147,7 +167,7 @@ class Recipe:
         """Check the binaries, write ``parts/<part>/postgresql.json`` and ``bin/<part>``."""
         import zc.recipe.egg  # only needed at install time, when buildout provides it
 
-        for program in ("initdb", "postgres", "pg_isready", "psql"):
+        for program in ("initdb", "postgres", "pg_isready", "psql", "pg_dump", "pg_restore"):
             if not os.access(os.path.join(self.config["bin_directory"], program), os.X_OK):
                 fail(self.name, "bin-directory", self.config["bin_directory"],
                      f"the directory of PostgreSQL's {program} (Debian: apt-get install postgresql, "
@@ -174,6 +194,13 @@ class Recipe:
 
 class PostgresError(Exception):
     """Initialising or running the cluster failed; the message says what and why."""
+
+
+def site_dsn(config, database=None):
+    """The libpq DSN of the site role over TCP, with the passfile and no password; for
+    ``database`` (default the site's own)."""
+    return (f"host={config['host']} port={config['port']} dbname={database or config['database']} "
+            f"user={config['user']} passfile={config['passfile']}")
 
 
 def scram_verifier(password, salt=None, iterations=_SCRAM_ITERATIONS):
@@ -326,7 +353,7 @@ def initialise(config):
     _run(config, [os.path.join(bin_dir, "postgres"), "--single", "-D", data,
                   "-c", "listen_addresses=", "-c", "unix_socket_directories=", "postgres"],
          user, "creating the role and the database", stdin=statements)
-    _write_private(config["passfile"], f"{config['host']}:{config['port']}:{database}:{role}:{password}\n")
+    _write_private(config["passfile"], f"{config['host']}:{config['port']}:*:{role}:{password}\n")
     return True
 
 
@@ -360,18 +387,111 @@ def serve(config):
     return child.wait()
 
 
+def _superuser_sql(config, statements, what):
+    """Run ``statements`` with psql as the cluster's superuser on the Unix socket, each in
+    a transaction of its own (``CREATE``/``DROP DATABASE`` refuse a transaction block),
+    stopping at the first error. Raises PostgresError with psql's output."""
+    argv = [os.path.join(config["bin_directory"], "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+            "-h", config["socket_directory"], "-p", str(config["port"]), "-d", "postgres"]
+    for statement in statements:
+        argv += ["-c", statement]
+    return _run(config, argv, server_user(config), what)
+
+
+def dump(config, path=None):
+    """``pg_dump`` the site's database in custom format to ``path``; return the path.
+
+    Default ``path``: ``<backup_directory>/<database>-<UTC YYYYmmdd-HHMMSS>.dump`` (the
+    directory made with mode 0700). The file gets mode 0600 (it holds every password hash
+    of the site) and is written as ``<path>.partial`` first, renamed when pg_dump exited 0:
+    a file with the final name is a complete dump. Refuses to overwrite ``path``. Runs as
+    the invoking user, logged in as the site role with the passfile (:func:`site_dsn`).
+    Raises PostgresError.
+    """
+    if path is None:
+        os.makedirs(config["backup_directory"], mode=0o700, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        path = os.path.join(config["backup_directory"], f"{config['database']}-{stamp}.dump")
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        raise PostgresError(f"{config['name']}: {path} exists; name another file")
+    partial = f"{path}.partial"
+    if os.path.exists(partial):
+        os.unlink(partial)  # pg_dump would keep a stale file's mode
+    result = subprocess.run(
+        [os.path.join(config["bin_directory"], "pg_dump"), "--format=custom", f"--file={partial}",
+         f"--dbname={site_dsn(config)}"],
+        capture_output=True, text=True, check=False, umask=0o077)
+    if result.returncode != 0:
+        if os.path.exists(partial):
+            os.unlink(partial)
+        raise PostgresError(f"{config['name']}: pg_dump failed (exit {result.returncode}):\n"
+                            f"{result.stdout}{result.stderr}")
+    os.replace(partial, path)
+    return path
+
+
+def restore_database_name(database):
+    """The name of the database ``restore`` fills before it replaces ``database``."""
+    return f"{database[:63 - len('_restore')]}_restore"
+
+
+def restore(config, path):
+    """Replace the site's database by the dump at ``path`` (from :func:`dump`).
+
+    Restores into :func:`restore_database_name` first, as the site role, in one transaction
+    (``--single-transaction --exit-on-error``; owners and grants of the dumped cluster are
+    not restored: the site role owns everything), then drops the site's database and renames
+    the restored one. The clients must be stopped: PostgreSQL refuses to drop a database
+    with sessions. Raises PostgresError; until the drop, the site's database is untouched.
+    """
+    if not os.path.isfile(path):
+        raise PostgresError(f"{config['name']}: no dump file {path}")
+    database, role = config["database"], config["user"]
+    staging = restore_database_name(database)
+    _superuser_sql(config, [f"DROP DATABASE IF EXISTS {staging}", f"CREATE DATABASE {staging} OWNER {role}"],
+                   f"creating {staging}")
+    result = subprocess.run(
+        [os.path.join(config["bin_directory"], "pg_restore"), "--single-transaction", "--exit-on-error",
+         "--no-owner", "--no-privileges", f"--dbname={site_dsn(config, staging)}", os.path.abspath(path)],
+        capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise PostgresError(f"{config['name']}: pg_restore of {path} into {staging} failed (exit "
+                            f"{result.returncode}); {database} is unchanged:\n{result.stdout}{result.stderr}")
+    try:
+        _superuser_sql(config, [f"DROP DATABASE IF EXISTS {database}",
+                                f"ALTER DATABASE {staging} RENAME TO {database}"],
+                       f"replacing {database} by {staging}")
+    except PostgresError as exc:
+        raise PostgresError(f"{exc}\nStop the clients (bin/stack stop; bin/stack start {config['name']}) and "
+                            f"run restore again; the restored copy waits in database {staging}.") from None
+
+
 def main(config_path, argv=None):
-    """Entry point of ``bin/<part>``: ``fg``, ``init`` or ``psql [ARGS...]``; see the module docstring."""
+    """Entry point of ``bin/<part>``: ``fg``, ``init``, ``psql [ARGS...]``, ``dump [FILE]`` or
+    ``restore FILE``; see the module docstring."""
     with open(config_path, encoding="utf-8") as fp:
         config = json.load(fp)
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args else ""
-    if command not in ("fg", "init", "psql"):
-        print(f"usage: bin/{config['name']} fg | init | psql [PSQL ARGS...]", file=sys.stderr)
+    if (command not in ("fg", "init", "psql", "dump", "restore") or (command == "dump" and len(args) > 1)
+            or (command == "restore" and len(args) != 1)):
+        print(f"usage: bin/{config['name']} fg | init | psql [PSQL ARGS...] | dump [FILE] | restore FILE",
+              file=sys.stderr)
         return 2
     try:
         if command == "fg":
             return serve(config)
+        started = time.monotonic()
+        if command == "dump":
+            path = dump(config, *args)
+            print(f"{path}: {os.path.getsize(path)} bytes in {time.monotonic() - started:.1f} s", flush=True)
+            return 0
+        if command == "restore":
+            restore(config, args[0])
+            print(f"{config['database']}: restored from {args[0]} in {time.monotonic() - started:.1f} s",
+                  flush=True)
+            return 0
         initialise(config)
         if command == "psql":
             user = server_user(config)

@@ -24,16 +24,19 @@ Buildout part options (all part names of this buildout, the one source of truth)
 
 The part writes ``parts/<name>/stack.json`` and a ``bin/<name>`` script. Usage::
 
-    bin/stack start [--no-wait-up] [--timeout SECONDS]
+    bin/stack start [NAME ...] [--no-wait-up] [--timeout SECONDS]
     bin/stack wait-up [--timeout SECONDS]
     bin/stack stop [--timeout SECONDS]
     bin/stack restart [NAME ...] [--timeout SECONDS]
     bin/stack status
 
 ``start`` goes in stages (processes of one stage start together): ZEO, then each client in
-turn, then HAProxy. Every process runs in the foreground in its own session (process group = its PID), with
-stdout/stderr appended to ``var/log/<name>.stdout.log`` and its PID in
-``var/run/<name>.pid`` (``PID create-time``, so a recycled PID is never signalled).
+turn, then HAProxy; processes that run already are left alone. With names it starts only
+those and does not wait for HAProxy's health checks (``bin/stack start postgresql``: the
+database alone, for ``bin/zodbconvert`` or ``bin/postgresql restore``). Every process runs
+in the foreground in its own session (process group = its PID), with stdout/stderr
+appended to ``var/log/<name>.stdout.log`` and its PID in ``var/run/<name>.pid``
+(``PID create-time``, so a recycled PID is never signalled).
 ``stop`` sends SIGTERM to each process group (HAProxy, clients, then ZEO), waits up to
 ``--timeout`` seconds (default 30) and then sends SIGKILL. ``restart`` restarts the named
 processes (default: every ZEO client) one at a time; a client is first drained through
@@ -486,6 +489,13 @@ def wait_up(config, timeout):
     )
 
 
+def _check_names(names, known):
+    """Raise StackError naming every one of ``names`` that is not in ``known`` (process names)."""
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise StackError(f"no process {', '.join(unknown)}; processes: {', '.join(known)}")
+
+
 def main(config_path, argv=None):
     """Entry point of ``bin/stack``; see the module docstring."""
     parser = argparse.ArgumentParser(
@@ -495,6 +505,8 @@ def main(config_path, argv=None):
     )
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="start everything, wait until HAProxy has all servers UP")
+    start.add_argument("names", nargs="*", metavar="NAME",
+                       help="start only these processes (no waiting for HAProxy's health checks)")
     start.add_argument("--no-wait-up", action="store_true",
                        help="do not wait for the HAProxy health checks (before the site exists)")
     start.add_argument("--timeout", type=float, default=180.0,
@@ -516,15 +528,17 @@ def main(config_path, argv=None):
         config = json.load(fp)
     try:
         if args.command == "start":
+            _check_names(args.names, [p["name"] for p in config["processes"]])
+            chosen = [p for p in config["processes"] if not args.names or p["name"] in args.names]
             try:
-                for stage in sorted({p["stage"] for p in config["processes"]}):
-                    procs = [p for p in config["processes"] if p["stage"] == stage]
-                    start_stage(config, procs, args.timeout)
-                if not args.no_wait_up:
+                for stage in sorted({p["stage"] for p in chosen}):
+                    start_stage(config, [p for p in chosen if p["stage"] == stage], args.timeout)
+                if not args.no_wait_up and not args.names:
                     wait_up(config, args.timeout)
             except StackError:
-                # A half-started stack would hold ports and leave orphans: take it down.
-                for proc in reversed(config["processes"]):
+                # A half-started stack would hold ports and leave orphans: take down what
+                # this start was to start (with names, the others keep running).
+                for proc in reversed(chosen):
                     stop_process(config, proc["name"], 30.0)
                 raise
         elif args.command == "wait-up":
@@ -532,9 +546,7 @@ def main(config_path, argv=None):
         elif args.command == "restart":
             by_name = {p["name"]: p for p in config["processes"]}
             names = args.names or all_clients(config)
-            unknown = [n for n in names if n not in by_name]
-            if unknown:
-                raise StackError(f"no process {', '.join(unknown)}; processes: {', '.join(by_name)}")
+            _check_names(names, by_name)
             for name in names:
                 lane = config.get("upload_servers", []) if name in config.get("upload_servers", []) else config["servers"]
                 if name in lane and len(lane) > 1:
