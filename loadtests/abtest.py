@@ -165,6 +165,9 @@ def parse_args(argv):
         parser.error("--warmup must be >= 0 and --window > 0 seconds")
     if args.remote_workers < 0 or bool(args.remote_workers) != bool(args.master_bind):
         parser.error("--remote-workers N (>= 1) and --master-bind ADDRESS go together")
+    if args.master_bind in ("0.0.0.0", "*", "::", "[::]"):
+        parser.error(f"--master-bind {args.master_bind}: Locust's master port has no authentication; "
+                     "give the control host's private address (loadgenerator_master_host)")
     if args.remote_workers and not args.deployed:
         parser.error("--remote-workers needs --deployed: the rounds' temporary HAProxys listen on "
                      "127.0.0.1, which other hosts cannot reach")

@@ -99,6 +99,7 @@ def test_remote_workers_make_locust_a_master(capsys):
     for bad, message in ((["--deployed", "--remote-workers", "2"], "go together"),
                          (["--deployed", "--master-bind", "10.0.0.1"], "go together"),
                          (["--remote-workers", "2", "--master-bind", "10.0.0.1"], "needs --deployed"),
+                         (["--deployed", "--remote-workers", "2", "--master-bind", "0.0.0.0"], "no authentication"),
                          (["--deployed", "--remote-workers", "1", "--master-bind", "h", "--master-port", "0"],
                           "--master-port")):
         with pytest.raises(SystemExit):
