@@ -35,7 +35,6 @@ from loadtests.core import (PATHS, add_stack_arguments, check_servers_up, cpu_se
                             run_wrk, stack_pids, wait_backend_idle)
 
 
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m loadtests connections",

@@ -39,12 +39,13 @@ PATHS = {
 
 # ----------------------------------------------------------------------------- arguments
 
-def add_stack_arguments(parser, out_help="folder for the report folder (default var/reports)"):
+def add_stack_arguments(parser):
     """Add the options every tool shares to an ``argparse`` parser: ``--stack-config`` (the
     stack's contract, default parts/stack/stack.json) and ``--out`` (default var/reports)."""
     parser.add_argument("--stack-config", default=STACK_JSON,
                         help="stack.json written by bin/buildout (default parts/stack/stack.json)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"), help=out_help)
+    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
+                        help="folder for the report folder (default var/reports)")
 
 
 def parse_counts(parser, option, text, minimum=1):

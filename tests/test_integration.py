@@ -165,10 +165,11 @@ def test_ab_report_with_a_remote_worker(stack, tmp_path):
     with socket.socket() as probe:  # a free port, not Locust's 5557 (other runs may hold it)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    worker = psutil.Popen([sys.executable, "-m", "locust", "-f", os.path.join(ROOT, "loadtests", "locustfile.py"),
-                           "--worker", "--master-host", "127.0.0.1", "--master-port", str(port),
-                           "--loglevel", "WARNING"], stdout=open(tmp_path / "worker.log", "wb"),
-                          stderr=subprocess.STDOUT)
+    with open(tmp_path / "worker.log", "wb") as log:
+        worker = psutil.Popen([sys.executable, "-m", "locust", "-f",
+                               os.path.join(ROOT, "loadtests", "locustfile.py"), "--worker",
+                               "--master-host", "127.0.0.1", "--master-port", str(port), "--loglevel", "WARNING"],
+                              stdout=log, stderr=subprocess.STDOUT)
     try:
         out = tmp_path / "reports"
         run([sys.executable, "-m", "loadtests", "ab", "--deployed", "--remote-workers", "1",

@@ -134,7 +134,7 @@ def template_context(tls_bind, certificate, redirect, hsts_max_age, redirect_exe
         "tls_bind": tls_bind,
         "tls_certificate": certificate,
         "tls_redirect": bool(redirect),
-        "tls_redirect_exempt": list(redirect_exempt) if redirect else [],
+        "tls_redirect_exempt": list(redirect_exempt),
         "tls_port": int(tls_bind.rpartition(":")[2]),
         "hsts_max_age": int(hsts_max_age),
         "tls_ciphers": INTERMEDIATE_CIPHERS,
