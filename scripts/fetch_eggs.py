@@ -204,7 +204,55 @@ def _init_worker(dist_dir, eggs_dir, pins):
     ez.install_from_cache(True)  # the cache is the only index: no network
     ez.allow_picked_versions(False)  # every egg, dependencies too, from versions.cfg
     ez.prefer_final(True)
+    ez.get_subprocess_output = _pip_wheel_installs_in_process(ez.get_subprocess_output)
     _WORKER.update(ez=ez, eggs_dir=eggs_dir, pins=pins)
+
+
+def _pip_wheel_installs_in_process(run_subprocess):
+    """Wrap ``zc.buildout.easy_install.get_subprocess_output`` so that the ``pip install
+    --no-deps -t DEST WHEEL`` it runs for each wheel is done in this process by PyPA's
+    ``installer`` library instead; any other command goes to ``run_subprocess``.
+
+    Why: a pip process costs about 0.45 s of CPU per wheel, most of it starting the
+    interpreter and importing pip (measured here: 40 wheels took 19.6 s in pip processes,
+    3.7 s in one process). Installing all 266 eggs of versions.cfg into an empty eggs
+    directory, 2 processes on 2 cores: 157 s with pip, 37 s with ``installer``, and the
+    same files in both eggs directories but pip's REQUESTED and direct_url.json.
+    ``installer`` lays the wheel out as ``pip install -t`` does (see :func:`install_wheel`;
+    tests/test_fetch_eggs.py compares both trees); buildout then turns DEST into an egg as
+    after pip. Sdists and editable installs still go to pip.
+    """
+    def get_subprocess_output(args, **kw):
+        # buildout appends options after the spec (--no-python-version-warning): find it.
+        wheels = [a for a in args if isinstance(a, str) and a.endswith(".whl")]
+        if list(args[1:4]) != ["-m", "pip", "install"] or "-t" not in args or "-e" in args \
+                or len(wheels) != 1:
+            return run_subprocess(args, **kw)
+        install_wheel(wheels[0], args[args.index("-t") + 1])
+        return ""
+    return get_subprocess_output
+
+
+def install_wheel(wheel, dest):
+    """Install ``wheel`` (path of a .whl) into the directory ``dest`` as ``pip install
+    --no-deps -t dest`` does, with ``installer``: bytecode compiled (as pip does), C
+    headers left out (pip -t drops them too: its target mode moves only the library and
+    data directories).
+
+    Raises ``installer``'s errors (e.g. ``InvalidWheelSource``) for a broken wheel.
+    """
+    from installer import install
+    from installer.destinations import SchemeDictionaryDestination
+    from installer.sources import WheelFile
+
+    with tempfile.TemporaryDirectory(prefix="fetch_eggs-headers-") as headers:
+        scheme = {"purelib": dest, "platlib": dest, "data": dest,
+                  "scripts": os.path.join(dest, "bin"), "headers": headers}
+        destination = SchemeDictionaryDestination(scheme, interpreter=sys.executable,
+                                                  script_kind="posix",
+                                                  bytecode_optimization_levels=(0,))
+        with WheelFile.open(wheel) as source:
+            install(source, destination, additional_metadata={"INSTALLER": b"pip\n"})
 
 
 def _install_one(spec):
