@@ -79,6 +79,7 @@ build: venv $(BUILDOUT_VENV)/.installed
 	  $(BUILDOUT_VENV)/bin/python scripts/fetch_eggs.py --cache $(DOWNLOAD_CACHE) --eggs-directory eggs/v5 && \
 	  fetched=$$(date +%s) && \
 	  $(BUILDOUT_VENV)/bin/buildout -c $(BUILDOUT_CFG) buildout:download-cache=$(DOWNLOAD_CACHE) buildout:install-from-cache=true && \
+	  mkdir -p var && echo "$(abspath $(BUILDOUT_CFG))" > var/buildout-config && \
 	  echo "build finished in $$(( $$(date +%s) - start )) s (fetch_eggs $$(( fetched - start )) s, bin/buildout $$(( $$(date +%s) - fetched )) s)"
 
 start:

@@ -132,7 +132,23 @@ def check_servers_up(config):
 
 
 def default_buildout_config():
-    """The config the stack was built with: ``local.cfg`` if it exists, else ``buildout.cfg``."""
+    """Path of the config the stack was built with, which extra buildouts (A/B slots, the
+    blob benchmark's clients) extend.
+
+    ``make build`` writes it to ``var/buildout-config`` (``STORAGE=relstorage`` builds
+    ``relstorage.cfg``); that record counts while it is not older than ``.installed.cfg``.
+    When bin/buildout ran after it, or without make: ``local.cfg`` if it exists, else
+    ``buildout.cfg``.
+    """
+    record, installed = os.path.join(ROOT, "var", "buildout-config"), os.path.join(ROOT, ".installed.cfg")
+    try:
+        if os.path.getmtime(record) >= os.path.getmtime(installed):
+            with open(record, encoding="utf-8") as fp:
+                path = fp.read().strip()
+            if os.path.exists(path):
+                return path
+    except OSError:
+        pass
     local = os.path.join(ROOT, "local.cfg")
     return local if os.path.exists(local) else os.path.join(ROOT, "buildout.cfg")
 

@@ -175,3 +175,22 @@ def test_shared_arguments_and_counts(capsys):
         with pytest.raises(SystemExit):
             core.parse_counts(parser, "--connections", text)
         assert f"--connections: expected comma-separated integers >= 1, got {text!r}" in capsys.readouterr().err
+
+
+def test_default_buildout_config_follows_make_builds_record(tmp_path, monkeypatch):
+    monkeypatch.setattr(core, "ROOT", str(tmp_path))
+    (tmp_path / "var").mkdir()
+    for name in ("buildout.cfg", "relstorage.cfg", ".installed.cfg"):
+        (tmp_path / name).write_text("")
+    assert core.default_buildout_config() == str(tmp_path / "buildout.cfg")   # no record
+    record = tmp_path / "var" / "buildout-config"
+    record.write_text(str(tmp_path / "relstorage.cfg") + "\n")
+    os.utime(tmp_path / ".installed.cfg", (1000, 1000))
+    assert core.default_buildout_config() == str(tmp_path / "relstorage.cfg")
+    # bin/buildout ran after make build: the record is stale, local.cfg is the guess
+    (tmp_path / "local.cfg").write_text("")
+    os.utime(record, (500, 500))
+    assert core.default_buildout_config() == str(tmp_path / "local.cfg")
+    # a record naming a file that is gone is no answer either
+    record.write_text(str(tmp_path / "gone.cfg"))
+    assert core.default_buildout_config() == str(tmp_path / "local.cfg")
