@@ -397,6 +397,34 @@ def changed_tasks(output):
     return tasks
 
 
+def test_changed_build_rolls_the_clients_under_load(deployed):
+    """site.yml with a changed client build (zodb-cache-size) restarts the clients one at a
+    time, drained in HAProxy (the zeoclient role's handlers run tasks/restart-client.yml, as
+    restart.yml does): GETs through HAProxy meanwhile fail none, every client gets a new PID.
+
+    The changed variable stays in ``deployed["extra"]``: the idempotence and check-mode runs
+    after this test use it (a run with the old value would rebuild again).
+    """
+    before = _client_pids(deployed["supervisorctl"])
+    extra = dict(deployed["extra"], zeoclient_zodb_cache_size=25000)
+    # 2 loops, not 4: the build and the restarts need the CPU (with 4 the run took 247 s).
+    result, seconds, done, failures = _while_loaded(lambda: playbook("site.yml", extra=extra, timeout=1200),
+                                                    threads=2)
+    deployed["extra"] = extra
+    _record("site.yml, changed build under load", result, seconds)
+    after = _client_pids(deployed["supervisorctl"])
+    print(f"\nchanged build: {seconds:.0f} s, {done} requests, {len(failures)} failed")
+    for name in before:  # the included tasks print their names only when they run
+        assert f"Drain in HAProxy and wait for the sessions to end of {name}" in result.stdout, name
+    assert recap(result.stdout)["failed"] == 0
+    assert all(after[name] != before[name] for name in before), (before, after)
+    for name in before:
+        conf = os.path.join(deployed["prefix"], "zeoclient", "parts", name, "etc", "zope.conf")
+        assert re.search(r"cache-size\s+25000\b", open(conf, encoding="utf-8").read()), conf
+    assert done > 0
+    assert failures == [], failures[:10]
+
+
 def test_second_run_changes_nothing(deployed):
     started = time.monotonic()
     second = playbook("site.yml", extra=deployed["extra"], timeout=900)
@@ -474,8 +502,12 @@ def _client_pids(supervisorctl):
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(client\d)\s+RUNNING\s+pid (\d+)", status, re.MULTILINE)}
 
 
-def test_rolling_restart_under_load(deployed):
-    before = _client_pids(deployed["supervisorctl"])
+def _while_loaded(action, threads=4):
+    """Run ``action()`` while ``threads`` closed loops GET /Plone/@@ok through HAProxy.
+
+    Returns ``(action's result, its seconds, requests done, failures)``; a failure is a
+    status other than 200 or the requests exception's repr.
+    """
     failures, done, stop = [], [0], threading.Event()
 
     def load():
@@ -489,21 +521,28 @@ def test_rolling_restart_under_load(deployed):
                 failures.append(repr(exc))
             done[0] += 1
 
-    workers = [threading.Thread(target=load) for _ in range(4)]
+    workers = [threading.Thread(target=load) for _ in range(threads)]
     for worker in workers:
         worker.start()
     try:
         started = time.monotonic()
-        result = playbook("restart.yml", extra=deployed["extra"], timeout=900)
+        result = action()
         seconds = time.monotonic() - started
     finally:
         stop.set()
         for worker in workers:
             worker.join(60)
+    return result, seconds, done[0], failures
+
+
+def test_rolling_restart_under_load(deployed):
+    before = _client_pids(deployed["supervisorctl"])
+    result, seconds, done, failures = _while_loaded(
+        lambda: playbook("restart.yml", extra=deployed["extra"], timeout=900))
     after = _client_pids(deployed["supervisorctl"])
-    print(f"\nrolling restart: {seconds:.0f} s, {done[0]} requests, {len(failures)} failed")
+    print(f"\nrolling restart: {seconds:.0f} s, {done} requests, {len(failures)} failed")
     assert recap(result.stdout)["failed"] == 0
     assert set(after) == {"client1", "client2"}
     assert all(after[name] != before[name] for name in before), (before, after)
-    assert done[0] > 0
+    assert done > 0
     assert failures == [], failures[:10]
