@@ -26,7 +26,7 @@ import requests
 
 from conftest import ROOT, run
 from loadtests import haproxy_stats
-from plonedeploy.recipe import varnish
+from plonedeploy.recipe import rules, varnish
 
 pytestmark = pytest.mark.ansible
 
@@ -160,9 +160,45 @@ def test_varnish_rules_match_the_recipe():
     assert f"default('{varnish.DEFAULT_BACKEND}')" in value(haproxy, "haproxy_cache_fill_bind")
 
 
+def _yaml(path):
+    """A YAML file of ansible/ as Python data (PyYAML of Ansible's venv; .venv has none)."""
+    out = run([os.path.join(BIN, "python"), "-c",
+               "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",
+               os.path.join(ANSIBLE, path)], timeout=60).stdout
+    return json.loads(out)
+
+
+def test_client_rules_are_the_recipes():
+    """The zeoclient role offers the recipe's WSGI servers with its default, leaves threads
+    to the recipe's default, and its filters give the recipe's thread and fd-limit rules."""
+    spec = _yaml("roles/zeoclient/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
+    client = spec["zeoclient_clients"]["options"]
+    assert client["wsgi_server"]["choices"] == list(rules.SERVERS)
+    assert client["wsgi_server"]["default"] == rules.DEFAULT_SERVER
+    assert "default" not in client["threads"]  # unset: the recipe's default_threads
+    env = dict(os.environ, PYTHONPATH=os.path.join(ANSIBLE, "filter_plugins"))
+    out = run([os.path.join(BIN, "python"), "-c", """
+import json, plonedeploy_edge
+f = plonedeploy_edge.FilterModule().filters()
+servers = {SERVERS}
+print(json.dumps({{
+    "defaults": {{s: f["plonedeploy_default_threads"](s) for s in servers}},
+    "errors": {{s: f["plonedeploy_threads_errors"]([{{"name": "c", "wsgi_server": s, "threads": 2}}])
+               for s in servers}},
+    "fd": f["plonedeploy_fd_limit_needed"](100, [{{"maxconn": 2}}, {{"maxconn": 1}}]),
+}}))""".format(SERVERS=list(rules.SERVERS))], timeout=60, env=env).stdout
+    got = json.loads(out)
+    assert got["defaults"] == {s: rules.default_threads(s) for s in rules.SERVERS}
+    assert {s for s, errors in got["errors"].items() if errors} == set(rules.SINGLE_THREADED)
+    assert got["fd"] == rules.fd_limit_needed(100, [{"maxconn": 2}, {"maxconn": 1}])
+
+
 BAD = [
-    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "wsgi_server": "gunicorn"}]},
-     "value of wsgi_server must be one of: pyruvate, waitress, got: gunicorn"),
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "wsgi_server": "tornado"}]},
+     "value of wsgi_server must be one of: " + ", ".join(rules.SERVERS) + ", got: tornado"),
+    # the recipe's thread rule (rules.threads_error through filter_plugins/plonedeploy_edge.py)
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "wsgi_server": "bjoern", "threads": 2}]},
+     "client c1: threads 2 on bjoern; allowed: 1 for wsgi-server = bjoern"),
     ({"zeoclient_clients": [{"name": "c1", "port": 18081}, {"name": "c2", "port": 18081}]},
      "a unique\nport 1-65535"),
     ({"zeoclient_clients": [{"name": "c1", "port": 18081, "threads": 0}]}, "threads >= 1"),

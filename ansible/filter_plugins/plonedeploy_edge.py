@@ -13,6 +13,16 @@ them exactly as ``plonedeploy.recipe:haproxy`` does.
 - ``names | plonedeploy_host_regex``: the HAProxy regex of the allowed Host values.
 - ``"intermediate" | plonedeploy_tls_profile``: Mozilla's ciphers, ciphersuites and
   bind options (``tls.profile``); ``name | plonedeploy_san``: its subjectAltName entry.
+
+And the ZEO clients' rules of ``recipes/.../rules.py`` (the recipe's ``instance`` and
+``haproxy`` apply the same functions):
+
+- ``server | plonedeploy_default_threads``: a client's threads when none are given (int).
+- ``clients | plonedeploy_threads_errors``: messages for clients whose ``threads`` their
+  ``wsgi_server`` cannot run (``clients``: dicts with ``name``, optional ``wsgi_server``
+  and ``threads``); empty when all can.
+- ``maxconn | plonedeploy_fd_limit_needed(servers)``: HAProxy's smallest fd limit for a
+  frontend maxconn and servers (dicts with ``maxconn``).
 """
 import os
 import sys
@@ -22,7 +32,7 @@ _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pa
 if _SRC not in sys.path:
     sys.path.insert(0, os.path.normpath(_SRC))
 
-from plonedeploy.recipe import edge, tls  # noqa: E402  (after the path above)
+from plonedeploy.recipe import edge, rules, tls  # noqa: E402  (after the path above)
 
 
 def body_limit_errors(page_servers, upload_servers, max_body_size, upload_threshold):
@@ -33,6 +43,17 @@ def body_limit_errors(page_servers, upload_servers, max_body_size, upload_thresh
 
 def server_name_errors(names):
     return [error for error in (edge.server_name_error(str(n)) for n in names) if error]
+
+
+def threads_errors(clients):
+    errors = []
+    for client in clients:
+        server = client.get("wsgi_server", rules.DEFAULT_SERVER)
+        threads = int(client.get("threads", rules.default_threads(server)))
+        error = rules.threads_error(server, threads)
+        if error:
+            errors.append(f"client {client.get('name')}: threads {threads} on {server}; allowed: {error}")
+    return errors
 
 
 class FilterModule:
@@ -46,4 +67,7 @@ class FilterModule:
             "plonedeploy_host_regex": lambda names: edge.host_regex([str(n) for n in names]),
             "plonedeploy_tls_profile": tls.profile,
             "plonedeploy_san": lambda name: tls.san_entry(str(name)),
+            "plonedeploy_default_threads": lambda server: rules.default_threads(str(server)),
+            "plonedeploy_threads_errors": threads_errors,
+            "plonedeploy_fd_limit_needed": lambda maxconn, servers: rules.fd_limit_needed(int(maxconn), servers),
         }

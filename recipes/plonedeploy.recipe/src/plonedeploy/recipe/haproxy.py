@@ -136,13 +136,7 @@ from plonedeploy.recipe.options import (
     render_template,
     write_checked,
 )
-
-
-def fd_limit_needed(maxconn, servers):
-    """Smallest ``fd-limit`` (file descriptors) for a frontend ``maxconn``: one per client
-    connection (global maxconn = maxconn + 16), one per server connection (at most each
-    server's ``maxconn``), plus 64 for listeners, health checks, the stats socket and logs."""
-    return maxconn + 16 + sum(s["maxconn"] for s in servers) + 64
+from plonedeploy.recipe.rules import fd_limit_needed
 
 
 def find_haproxy(configured=None):

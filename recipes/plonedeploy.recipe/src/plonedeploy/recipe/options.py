@@ -14,32 +14,10 @@ import tempfile
 import jinja2
 import zc.buildout
 
-#: WSGI servers the ``instance`` recipe can render, mapped to the eggs the ZEO client needs
-#: for them (added to its ``eggs``). Each needs a ``templates/<name>.ini.in``. Servers
-#: without a PasteDeploy entry point usable with Zope run through a runner of this
-#: distribution (``egg:plonedeploy.recipe#<name>``, plonedeploy/recipe/servers/);
-#: ``uwsgi`` is the uWSGI project's ``pyuwsgi`` wheel (uWSGI as a Python extension).
-#: See docs/servers.md.
-SERVERS = {
-    "pyruvate": ("pyruvate",),
-    "waitress": ("waitress",),
-    "gunicorn": ("plonedeploy.recipe", "gunicorn"),
-    "cheroot": ("plonedeploy.recipe", "cheroot"),
-    "granian": ("plonedeploy.recipe", "granian"),
-    "bjoern": ("plonedeploy.recipe", "bjoern"),
-    "uwsgi": ("plonedeploy.recipe", "pyuwsgi"),
-    "gevent": ("plonedeploy.recipe", "gevent"),
-}
-#: Servers that call the app from one thread, one request at a time (bjoern's libev loop;
-#: gevent's greenlets, which without monkey-patching would share Zope's thread-local
-#: transaction): for them ``threads`` defaults to, and must be, 1.
-SINGLE_THREADED = ("bjoern", "gevent")
-DEFAULT_SERVER = "pyruvate"
-
-#: Default worker threads per ZEO client. Two threads keep one Zope process (which uses at
-#: most about one core because of the GIL) busy while one request waits on ZEO or I/O,
-#: and keep two ZODB connection caches in memory, not ZODB's default pool of seven.
-DEFAULT_THREADS = 2
+# The server and thread rules live in rules.py (plain Python, which Ansible imports too);
+# re-exported here for the recipes and tools that import them from options.
+from plonedeploy.recipe.rules import (  # noqa: E402,F401
+    DEFAULT_SERVER, DEFAULT_THREADS, SERVERS, SINGLE_THREADED, default_threads, threads_error)
 
 #: Values of an on/off option (``blob-sendfile``), mapped to their meaning.
 SWITCH_VALUES = {"on": True, "off": False, "true": True, "false": False}
@@ -174,11 +152,11 @@ def parse_threads(part, server, value=None):
     Raises ``zc.buildout.UserError`` naming part, option, value and what is allowed.
     """
     if value is None:
-        return 1 if server in SINGLE_THREADED else DEFAULT_THREADS
+        return default_threads(server)
     threads = parse_positive_int(part, value, "threads", "a positive integer such as 2, or auto")
-    if server in SINGLE_THREADED and threads != 1:
-        fail(part, "threads", value,
-             f"1 for wsgi-server = {server} (it calls the app from one thread, one request at a time)")
+    error = threads_error(server, threads)
+    if error:
+        fail(part, "threads", value, error)
     return threads
 
 
