@@ -38,7 +38,9 @@ any pin could not be downloaded.
 """
 import argparse
 import configparser
+import contextlib
 import email.parser
+import io
 import os
 import subprocess
 import sys
@@ -251,7 +253,9 @@ def install_wheel(wheel, dest):
         destination = SchemeDictionaryDestination(scheme, interpreter=sys.executable,
                                                   script_kind="posix",
                                                   bytecode_optimization_levels=(0,))
-        with WheelFile.open(wheel) as source:
+        # compileall prints "*** Error compiling" for the deliberately broken test files
+        # some packages ship (App/tests/fixtures/error.py); pip hides that output too.
+        with WheelFile.open(wheel) as source, contextlib.redirect_stdout(io.StringIO()):
             install(source, destination, additional_metadata={"INSTALLER": b"pip\n"})
 
 
