@@ -30,6 +30,45 @@ def run(cmd, timeout, check=True, cwd_override=None, **kwargs):
     return result
 
 
+def while_loaded(url, action, threads=4):
+    """Run ``action()`` while ``threads`` closed loops GET ``url`` (e.g. HAProxy's
+    ``/Plone/@@ok``), each with a keep-alive session and a 30 s timeout.
+
+    Returns ``(action's result, its seconds, requests done, failures)``; a failure is a
+    status other than 200 or the requests exception's repr.
+    """
+    import threading
+    import time
+
+    import requests
+
+    failures, done, stop = [], [0], threading.Event()
+
+    def load():
+        session = requests.Session()
+        while not stop.is_set():
+            try:
+                response = session.get(url, timeout=30)
+                if response.status_code != 200:
+                    failures.append(response.status_code)
+            except requests.RequestException as exc:
+                failures.append(repr(exc))
+            done[0] += 1
+
+    workers = [threading.Thread(target=load) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    try:
+        started = time.monotonic()
+        result = action()
+        seconds = time.monotonic() - started
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+    return result, seconds, done[0], failures
+
+
 def port_taken(port, host="127.0.0.1"):
     """True if something accepts TCP connections on host:port."""
     with socket.socket() as sock:

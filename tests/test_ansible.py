@@ -24,7 +24,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import ROOT, run
+from conftest import ROOT, run, while_loaded
 from loadtests import haproxy_stats
 from plonedeploy.recipe import rules, varnish
 
@@ -444,8 +444,8 @@ def test_changed_build_rolls_the_clients_under_load(deployed):
     before = _client_pids(deployed["supervisorctl"])
     extra = dict(deployed["extra"], zeoclient_zodb_cache_size=25000)
     # 2 loops, not 4: the build and the restarts need the CPU (with 4 the run took 247 s).
-    result, seconds, done, failures = _while_loaded(lambda: playbook("site.yml", extra=extra, timeout=1200),
-                                                    threads=2)
+    result, seconds, done, failures = while_loaded(
+        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=1200), threads=2)
     deployed["extra"] = extra
     _record("site.yml, changed build under load", result, seconds)
     after = _client_pids(deployed["supervisorctl"])
@@ -538,43 +538,10 @@ def _client_pids(supervisorctl):
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(client\d)\s+RUNNING\s+pid (\d+)", status, re.MULTILINE)}
 
 
-def _while_loaded(action, threads=4):
-    """Run ``action()`` while ``threads`` closed loops GET /Plone/@@ok through HAProxy.
-
-    Returns ``(action's result, its seconds, requests done, failures)``; a failure is a
-    status other than 200 or the requests exception's repr.
-    """
-    failures, done, stop = [], [0], threading.Event()
-
-    def load():
-        session = requests.Session()
-        while not stop.is_set():
-            try:
-                response = session.get(FRONTEND + "/Plone/@@ok", timeout=30)
-                if response.status_code != 200:
-                    failures.append(response.status_code)
-            except requests.RequestException as exc:
-                failures.append(repr(exc))
-            done[0] += 1
-
-    workers = [threading.Thread(target=load) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    try:
-        started = time.monotonic()
-        result = action()
-        seconds = time.monotonic() - started
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join(60)
-    return result, seconds, done[0], failures
-
-
 def test_rolling_restart_under_load(deployed):
     before = _client_pids(deployed["supervisorctl"])
-    result, seconds, done, failures = _while_loaded(
-        lambda: playbook("restart.yml", extra=deployed["extra"], timeout=900))
+    result, seconds, done, failures = while_loaded(
+        FRONTEND + "/Plone/@@ok", lambda: playbook("restart.yml", extra=deployed["extra"], timeout=900))
     after = _client_pids(deployed["supervisorctl"])
     print(f"\nrolling restart: {seconds:.0f} s, {done} requests, {len(failures)} failed")
     assert recap(result.stdout)["failed"] == 0
