@@ -1,12 +1,13 @@
 """The stack on RelStorage against a real PostgreSQL 15 (relstorage.cfg; docs/storage.md).
 
-One module-scoped build of relstorage.cfg in a directory of its own, on ports 9650-9662
-(``PORTS``): a postgresql part, the pyruvate client ``instance`` and the upload lane's
-waitress client ``uploads`` (both RelStorage clients by relstorage.cfg's one switch), HAProxy,
+One module-scoped build of relstorage.cfg in a directory of its own, on ports 9650-9663
+(``PORTS``): a postgresql part, the page clients ``instance`` (pyruvate) and ``client2``
+(waitress) and the upload lane's waitress client ``uploads`` (all RelStorage clients by
+relstorage.cfg's one switch), HAProxy,
 bin/stack, relstorage.cfg's ``relstorage-tools`` and a second such part, ``migration``, that
 converts into a database of its own. It starts the stack, creates the site with
 scripts/create_site.py (its 5 MiB blob goes into PostgreSQL), and checks pages, the blob,
-the cluster's files and a PostgreSQL restart; then the operations of docs/storage.md: a
+the cluster's files, a rolling restart under load and a PostgreSQL restart; then the operations of docs/storage.md: a
 FileStorage with a blob moved in by bin/zodbconvert, bin/postgresql dump and restore in
 place of a dropped database, and bin/zodbpack. Everything is stopped by PID (bin/stack
 stop) and the directory removed at the end.
@@ -32,7 +33,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import ROOT, port_taken, run
+from conftest import ROOT, port_taken, run, while_loaded
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,7 @@ BLOB = "/Plone/blob-5mb/@@download/file"
 BLOB_SIZE = 5 * 1024 * 1024
 PORTS = {"haproxy": 9650, "instance": 9651, "postgresql": 9652, "uploads": 9653, "stats": 9654,
          "instance-metrics": 9656, "tls": 9655,
-         "uploads-metrics": 9657, "zeoserver": 9658, "client2": 9659,
+         "uploads-metrics": 9657, "zeoserver": 9658, "client2": 9659, "client2-metrics": 9663,
          # buildout.cfg's cache tier, not built here; moved off the demo's ports all the same
          "varnish": 9660, "cache-fill": 9661, "varnish-metrics": 9662}
 
@@ -52,7 +53,7 @@ extends = {root}/relstorage.cfg
 develop = {root}/recipes/plonedeploy.recipe
 eggs-directory = {root}/eggs
 newest = false
-parts = postgresql instance uploads haproxy stack relstorage-tools migration
+parts = postgresql instance client2 uploads haproxy stack relstorage-tools migration
 
 [ports]
 {ports}
@@ -62,7 +63,8 @@ templates-directory = {root}/templates
 
 [haproxy]
 template = {root}/haproxy/haproxy.cfg.j2
-backends = instance
+# two page clients: one serves while bin/stack restart drains the other
+backends = instance client2
 # The cache tier is the same on either storage (tests/test_cache.py): left out here.
 cache =
 
@@ -163,6 +165,25 @@ def test_site_and_blob_served_from_postgresql(relstack):
     cached = [os.path.join(root, name) for root, _, names in os.walk(os.path.join(directory, "var", "blobcache", "instance"))
               for name in names if name.endswith(".blob")]
     assert any(os.path.getsize(path) == BLOB_SIZE for path in cached), cached
+
+
+def test_rolling_restart_fails_no_request(relstack):
+    """bin/stack restart (each page client drained in HAProxy, restarted, UP again; then the
+    upload client, which this HAProxy does not balance) while GETs run
+    through HAProxy: none fails, on RelStorage as on ZEO (tests/test_reliability.py)."""
+    directory, timings = relstack
+    stack = os.path.join(directory, "bin", "stack")
+    restart, seconds, done, failures = while_loaded(
+        f"http://127.0.0.1:{PORTS['haproxy']}/Plone/@@ok",
+        lambda: run([stack, "restart", "--timeout", "120"], timeout=400, cwd_override=directory), threads=2)
+    timings["rolling restart"] = seconds
+    print(f"\nrolling restart on RelStorage: {seconds:.0f} s, {done} requests, {len(failures)} failed")
+    # the page clients are drained and come back UP; uploads has no server in this HAProxy
+    assert [line for line in restart.stdout.splitlines() if line.endswith("UP again")] == [
+        "instance: UP again", "client2: UP again"], restart.stdout
+    assert "uploads: ready after" in restart.stdout, restart.stdout
+    assert done > 0
+    assert failures == [], failures[:10]
 
 
 def _postmaster(directory):
