@@ -20,14 +20,16 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
    the cache tier (varnish on lb1): the second anonymous /Plone over https is a hit,
    varnish listens on 127.0.0.1:6081 and 10.231.0.4:6081 (the app host's purges), a PURGE
    from a namespace that is not a ZEO client (zeo1) gets 405, one from the app host 200;
-   nothing listens on the demo ports of this namespace's loopback; the A/B test with its
+   nothing listens on the demo ports of this namespace's loopback; the schedule: zeo1's
+   cron file (/etc/cron.d/plonedeploy-multihost-zeoserver) has its zeopack, backup,
+   snapshotbackup and logrotate jobs, app1's its logrotate job; the A/B test with its
    Locust master here (10.231.0.1, the control host) and its users on lg1's two workers
    (``python -m loadtests ab --deployed --remote-workers 2``, HAProxy's stats through an SSH
    tunnel to lb1's localhost): both servers answer, no failure, every request HAProxy logs
    comes from 10.231.0.5, which is served on the plain port while others get 301;
 4. runs site.yml a second time (expects changed=0);
 5. tears down: supervisord of each host (which stops its programs), sshd by PID, the
-   namespaces and the bridge.
+   namespaces and the bridge, and the cron files.
 
 Prints each PLAY RECAP with its wall time. Exit status 0 when every check passed.
 All traffic stays on this machine: the bridge and namespaces exist only during the run.
@@ -51,6 +53,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANSIBLE = os.path.join(ROOT, "ansible")
 WORK = "/tmp/pdmh"
 BRIDGE = "pdmh0"
+#: /etc/cron.d files of the deployment's schedules (zeo1 and app1 each write theirs).
+CRON_FILES = {"zeoserver": "plonedeploy-multihost-zeoserver", "zeoclient": "plonedeploy-multihost-zeoclient"}
 HOSTS = {  # inventory name: (namespace, address)
     "zeo1": ("pdmh-zeo", "10.231.0.2"),
     "app1": ("pdmh-app", "10.231.0.3"),
@@ -73,9 +77,47 @@ def in_ns(ns, *cmd, **kwargs):
     return sh("ip", "netns", "exec", ns, *cmd, **kwargs)
 
 
+_APT_NAME = re.compile(r"^\s*ansible\.builtin\.apt:\n\s+name: (.+)$", re.MULTILINE)
+
+
+def _yaml_names(text):
+    """``a`` or ``[a, b]`` (one line of the roles' YAML) -> ``["a"]`` or ``["a", "b"]``."""
+    text = text.strip().strip("\"'")
+    return [n.strip().strip("\"'") for n in text.strip("[]").split(",")] if text.startswith("[") else [text]
+
+
+def role_packages():
+    """Every Debian package the roles' ``ansible.builtin.apt`` tasks install, read from
+    ansible/roles/*/tasks/*.yml; a ``{{ variable }}`` is looked up in the roles' defaults.
+    Raises RuntimeError for a name it cannot resolve (a new way of naming packages)."""
+    defaults, names = {}, set()
+    roles = os.path.join(ANSIBLE, "roles")
+    for role in os.listdir(roles):
+        path = os.path.join(roles, role, "defaults", "main.yml")
+        if os.path.exists(path):
+            defaults.update(re.findall(r"^(\w+): (.+)$", open(path, encoding="utf-8").read(), re.MULTILINE))
+        tasks = os.path.join(roles, role, "tasks")
+        for name in sorted(os.listdir(tasks)) if os.path.isdir(tasks) else ():
+            for value in _APT_NAME.findall(open(os.path.join(tasks, name), encoding="utf-8").read()):
+                names.update(_yaml_names(value))
+    resolved = set()
+    for name in names:
+        variable = re.fullmatch(r"\{\{\s*(\w+)\s*\}\}", name)
+        if variable and variable.group(1) not in defaults:
+            raise RuntimeError(f"role_packages: {name} is not in any role's defaults/main.yml")
+        resolved.update(_yaml_names(defaults[variable.group(1)]) if variable else [name])
+    return sorted(resolved)
+
+
 def setup():
-    if shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"):
-        sh("apt-get", "install", "-y", "-q", "--no-install-recommends", "openssh-server")
+    # The namespaces share this machine's file system but have no route to Debian's
+    # mirrors: what the roles' apt tasks install must be here already (they then find it
+    # present), and sshd and cron for the run itself.
+    packages = role_packages() + ["openssh-server", "cron", "logrotate", "rsync"]
+    missing = [p for p in packages if sh("dpkg-query", "-W", "-f=${Status}", p.split("=")[0], check=False,
+                                         capture=True).strip() != "install ok installed"]
+    if missing:
+        sh("apt-get", "install", "-y", "-q", "--no-install-recommends", *missing)
     os.makedirs(WORK, exist_ok=True)
     os.makedirs("/run/sshd", exist_ok=True)
     for name in HOSTS:  # every run deploys from scratch
@@ -122,12 +164,12 @@ def setup():
             "plonedeploy_prefix": f"{WORK}/{name}",
             "zeoserver_eggs_directory": os.path.join(ROOT, "eggs"),
             "zeoclient_eggs_directory": os.path.join(ROOT, "eggs"),
-            # no crontab entries for a temporary prefix (and no cron package to fetch: the
-            # namespaces have no route to Debian's mirrors)
-            "zeoserver_pack_enabled": False,
-            "zeoserver_backup_enabled": False,
-            "zeoserver_logrotate_enabled": False,
-            "zeoclient_logrotate_enabled": False,
+            # The schedule (pack, backups, logrotate) goes into /etc/cron.d files of this
+            # run's own (removed by teardown); setup() installs cron and logrotate on this
+            # machine first: the namespaces share its file system but have no route to
+            # Debian's mirrors.
+            "zeoserver_cron_file": CRON_FILES["zeoserver"],
+            "zeoclient_cron_file": CRON_FILES["zeoclient"],
             "buildout_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
             "loadgenerator_pip_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
             "loadgenerator_master_host": "10.231.0.1",
@@ -159,6 +201,9 @@ def teardown():
         sh("ip", "netns", "del", ns, check=False, capture=True)
         sh("ip", "link", "del", f"{ns}-br", check=False, capture=True)
     sh("ip", "link", "del", BRIDGE, check=False, capture=True)
+    for name in CRON_FILES.values():
+        if os.path.exists(os.path.join("/etc/cron.d", name)):
+            os.remove(os.path.join("/etc/cron.d", name))
 
 
 def playbook(inventory, title):
@@ -298,6 +343,16 @@ def verify():
             if WORK in args or cwd.startswith(WORK):
                 leaked.append(line.split()[3])
     check("nothing of the deployment on this namespace's demo ports", not leaked, leaked)
+    # The schedule: each job of the zeoserver's and the clients' cron file names its host's
+    # prefix and runs a script the build made there.
+    for role, host, wanted in (("zeoserver", "zeo1", ("bin/zeopack", "bin/backup", "bin/snapshotbackup",
+                                                      "logrotate")),
+                               ("zeoclient", "app1", ("logrotate",))):
+        path = os.path.join("/etc/cron.d", CRON_FILES[role])
+        text = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+        jobs = [line for line in text.splitlines() if line and not line.startswith("#") and "=" not in line.split()[0]]
+        missing = [w for w in wanted if not any(w in job and f"{WORK}/{host}/" in job for job in jobs)]
+        check(f"{host}: cron schedule in {path} ({len(jobs)} jobs)", jobs and not missing, f"missing {missing}")
     for label, passed, detail in ab_with_remote_workers():
         check(label, passed, detail)
     return ok
