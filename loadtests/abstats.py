@@ -25,6 +25,8 @@ import re
 from datetime import datetime, timezone
 
 import numpy as np
+
+from loadtests.core import new_figure, save_figure
 from scipy import stats
 
 #: Request names of the locustfile, and "all" (every path of a window together).
@@ -224,14 +226,10 @@ def plot(summaries, path, title):
 
     ``summaries``: ``{label: summarize() result}`` (e.g. A/B and A/A), one colour each.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display here; write files only
-    import matplotlib.pyplot as plt
 
     panels = [("share", 100.0, "share of A (%)", 50.0), ("rps_ratio", 1.0, "req/s ratio A/B", 1.0),
               ("p50_ratio", 1.0, "p50 ratio A/B", 1.0), ("p99_ratio", 1.0, "p99 ratio A/B", 1.0)]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = new_figure(2, 2, figsize=(12, 8))
     paths = [p for p in PATHS if any(p in s for s in summaries.values())]
     x = np.arange(len(paths))
     width = 0.8 / max(len(summaries), 1)
@@ -249,9 +247,7 @@ def plot(summaries, path, title):
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(loc="best")
     fig.suptitle(title + " (bars: 95% bootstrap intervals)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def widths_by_rounds(runs, rounds):

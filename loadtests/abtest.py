@@ -48,8 +48,9 @@ from urllib.parse import urlsplit
 import psutil
 
 from loadtests import abslots, abstats, balancers, haproxy_stats, modes_report, report
-from loadtests.core import (check_servers_up, cpu_seconds, default_buildout_config, exits_2_when_not_ready,
-                            load_stack, machine_busy_seconds, own_cpu_seconds, stack_pids)
+from loadtests.core import (add_run_arguments, check_servers_up, cpu_seconds, default_buildout_config,
+                            exits_2_when_not_ready, load_stack, machine_busy_seconds, markdown_table,
+                            own_cpu_seconds, stack_pids, write_report)
 from loadtests.weights import DEFAULT_WEIGHTS, parse_weights
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,11 +101,9 @@ def parse_args(argv):
                         help="concurrent Locust users (closed loop, no think time); default 10")
     parser.add_argument("--spawn-rate", type=float, default=10.0,
                         help="users started per second; default 10")
-    parser.add_argument("--duration", type=int, default=60,
-                        help="measured seconds per run (round and kind), after the warm-up; default 60")
-    parser.add_argument("--warmup", type=float, default=10.0,
-                        help="seconds of traffic at the start of every run left out of every figure "
-                        "(caches, ZODB connections, HAProxy's first picks); default 10")
+    add_run_arguments(parser, duration=60, warmup=10.0, warmup_help=(
+        "seconds of traffic at the start of every run (round and kind) left out of every figure "
+        "(caches, ZODB connections, HAProxy's first picks)"))
     parser.add_argument("--processes", type=int, default=-1,
                         help="Locust processes on this machine (Locust's --processes: a master and that "
                         "many workers; -1: one per core; 1: a single process, no master); default -1")
@@ -661,14 +660,19 @@ def write_rounds_report(data, directory):
     """Write ``report.json``, ``report.md`` and ``ab.png`` of a rounds invocation; return the
     paths of the last two."""
     meta = data["meta"]
-    with open(os.path.join(directory, "report.json"), "w", encoding="utf-8") as fp:
-        json.dump(data, fp, indent=2)
-    png_path = os.path.join(directory, "ab.png")
     summaries = {f"A/B: A = {meta['name_a']}, B = {meta['name_b']}": data["stats"]["ab"]}
     if data["stats"]["aa"]:
         summaries[f"A/A control: both {meta['control_server']}"] = data["stats"]["aa"]
-    abstats.plot(summaries, png_path, f"A/B in {meta['rounds']} rounds x {meta['duration_s']} s, "
-                 f"{meta['users']} users, {meta['started']}")
+    title = (f"A/B in {meta['rounds']} rounds x {meta['duration_s']} s, {meta['users']} users, "
+             f"{meta['started']}")
+    _, md_path, png_path = write_report(directory, data, rounds_markdown(data), [
+        ("ab.png", lambda path: abstats.plot(summaries, path, title))])
+    return md_path, png_path
+
+
+def rounds_markdown(data):
+    """report.md of a rounds invocation (``data`` as built by ``rounds_report``), a str."""
+    meta = data["meta"]
     slot = data["slot_share"]
     lines = [
         f"# A/B report {meta['started']}",
@@ -705,22 +709,15 @@ def write_rounds_report(data, directory):
               "A/B:", "", abstats.table(data["server_time"]["ab"]), ""]
     if data["server_time"]["aa"]:
         lines += ["A/A:", "", abstats.table(data["server_time"]["aa"]), ""]
-    lines += ["## Runs", "",
-              "| run | slot a | slot b | requests | failures | req/s | warm-up requests left out | Locust cores | "
-              "machine busy % | foreign % | report |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for run in data["runs"]:
-        lines.append(
-            f"| {run['kind']} r{run['round']} | {run['slots']['a']} | {run['slots']['b']} | "
-            f"{run['totals']['requests']:,} | {run['totals']['failures']:,} | {run['totals']['rps']:.1f} | "
-            f"{sum(run['warmup_requests'].values()):,} | {run['cpu']['load_generator_cores']} | "
-            f"{run['cpu']['machine_busy_percent']} | {run['cpu']['foreign_percent']} | "
-            f"[{run['directory']}]({run['directory']}/report.md) |")
+    lines += ["## Runs", "", markdown_table(
+        ["run", "slot a", "slot b", "requests", "failures", "req/s", "warm-up requests left out",
+         "Locust cores", "machine busy %", "foreign %", "report"],
+        [[f"{run['kind']} r{run['round']}", run["slots"]["a"], run["slots"]["b"], run["totals"]["requests"],
+          run["totals"]["failures"], round(run["totals"]["rps"], 1), sum(run["warmup_requests"].values()),
+          run["cpu"]["load_generator_cores"], run["cpu"]["machine_busy_percent"], run["cpu"]["foreign_percent"],
+          f"[{run['directory']}]({run['directory']}/report.md)"] for run in data["runs"]])]
     lines += ["", "![A/B with intervals](ab.png)", ""]
-    md_path = os.path.join(directory, "report.md")
-    with open(md_path, "w", encoding="utf-8") as fp:
-        fp.write("\n".join(lines))
-    return md_path, png_path
+    return "\n".join(lines)
 
 
 @exits_2_when_not_ready("abtest")

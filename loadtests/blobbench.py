@@ -51,9 +51,10 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests import extrabuild
-from loadtests.core import (ROOT, add_stack_arguments, cpu_seconds, default_buildout_config, exits_2_when_not_ready,
-                            load_stack, machine_busy_seconds, own_cpu_seconds, require_wrk, run_wrk, stack_pids,
-                            wait_for_quiet)
+from loadtests.core import (ROOT, add_run_arguments, add_stack_arguments, cpu_seconds,
+                            default_buildout_config, exits_2_when_not_ready, load_stack, machine_busy_seconds,
+                            new_figure, own_cpu_seconds, parse_counts, require_wrk, run_wrk, save_figure,
+                            stack_pids, wait_for_quiet)
 BLOB_PATH = "/Plone/blob-5mb/@@download/file"
 BLOB_SIZE = 5 * 1024 * 1024
 WORK_DIR = os.path.join(ROOT, "var", "blobbench")
@@ -365,14 +366,14 @@ def fd_table(checks):
 
 
 def plot(summary, path):
+    """Write ``path``: GB/s of the blob against wrk connections, one line per variant (median,
+    min-max bars); returns ``path``, or None without matplotlib."""
     try:
-        import matplotlib
+        import matplotlib.ticker
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        fig, ax = new_figure(figsize=(8, 5))
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(8, 5))
     styles = {"pyruvate-on": ("tab:green", "-"), "pyruvate-off": ("tab:green", "--"),
               "waitress-on": ("tab:blue", "-"), "waitress-off": ("tab:blue", "--"),
               "haproxy-on": ("tab:orange", "-"), "haproxy-off": ("tab:orange", "--")}
@@ -392,9 +393,7 @@ def plot(summary, path):
     ax.set_title("Blob downloads per client, blob-sendfile on/off")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 
@@ -407,9 +406,8 @@ def parse_args(argv):
                     "filter (wrk); writes var/reports/blobbench-<timestamp>/.")
     parser.add_argument("--connections", default="1,2,4,8",
                         help="wrk connection counts, comma-separated; default 1,2,4,8")
-    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run; default 10")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds; every variant runs once per round and connection count; default 3")
+    add_run_arguments(parser, duration=10, rounds=3,
+                      rounds_help="rounds; every variant runs once per round and connection count")
     parser.add_argument("--variants", default="pyruvate-on,pyruvate-off,waitress-on,waitress-off",
                         help="<server>-on|off, comma-separated, server pyruvate, waitress or haproxy "
                              "(the stack's HAProxy with both clients; -off: a second HAProxy in front "
@@ -431,10 +429,7 @@ def parse_args(argv):
     parser.add_argument("--report-only", metavar="DIR",
                         help="measure nothing: re-write the summary, tables and plot of DIR/report.json")
     args = parser.parse_args(argv)
-    try:
-        args.connections = [int(c) for c in args.connections.split(",")]
-    except ValueError:
-        parser.error("--connections: comma-separated integers")
+    args.connections = parse_counts(parser, "--connections", args.connections)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for v in args.variants:
         server, _, switch = v.rpartition("-")

@@ -39,8 +39,10 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests import haproxy_stats
-from loadtests.core import (NotReady, add_stack_arguments, exits_2_when_not_ready, load_stack, machine_busy_seconds,
-                            parse_counts, require_wrk, run_wrk, stack_pids, tree_cpu_seconds)
+from loadtests.core import (add_run_arguments, add_stack_arguments, exits_2_when_not_ready, load_stack,
+                            machine_busy_seconds, markdown_table, new_figure, NotReady, parse_counts,
+                            report_folder, require_wrk, run_wrk, save_figure, stack_pids, tree_cpu_seconds,
+                            write_report)
 from plonedeploy.recipe.stack import StackError, runtime_api
 
 CACHE_SERVER = "cache/varnish"  # HAProxy backend/server of the cache tier (haproxy.cfg.j2)
@@ -54,11 +56,8 @@ def parse_args(argv):
         "through the HTTPS edge with the cache tier on and off, side by side.")
     parser.add_argument("--connections", default="10,100",
                         help="comma-separated connection counts held by wrk (default 10,100)")
-    parser.add_argument("--duration", type=int, default=20, help="seconds per measured run (default 20)")
-    parser.add_argument("--warmup", type=int, default=3,
-                        help="seconds of uncounted load before each run (default 3)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="rounds of on/off pairs, alternating which goes first (default 2)")
+    add_run_arguments(parser, duration=20, warmup=3, rounds=2,
+                      rounds_help="rounds of on/off pairs, alternating which goes first")
     parser.add_argument("--path", default="/Plone", help="URL path (default /Plone)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
     add_stack_arguments(parser)
@@ -168,31 +167,24 @@ def markdown(meta, runs, summary):
         f"{meta['warmup_s']} s warm-up, wrk {meta['threads']} threads; machine: {meta['cores']} cores, "
         f"load average before {meta['load_before']}.",
         "",
-        "| connections | req/s on | req/s off | on/off (median, range over rounds) |",
-        "|---:|---:|---:|---|",
+        markdown_table(["connections", "req/s on", "req/s off", "on/off (median, range over rounds)"],
+                       [[n, s["rps_on"], s["rps_off"], f"{s['ratio_median']}× ({s['ratio_min']}–{s['ratio_max']})"]
+                        for n, s in summary.items()]),
+        "", "Every run (CPU in milliseconds per request, whole process trees):", "",
+        markdown_table(
+            ["round", "connections", "cache", "req/s", "p50 ms", "p99 ms", "hit ratio", "errors"]
+            + [f"CPU {n}" for n in names] + ["CPU rest"],
+            [[r["round"], r["connections"], r["cache"], r["rps"], r["p50_ms"], r["p99_ms"],
+              None if r["hit_ratio"] is None else f"{100 * r['hit_ratio']:.1f}%", r["errors"],
+              *(r["cpu_ms_per_request"].get(n) for n in names), r["other_cpu_ms_per_request"]] for r in runs]),
     ]
-    for n, s in summary.items():
-        lines.append(f"| {n} | {s['rps_on']} | {s['rps_off']} | {s['ratio_median']}× "
-                     f"({s['ratio_min']}–{s['ratio_max']}) |")
-    lines += ["", "Every run (CPU in milliseconds per request, whole process trees):", "",
-              "| round | connections | cache | req/s | p50 ms | p99 ms | hit ratio | errors | "
-              + " | ".join(f"CPU {n}" for n in names) + " | CPU rest |",
-              "|---:|---:|---|---:|---:|---:|---:|---:|" + "---:|" * (len(names) + 1)]
-    for r in runs:
-        hit = "-" if r["hit_ratio"] is None else f"{100 * r['hit_ratio']:.1f}%"
-        cpu = " | ".join(str(r["cpu_ms_per_request"].get(n, "-")) for n in names)
-        lines.append(f"| {r['round']} | {r['connections']} | {r['cache']} | {r['rps']} | {r['p50_ms']} | "
-                     f"{r['p99_ms']} | {hit} | {r['errors']} | {cpu} | {r['other_cpu_ms_per_request']} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(runs, counts, path):
     """Bar chart of requests/s (log scale) per connection count, on and off, every round a dot."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_figure(figsize=(6, 4))
     for i, mode in enumerate(("off", "on")):
         xs = [j + (i - 0.5) * 0.35 for j in range(len(counts))]
         medians = [statistics.median(r["rps"] for r in runs if r["connections"] == n and r["cache"] == mode)
@@ -206,9 +198,7 @@ def plot(runs, counts, path):
     ax.set_ylabel("requests/s (log scale)")
     ax.set_title("Anonymous page over HTTPS: cache on vs off")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 @exits_2_when_not_ready("cachebench")
@@ -248,14 +238,10 @@ def main(argv=None):
         except (StackError, OSError) as exc:
             print(f"cachebench: could not put varnish back in service: {exc}", file=sys.stderr)
     summary = summarize(runs, args.connections)
-    directory = os.path.join(args.out, "cachebench-" + datetime.now().strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(directory, exist_ok=True)
+    directory = report_folder(args.out, "cachebench")
     text = markdown(meta, runs, summary)
-    with open(os.path.join(directory, "report.md"), "w", encoding="utf-8") as fp:
-        fp.write(text)
-    with open(os.path.join(directory, "report.json"), "w", encoding="utf-8") as fp:
-        json.dump({"meta": meta, "summary": summary, "runs": runs}, fp, indent=2)
-    plot(runs, args.connections, os.path.join(directory, "cachebench.png"))
+    write_report(directory, {"meta": meta, "summary": summary, "runs": runs}, text,
+                 [("cachebench.png", lambda path: plot(runs, args.connections, path))])
     print(text)
     print(f"report: {directory}")
     return 1 if any(r["errors"] for r in runs) else 0

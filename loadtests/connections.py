@@ -16,23 +16,22 @@ Little's-law mean (connections / RPS: what the mean latency must be if every con
 served in turn) with p99 relative to it, and the CPU seconds of the stack, of wrk and of
 foreign processes (the machine is shared).
 
-Output: a table on stdout and ``<out>/connections-<YYYYmmdd-HHMMSS>/connections.json`` and
-``connections.md``. Exit status: 0 when every path had 0 socket errors and 0 non-2xx
+Output: a table on stdout and ``<out>/connections-<YYYYmmdd-HHMMSS>/report.json`` and
+``report.md``. Exit status: 0 when every path had 0 socket errors and 0 non-2xx
 answers, 1 otherwise, 2 when the stack is not ready, wrk is missing or an option is invalid.
 Traffic goes only to 127.0.0.1.
 """
 import argparse
-import json
-import os
 import sys
 from datetime import datetime, timezone
 
 import psutil
 
 from loadtests import haproxy_stats
-from loadtests.core import (PATHS, add_stack_arguments, check_servers_up, cpu_seconds, exits_2_when_not_ready,
-                            haproxy_maxconn, load_stack, machine_busy_seconds, raise_fd_limit, require_wrk,
-                            run_wrk, stack_pids, wait_backend_idle)
+from loadtests.core import (PATHS, add_run_arguments, add_stack_arguments, check_servers_up, cpu_seconds,
+                            exits_2_when_not_ready, haproxy_maxconn, load_stack, machine_busy_seconds,
+                            markdown_table, raise_fd_limit, report_folder, require_wrk, run_wrk, stack_pids,
+                            wait_backend_idle, write_report)
 
 
 def parse_args(argv):
@@ -42,15 +41,14 @@ def parse_args(argv):
         "errors, RPS and latency percentiles.")
     parser.add_argument("--connections", type=int, default=1000,
                         help="concurrent keep-alive connections held by wrk (default 1000)")
-    parser.add_argument("--duration", type=int, default=60, help="seconds per path (default 60)")
+    add_run_arguments(parser, duration=60, warmup=3,
+                      warmup_help="seconds at 10 connections before each path (0: none)")
     parser.add_argument("--paths", default=",".join(PATHS),
                         help=f"comma-separated, from: {', '.join(PATHS)} (default: all)")
     parser.add_argument("--timeout", type=int, default=90,
                         help="seconds wrk waits for one response before counting a timeout "
                         "(default 90: longer than HAProxy's timeout queue, so a starved "
                         "request shows as HAProxy's 503, not as a wrk timeout)")
-    parser.add_argument("--warmup", type=int, default=3,
-                        help="seconds at 10 connections before each path (default 3; 0: none)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
@@ -142,18 +140,16 @@ def to_markdown(results, meta):
         f"servers {', '.join(f'{n} ({k})' for n, k in meta['servers'].items())}; wrk {meta['threads']} "
         f"threads, timeout {meta['timeout_s']} s; fd limit {meta['fd_limit']}.",
         "",
-        "| path | requests | RPS | MiB/s | mean s | p50 s | p90 s | p99 s | max s | Little's mean s "
-        "| p99 / Little | socket errors c/r/w/t | non-2xx | HAProxy 5xx | queue max | foreign CPU % |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        markdown_table(
+            ["path", "requests", "RPS", "MiB/s", "mean s", "p50 s", "p90 s", "p99 s", "max s",
+             "Little's mean s", "p99 / Little", "socket errors c/r/w/t", "non-2xx", "HAProxy 5xx",
+             "queue max", "foreign CPU %"],
+            [[r["path"], r["requests"], r["rps"], r["mib_per_s"], *(r["latency_s"][k] for k in
+              ("mean", "p50", "p90", "p99", "max")), r["littles_law_mean_s"], r["p99_over_littles_mean"],
+              "/".join(str(r["socket_errors"][k]) for k in ("connect", "read", "write", "timeout")),
+              r["non_2xx_3xx"], r["haproxy"]["hrsp_5xx"], r["haproxy"]["backend_qmax"],
+              r["cpu_s"]["foreign_percent"]] for r in results]),
     ]
-    for r in results:
-        e, lat = r["socket_errors"], r["latency_s"]
-        lines.append(
-            f"| {r['path']} | {r['requests']:,} | {r['rps']:,} | {r['mib_per_s']:,} | {lat['mean']} "
-            f"| {lat['p50']} | {lat['p90']} | {lat['p99']} | {lat['max']} | {r['littles_law_mean_s']} "
-            f"| {r['p99_over_littles_mean']} | {e['connect']}/{e['read']}/{e['write']}/{e['timeout']} "
-            f"| {r['non_2xx_3xx']} | {r['haproxy']['hrsp_5xx']} | {r['haproxy']['backend_qmax']} "
-            f"| {r['cpu_s']['foreign_percent']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -200,13 +196,9 @@ def main(argv=None):
         "fd_limit": list(fd_limit),
         "cores": psutil.cpu_count(),
     }
-    folder = os.path.join(args.out, "connections-" + started.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "connections.json"), "w", encoding="utf-8") as fp:
-        json.dump({"meta": meta, "paths": results}, fp, indent=2)
+    folder = report_folder(args.out, "connections", started)
     text = to_markdown(results, meta)
-    with open(os.path.join(folder, "connections.md"), "w", encoding="utf-8") as fp:
-        fp.write(text)
+    write_report(folder, {"meta": meta, "paths": results}, text)
     print(text)
     print(f"report: {folder}")
     clean = all(sum(r["socket_errors"].values()) == 0 and r["non_2xx_3xx"] == 0 for r in results)

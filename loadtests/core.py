@@ -1,10 +1,11 @@
 """The helpers every load tool of plonedeploy shares: the stack's facts, CPU accounting, wrk,
-waiting for quiet, percentiles.
+waiting for quiet, percentiles, the report folder and its Markdown tables.
 
 The subcommands (``python -m loadtests <subcommand>``) import what they need from here and
 never from each other. Units: seconds for times and CPU, bytes for sizes, requests/s for
 rates, unless a name says otherwise (``_us`` microseconds, ``_ms`` milliseconds).
 """
+import datetime
 import functools
 import json
 import os
@@ -46,6 +47,25 @@ def add_stack_arguments(parser):
                         help="stack.json written by bin/buildout (default parts/stack/stack.json)")
     parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
                         help="folder for the report folder (default var/reports)")
+
+
+def add_run_arguments(parser, *, duration, warmup=None, rounds=None, warmup_help="", rounds_help=""):
+    """Add ``--duration`` (measured seconds per run) and, where a default is given,
+    ``--warmup`` (uncounted seconds of load before each run) and ``--rounds`` (repetitions
+    of the whole set, int), with the subcommand's defaults in the help; ``warmup_help`` and
+    ``rounds_help`` replace the generic help text (the default is appended). Each seconds
+    option parses as the type of its default (int for tools that hand it to wrk or Locust as
+    whole seconds). Checks no bounds: the caller knows its own."""
+    parser.add_argument("--duration", type=type(duration), default=duration,
+                        help=f"measured seconds per run (default {duration:g})")
+    if warmup is not None:
+        parser.add_argument("--warmup", type=type(warmup), default=warmup, help=(
+            warmup_help or "seconds of uncounted load before each run (caches, ZODB connections, "
+            "HAProxy's first picks)") + f" (default {warmup:g})")
+    if rounds is not None:
+        parser.add_argument("--rounds", type=int, default=rounds, help=(
+            rounds_help or "repetitions of the whole set, alternating the order, so every "
+            "comparison is of runs minutes apart under the same foreign load") + f" (default {rounds})")
 
 
 def parse_counts(parser, option, text, minimum=1):
@@ -406,3 +426,86 @@ def histogram_percentile(histogram, fraction):
         return None
     index = np.searchsorted(cumulative, int(cumulative[-1] * fraction), side="right")
     return int(keys[min(index, len(keys) - 1)])
+
+
+# ----------------------------------------------------------------------------- reports
+
+def new_figure(rows=1, cols=1, figsize=(6, 4)):
+    """``(fig, axes)`` of ``matplotlib.pyplot.subplots(rows, cols, figsize=figsize)`` (inches)
+    on the Agg backend: files only, no display. matplotlib is imported here, on the first
+    plot, so tools and tests that draw nothing do not load it. Pair with ``save_figure``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(rows, cols, figsize=figsize)
+
+
+def save_figure(fig, path, dpi=100):
+    """Lay ``fig`` out, write it to ``path`` (PNG, ``dpi`` dots per inch) and close it (pyplot
+    keeps every open figure in memory)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+_FIGURE = re.compile(r"(-|-?[\d,]*\.?\d+%?)?")  # blank cells count as figures
+
+
+def markdown_table(headers, rows):
+    """Markdown table text (no trailing newline): ``headers`` the column titles, ``rows``
+    lists of cells, one per header.
+
+    A cell shows as ``str(cell)``, except None as ``-`` and ints with thousands separators
+    (``12,345``). A column is right-aligned when all its cells are figures (numbers, None, or
+    text such as ``1,234.5``, ``49.9%`` or ``-``), left-aligned otherwise. Raises ValueError
+    for a row of the wrong length.
+    """
+    def numeric(cell):
+        if isinstance(cell, str):
+            return _FIGURE.fullmatch(cell) is not None
+        return cell is None or (isinstance(cell, (int, float)) and not isinstance(cell, bool))
+
+    def show(cell):
+        if cell is None:
+            return "-"
+        if isinstance(cell, int) and not isinstance(cell, bool):
+            return f"{cell:,}"
+        return str(cell)
+
+    for row in rows:
+        if len(row) != len(headers):
+            raise ValueError(f"row of {len(row)} cells for {len(headers)} columns: {row!r}")
+    aligns = ["---:" if all(numeric(row[i]) for row in rows) else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(aligns) + "|"]
+    lines += ["| " + " | ".join(show(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def report_folder(out, subcommand, started=None):
+    """``<out>/<subcommand>-<YYYYmmdd-HHMMSS>`` (``started`` a datetime, default now),
+    created; returns its path."""
+    started = started or datetime.datetime.now()
+    folder = os.path.join(out, f"{subcommand}-{started.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def write_report(folder, data, markdown, plots=()):
+    """Write ``report.json`` (``data``, indent 2, keys in their order) and ``report.md``
+    (``markdown``, a str) into ``folder``, then each plot of ``plots``, pairs ``(file name,
+    function(path))``, drawn after the text files so a failing plot leaves the figures on
+    disk. Returns the paths written: JSON, Markdown, then the plots."""
+    os.makedirs(folder, exist_ok=True)
+    paths = [os.path.join(folder, "report.json"), os.path.join(folder, "report.md")]
+    with open(paths[0], "w", encoding="utf-8") as fp:
+        json.dump(data, fp, indent=2)
+    with open(paths[1], "w", encoding="utf-8") as fp:
+        fp.write(markdown)
+    for name, draw in plots:
+        paths.append(os.path.join(folder, name))
+        draw(paths[-1])
+    return paths

@@ -29,15 +29,13 @@ of requests/s to the baseline, HAProxy's 5xx answers and longest backend queue
 overflows (``ListenOverflows`` of /proc/net/netstat, whole machine), and the CPU seconds of the stack,
 of this client and of foreign processes (the machine is shared).
 
-Output: a table on stdout and ``<out>/fairness-<YYYYmmdd-HHMMSS>/fairness.json`` and
-``fairness.md``. Exit status 0 when every connection was served with 0 errors and 0
+Output: a table on stdout and ``<out>/fairness-<YYYYmmdd-HHMMSS>/report.json`` and
+``report.md``. Exit status 0 when every connection was served with 0 errors and 0
 non-2xx answers, 1 otherwise, 2 when the stack is not ready or an option is invalid.
 Traffic goes only to 127.0.0.1.
 """
 import argparse
 import asyncio
-import json
-import os
 import statistics
 import sys
 from collections import Counter
@@ -47,9 +45,10 @@ from urllib.parse import urlsplit
 import psutil
 
 from loadtests import haproxy_stats
-from loadtests.core import (add_stack_arguments, cpu_seconds, exits_2_when_not_ready, fetch_stats, haproxy_maxconn,
-                            load_stack, machine_busy_seconds, parse_counts, percentile, raise_fd_limit,
-                            stack_pids, wait_backend_idle)
+from loadtests.core import (add_run_arguments, add_stack_arguments, cpu_seconds, exits_2_when_not_ready,
+                            fetch_stats, haproxy_maxconn, load_stack, machine_busy_seconds, markdown_table,
+                            parse_counts, percentile, raise_fd_limit, report_folder, stack_pids,
+                            wait_backend_idle, write_report)
 
 #: Largest response head accepted (bytes); Plone's headers are a few kB.
 HEAD_LIMIT = 2**20
@@ -275,7 +274,9 @@ def parse_args(argv):
         "latency percentiles and p99 / Little's-law mean.")
     parser.add_argument("--connections", default="1000",
                         help="comma-separated connection counts, one run each (default 1000)")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds per run (default 60)")
+    add_run_arguments(parser, duration=60.0, rounds=1, rounds_help=(
+        "repeat baseline + every connection count this many times, alternating, so each ratio "
+        "is to a baseline measured minutes apart under the same foreign load"))
     parser.add_argument("--timeout", type=float, default=None,
                         help="client timeout per request, seconds; must be shorter than the run "
                         "(default 3/4 of --duration)")
@@ -285,10 +286,6 @@ def parse_args(argv):
                         help="connections of the reference run per path (default 10; 0: none)")
     parser.add_argument("--baseline-duration", type=float, default=15.0,
                         help="seconds of the reference run (default 15)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="repeat baseline + every connection count this many times, "
-                        "alternating, so each ratio is to a baseline measured minutes apart "
-                        "under the same foreign load (default 1)")
     parser.add_argument("--connect-rate", type=float, default=2000.0,
                         help="new connections per second at the start of a run (default 2000)")
     parser.add_argument("--url", default=None,
@@ -321,21 +318,18 @@ def to_markdown(rows, meta):
         f"{meta['balance']}; client timeout {meta['timeout_s']} s; connects "
         f"{meta['connect_rate_per_s']}/s; fd limit {meta['fd_limit']}; somaxconn {meta['somaxconn']}.",
         "",
-        "| round | path | connections | served | completions min/median/max | errors | unfinished | req/s "
-        "| baseline req/s | ratio | mean s | p50 s | p99 s | max s | Little's mean s | p99 / Little "
-        "| HAProxy 5xx | queue max | accept-queue overflows | foreign CPU % |",
-        "|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        markdown_table(
+            ["round", "path", "connections", "served", "completions min/median/max", "errors", "unfinished",
+             "req/s", "baseline req/s", "ratio", "mean s", "p50 s", "p99 s", "max s", "Little's mean s",
+             "p99 / Little", "HAProxy 5xx", "queue max", "accept-queue overflows", "foreign CPU %"],
+            [[r["round"], r["path"], r["connections"], r["served"],
+              f"{r['completions_min']}/{r['completions_median']}/{r['completions_max']}",
+              ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "0", r["unfinished"], r["rps"],
+              r.get("baseline_rps"), r.get("ratio_to_baseline"),
+              *(r["latency_s"][k] for k in ("mean", "p50", "p99", "max")), r["littles_law_mean_s"],
+              r["p99_over_littles_mean"], r["haproxy"]["hrsp_5xx"], r["haproxy"]["backend_qmax"],
+              r.get("listen_overflows"), r["cpu_s"]["foreign_percent"]] for r in rows]),
     ]
-    for r in rows:
-        lat = r["latency_s"]
-        errors = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "0"
-        lines.append(
-            f"| {r['round']} | {r['path']} | {r['connections']:,} | {r['served']:,} | {r['completions_min']}/"
-            f"{r['completions_median']}/{r['completions_max']} | {errors} | {r['unfinished']} | {r['rps']} "
-            f"| {r.get('baseline_rps')} | {r.get('ratio_to_baseline')} | {lat['mean']} | {lat['p50']} "
-            f"| {lat['p99']} | {lat['max']} | {r['littles_law_mean_s']} | {r['p99_over_littles_mean']} "
-            f"| {r['haproxy']['hrsp_5xx']} | {r['haproxy']['backend_qmax']} "
-            f"| {r.get('listen_overflows', '')} | {r['cpu_s']['foreign_percent']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -388,13 +382,9 @@ def main(argv=None):
         "cores": psutil.cpu_count(),
         "url": base,
     }
-    folder = os.path.join(args.out, "fairness-" + started.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "fairness.json"), "w", encoding="utf-8") as fp:
-        json.dump({"meta": meta, "runs": rows}, fp, indent=2)
+    folder = report_folder(args.out, "fairness", started)
     text = to_markdown(rows, meta)
-    with open(os.path.join(folder, "fairness.md"), "w", encoding="utf-8") as fp:
-        fp.write(text)
+    write_report(folder, {"meta": meta, "runs": rows}, text)
     print(text)
     print(f"report: {folder}")
     clean = all(r["served"] == r["connections"] and not r["errors"] for r in rows)

@@ -67,15 +67,42 @@ class ClosedLoopUser(FastHttpUser):
     wait_time = constant(0)
     host = "http://127.0.0.1:8080"
 
+    def checked_get(self, path, name, problem=None, **kwargs):
+        """GET ``path``, recorded in Locust's stats under ``name``; a failure there when the
+        status is not 200, or when ``problem(response)`` returns a reason (a str) for a 200.
+        ``kwargs`` go to the client (headers)."""
+        with self.client.get(path, name=name, catch_response=True, **kwargs) as resp:
+            if resp.status_code != 200:
+                resp.failure(f"status {resp.status_code}")
+            elif problem is not None and (reason := problem(resp)):
+                resp.failure(reason)
+
+
+def _not_html(resp):
+    return None if b"<html" in (resp.content or b"")[:2000].lower() else "not an HTML page"
+
+
+def _not_the_site_as_json(resp):
+    try:
+        data = json.loads(resp.content)
+    except ValueError:
+        return "body is not JSON"
+    if not str(data.get("@id", "")).endswith(SITE_PATH):
+        return f"@id is {data.get('@id')!r}, not the site"
+    return None
+
+
+def _not_the_blob(resp):
+    size = len(resp.content or b"")
+    return None if size == BLOB_SIZE else f"{size} bytes, expected {BLOB_SIZE}"
+
 
 class ZopeRootUser(ClosedLoopUser):
     """``/``: the Zope root page, the cheapest request (no Plone)."""
 
     @task
     def root(self):
-        with self.client.get("/", name="/", catch_response=True) as resp:
-            if resp.status_code != 200:
-                resp.failure(f"status {resp.status_code}")
+        self.checked_get("/", "/")
 
 
 class PloneSiteUser(ClosedLoopUser):
@@ -83,11 +110,7 @@ class PloneSiteUser(ClosedLoopUser):
 
     @task
     def plone(self):
-        with self.client.get(SITE_PATH, name="/Plone", catch_response=True) as resp:
-            if resp.status_code != 200:
-                resp.failure(f"status {resp.status_code}")
-            elif b"<html" not in (resp.content or b"")[:2000].lower():
-                resp.failure("not an HTML page")
+        self.checked_get(SITE_PATH, "/Plone", _not_html)
 
 
 class JsonApiUser(ClosedLoopUser):
@@ -95,19 +118,7 @@ class JsonApiUser(ClosedLoopUser):
 
     @task
     def json_api(self):
-        with self.client.get(
-            SITE_PATH, name="@json", headers={"Accept": "application/json"}, catch_response=True
-        ) as resp:
-            if resp.status_code != 200:
-                resp.failure(f"status {resp.status_code}")
-                return
-            try:
-                data = json.loads(resp.content)
-            except ValueError:
-                resp.failure("body is not JSON")
-                return
-            if not str(data.get("@id", "")).endswith(SITE_PATH):
-                resp.failure(f"@id is {data.get('@id')!r}, not the site")
+        self.checked_get(SITE_PATH, "@json", _not_the_site_as_json, headers={"Accept": "application/json"})
 
 
 class BlobUser(ClosedLoopUser):
@@ -115,11 +126,7 @@ class BlobUser(ClosedLoopUser):
 
     @task
     def blob(self):
-        with self.client.get(BLOB_PATH, name="blob 5MB", catch_response=True) as resp:
-            if resp.status_code != 200:
-                resp.failure(f"status {resp.status_code}")
-            elif len(resp.content or b"") != BLOB_SIZE:
-                resp.failure(f"{len(resp.content or b'')} bytes, expected {BLOB_SIZE}")
+        self.checked_get(BLOB_PATH, "blob 5MB", _not_the_blob)
 
 
 SHAPES = {"root": ZopeRootUser, "plone": PloneSiteUser, "json": JsonApiUser, "blob": BlobUser}

@@ -17,6 +17,7 @@ import csv
 import json
 import os
 
+from loadtests.core import new_figure, save_figure
 from loadtests.matrix_plan import trimmed_mean
 
 TRIMMED = ("rps", "p50_ms", "p95_ms", "p99_ms", "max_ms", "cpu_ms_per_req")
@@ -77,10 +78,6 @@ def plot(rows, paths, single_threaded, directory):
     """One PNG per path (``matrix-<path>.png``): req/s, p99 latency, errors (socket errors
     + non-2xx, per run) and peak RSS against connections, one line per server (at its
     default threads). Returns the file names written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     rows = default_threads_rows(rows, single_threaded)
     written = []
@@ -88,7 +85,7 @@ def plot(rows, paths, single_threaded, directory):
         cells = [r for r in rows if r["path"] == path]
         if not cells:
             continue
-        fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+        fig, axes = new_figure(2, 2, figsize=(12, 8))
         panels = [("rps", "requests/s", lambda r: r["rps"]),
                   ("p99", "p99 latency (ms)", lambda r: r["p99_ms"]),
                   ("errors", "errors per run (socket + non-2xx)",
@@ -106,10 +103,8 @@ def plot(rows, paths, single_threaded, directory):
             ax.grid(True, alpha=0.3)
         axes.flat[0].legend(fontsize="small")
         fig.suptitle(f"{path}: per server at its default threads (2; bjoern, gevent 1)")
-        fig.tight_layout()
         name = "matrix-" + ("root" if path == "/" else path.strip("/@").lower()) + ".png"
-        fig.savefig(os.path.join(directory, name), dpi=80)
-        plt.close(fig)
+        save_figure(fig, os.path.join(directory, name), dpi=80)
         written.append(name)
     return written
 

@@ -16,9 +16,8 @@ HAProxy's queue for a free ``maxconn`` slot: those went to whichever server free
 first, whatever the balance mode. ``foreign_percent`` is the CPU the machine spent on other processes during the
 mode's runs, in percent of all cores.
 """
-import json
-import os
 
+from loadtests.core import markdown_table, new_figure, save_figure, write_report
 from loadtests.report import _fmt, _pct, latency
 
 
@@ -90,25 +89,17 @@ def build(meta, runs, server_kinds):
 def summary_table(report):
     """Markdown table: one row per mode and server, and a total row per mode (with the
     CPU share other processes on the machine used meanwhile, in percent of all cores)."""
-    lines = [
-        "| mode | server | WSGI server | requests | share | req/s | p50 ms | p95 ms | p99 ms | failures "
-        "| foreign CPU |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for mode, data in report["modes"].items():
-        for name, s in data["servers"].items():
-            lines.append(
-                f"| {mode} | {name} | {s['wsgi_server']} | {_fmt(s['requests'])} | {_pct(s['share'])} "
-                f"| {_fmt(s['rps'])} | {_fmt(s['p50_ms'])} | {_fmt(s['p95_ms'])} | {_fmt(s['p99_ms'])} "
-                f"| {_fmt(s['failures'])} | |"
-            )
+        rows += [[mode, name, s["wsgi_server"], _fmt(s["requests"]), _pct(s["share"]), _fmt(s["rps"]),
+                  _fmt(s["p50_ms"]), _fmt(s["p95_ms"]), _fmt(s["p99_ms"]), _fmt(s["failures"]), ""]
+                 for name, s in data["servers"].items()]
         t = data["totals"]
-        lines.append(
-            f"| **{mode}** | all | | {_fmt(t['requests'])} | {_fmt(t['haproxy_sessions'])} HAProxy sessions, "
-            f"{_pct(t['queued_share'])} queued "
-            f"| {_fmt(t['rps'])} | | | | {_fmt(t['failures'])} | {_fmt(t['foreign_percent'])}% |"
-        )
-    return "\n".join(lines)
+        rows.append([f"**{mode}**", "all", "", _fmt(t["requests"]),
+                     f"{_fmt(t['haproxy_sessions'])} HAProxy sessions, {_pct(t['queued_share'])} queued",
+                     _fmt(t["rps"]), "", "", "", _fmt(t["failures"]), f"{_fmt(t['foreign_percent'])}%"])
+    return markdown_table(["mode", "server", "WSGI server", "requests", "share", "req/s", "p50 ms", "p95 ms",
+                           "p99 ms", "failures", "foreign CPU"], rows)
 
 
 def to_markdown(report, plot_name="modes.png"):
@@ -153,17 +144,13 @@ def to_markdown(report, plot_name="modes.png"):
 
 def plot(report, path):
     """Write a 1x3 PNG: share, req/s and p50 (solid) / p99 (hatched) latency per mode and server."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display here; write files only
-    import matplotlib.pyplot as plt
     import numpy as np
 
     modes = list(report["modes"])
     names = list(next(iter(report["modes"].values()))["servers"]) if modes else []
     x = np.arange(len(modes))
     width = 0.8 / max(len(names), 1)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    fig, axes = new_figure(1, 3, figsize=(15, 4.8))
 
     def values(name, key, scale=1.0):
         return [(report["modes"][m]["servers"][name].get(key) or 0) * scale for m in modes]
@@ -189,20 +176,11 @@ def plot(report, path):
     meta = report["meta"]
     fig.suptitle(f"A/B per balance mode: {meta['users']} users, {meta['duration_s']} s x "
                  f"{meta['rounds']} round(s) per mode, {meta['started']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write(report, directory):
     """Write report.json, report.md and modes.png into ``directory``; return their paths."""
-    os.makedirs(directory, exist_ok=True)
-    json_path = os.path.join(directory, "report.json")
-    md_path = os.path.join(directory, "report.md")
-    png_path = os.path.join(directory, "modes.png")
-    with open(json_path, "w", encoding="utf-8") as fp:
-        json.dump(report, fp, indent=2)  # keep modes and servers in run order
-    plot(report, png_path)
-    with open(md_path, "w", encoding="utf-8") as fp:
-        fp.write(to_markdown(report, os.path.basename(png_path)))
-    return json_path, md_path, png_path
+    # the JSON keeps the order of the report's keys: modes and servers in run order
+    return write_report(directory, report, to_markdown(report, "modes.png"),
+                        [("modes.png", lambda path: plot(report, path))])

@@ -10,10 +10,8 @@ Inputs (all produced by ``loadtests.abtest``):
 Units: times in milliseconds, rates in requests/s over Locust's elapsed run time, sizes in
 bytes, shares as fractions 0..1.
 """
-import json
-import os
 
-from loadtests.core import histogram_percentile
+from loadtests.core import histogram_percentile, markdown_table, new_figure, save_figure, write_report
 
 #: Request names of the locustfile, in report order.
 PATHS = ("/", "/Plone", "@json", "blob 5MB")
@@ -114,23 +112,16 @@ def _pct(value):
 
 def summary_table(report):
     """Markdown table: one row per server and path (plus a total row per server)."""
-    lines = [
-        "| server | WSGI server | path | requests | share of path | req/s | p50 ms | p95 ms | p99 ms | failures | MiB |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for name, srv in report["servers"].items():
-        for path, p in srv["paths"].items():
-            lines.append(
-                f"| {name} | {srv['wsgi_server']} | {path} | {_fmt(p['requests'])} | {_pct(p['share'])} "
-                f"| {_fmt(p['rps'])} | {_fmt(p['p50_ms'], 0)} | {_fmt(p['p95_ms'], 0)} "
-                f"| {_fmt(p['p99_ms'], 0)} | {_fmt(p['failures'])} | {_fmt(p['bytes'] / 2**20)} |"
-            )
-        lines.append(
-            f"| **{name}** | {srv['wsgi_server']} | all | {_fmt(srv['requests'])} | "
-            f"{_pct(srv['share'])} of HAProxy sessions | {_fmt(srv['rps'])} | | | | "
-            f"{_fmt(srv['failures'])} | |"
-        )
-    return "\n".join(lines)
+        rows += [[name, srv["wsgi_server"], path, _fmt(p["requests"]), _pct(p["share"]), _fmt(p["rps"]),
+                  _fmt(p["p50_ms"], 0), _fmt(p["p95_ms"], 0), _fmt(p["p99_ms"], 0), _fmt(p["failures"]),
+                  _fmt(p["bytes"] / 2**20)] for path, p in srv["paths"].items()]
+        rows.append([f"**{name}**", srv["wsgi_server"], "all", _fmt(srv["requests"]),
+                     f"{_pct(srv['share'])} of HAProxy sessions", _fmt(srv["rps"]), "", "", "",
+                     _fmt(srv["failures"]), ""])
+    return markdown_table(["server", "WSGI server", "path", "requests", "share of path", "req/s", "p50 ms",
+                           "p95 ms", "p99 ms", "failures", "MiB"], rows)
 
 
 def to_markdown(report, plot_name="ab.png"):
@@ -192,10 +183,6 @@ def to_markdown(report, plot_name="ab.png"):
 
 def plot(report, path):
     """Write a 2x2 PNG: share, req/s, p50/p99 latency and failures per path and server."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display here; write files only
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
     import numpy as np
 
@@ -203,7 +190,7 @@ def plot(report, path):
     paths = [p for p in PATHS if any(p in report["servers"][n]["paths"] for n in names)]
     x = np.arange(len(paths))
     width = 0.8 / max(len(names), 1)
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = new_figure(2, 2, figsize=(12, 8))
 
     def values(name, key, scale=1.0):
         return [report["servers"][name]["paths"].get(p, {}).get(key, 0) * scale for p in paths]
@@ -243,20 +230,11 @@ def plot(report, path):
         f"A/B through HAProxy ({meta.get('balance', '?')}): {meta.get('users')} users, "
         f"{meta.get('duration_s')} s, {meta.get('started', '')}"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write(report, directory):
     """Write report.json, report.md and ab.png into ``directory``; return their paths."""
-    os.makedirs(directory, exist_ok=True)
-    json_path = os.path.join(directory, "report.json")
-    md_path = os.path.join(directory, "report.md")
-    png_path = os.path.join(directory, "ab.png")
-    with open(json_path, "w", encoding="utf-8") as fp:
-        json.dump(report, fp, indent=2)  # keep the servers in stack order
-    plot(report, png_path)
-    with open(md_path, "w", encoding="utf-8") as fp:
-        fp.write(to_markdown(report, os.path.basename(png_path)))
-    return json_path, md_path, png_path
+    # the JSON keeps the order of the report's keys: the servers in stack order
+    return write_report(directory, report, to_markdown(report, "ab.png"),
+                        [("ab.png", lambda path: plot(report, path))])

@@ -18,7 +18,7 @@ warms up for 3 s, and runs wrk with ``--connections`` keep-alive connections on
 Per cell (threads, clients): requests/s (mean over rounds), the ratio to one client at
 the same threads, p50/p99 latency (seconds), socket errors and non-2xx, each server's
 share of HAProxy's sessions, and the CPU load of foreign processes. Output: a table on
-stdout and ``<out>/scaling-<YYYYmmdd-HHMMSS>/`` with ``scaling.json``, ``scaling.md`` and
+stdout and ``<out>/scaling-<YYYYmmdd-HHMMSS>/`` with ``report.json``, ``report.md`` and
 ``scaling.png`` (req/s against clients, one line per threads value).
 
 Exit status 0, 1 if a cell had socket errors or non-2xx answers, 2 when the stack is not
@@ -26,7 +26,6 @@ running, wrk is missing, an option is invalid or a client does not start.
 Traffic goes only to 127.0.0.1.
 """
 import argparse
-import json
 import os
 import pathlib
 import shutil
@@ -41,8 +40,9 @@ import requests
 
 from loadtests import haproxy_stats, serverbuild
 from loadtests.balancers import BalancerError, TemporaryBalancer
-from loadtests.core import (cpu_seconds, exits_2_when_not_ready, fetch_stats, load_stack, machine_busy_seconds,
-                            require_wrk, run_wrk, stack_pids)
+from loadtests.core import (add_run_arguments, cpu_seconds, exits_2_when_not_ready, fetch_stats, load_stack,
+                            machine_busy_seconds, markdown_table, new_figure, parse_counts, report_folder,
+                            require_wrk, run_wrk, save_figure, stack_pids, write_report)
 from plonedeploy.recipe import edge, tls
 from plonedeploy.recipe.options import render_template
 
@@ -58,26 +58,15 @@ http-address = 127.0.0.1:{port}
 """
 
 
-def _int_list(text, option):
-    try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{option}: comma-separated positive integers, got {text!r}")
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"{option}: comma-separated positive integers, got {text!r}")
-    return values
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m loadtests scaling", description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", default="1,2,3,4", type=lambda t: _int_list(t, "--clients"),
+    parser.add_argument("--clients", default="1,2,3,4",
                         help="client counts to measure (default 1,2,3,4)")
-    parser.add_argument("--threads", default="1,2,4", type=lambda t: _int_list(t, "--threads"),
+    parser.add_argument("--threads", default="1,2,4",
                         help="threads per client (default 1,2,4); pool-size follows")
-    parser.add_argument("--duration", type=int, default=20, help="seconds per cell and round (default 20)")
+    add_run_arguments(parser, duration=20, rounds=1)
     parser.add_argument("--connections", type=int, default=32,
                         help="wrk connections, the same for every cell (default 32)")
-    parser.add_argument("--rounds", type=int, default=1, help="rounds (default 1; the order alternates)")
     parser.add_argument("--path", default="/Plone", help="path to request (default /Plone)")
     parser.add_argument("--build", default=os.path.join(ROOT, "var", "scaling"),
                         help="buildout directory for the clients (default var/scaling)")
@@ -85,6 +74,8 @@ def parse_args(argv):
                         help="first port (default 8300: clients 8301.., balancer 8390/8391)")
     parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"), help="report folder")
     args = parser.parse_args(argv)
+    args.clients = sorted(set(parse_counts(parser, "--clients", args.clients)))
+    args.threads = sorted(set(parse_counts(parser, "--threads", args.threads)))
     for name in ("duration", "connections", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer")
@@ -228,20 +219,16 @@ def to_markdown(rows, meta):
     lines = [f"# {meta['path']} across ZEO clients ({meta['cores']} cores, pyruvate, leastconn)", "",
              f"{meta['started']}; wrk {meta['connections']} connections, {meta['duration_s']} s per cell, "
              f"{meta['rounds']} round(s).", "",
-             "| threads | clients | req/s | x 1 client | p50 s | p99 s | errors | foreign CPU % |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['threads']} | {r['clients']} | {r['rps']} | {r['ratio_to_one_client']} "
-                     f"| {r['p50_s']} | {r['p99_s']} | {r['errors']} | {r['foreign_percent']} |")
+             markdown_table(["threads", "clients", "req/s", "x 1 client", "p50 s", "p99 s", "errors",
+                             "foreign CPU %"],
+                            [[r[k] for k in ("threads", "clients", "rps", "ratio_to_one_client", "p50_s", "p99_s",
+                                             "errors", "foreign_percent")] for r in rows])]
     return "\n".join(lines) + "\n"
 
 
 def plot(rows, path, title):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_figure(figsize=(6, 4))
     for threads in sorted({r["threads"] for r in rows}):
         mine = [r for r in rows if r["threads"] == threads]
         ax.plot([r["clients"] for r in mine], [r["rps"] for r in mine], marker="o", label=f"threads = {threads}")
@@ -252,9 +239,7 @@ def plot(rows, path, title):
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 @exits_2_when_not_ready("scaling")
@@ -265,8 +250,7 @@ def main(argv=None):
     fetch_stats(config)
     binary = config["haproxy_binary"]
     started = datetime.now(timezone.utc)
-    folder = os.path.join(args.out, "scaling-" + started.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(folder, exist_ok=True)
+    folder = report_folder(args.out, "scaling", started)
     cells_total = len(args.threads) * len(args.clients) * args.rounds
     print(f"building {args.build} ...", flush=True)
     try:
@@ -304,12 +288,9 @@ def main(argv=None):
     meta = {"started": started.isoformat(timespec="seconds"), "path": args.path,
             "connections": args.connections, "duration_s": args.duration, "rounds": args.rounds,
             "cores": psutil.cpu_count()}
-    with open(os.path.join(folder, "scaling.json"), "w", encoding="utf-8") as fp:
-        json.dump({"meta": meta, "rows": rows, "cells": cells}, fp, indent=2)
     text = to_markdown(rows, meta)
-    with open(os.path.join(folder, "scaling.md"), "w", encoding="utf-8") as fp:
-        fp.write(text)
-    plot(rows, os.path.join(folder, "scaling.png"), f"{args.path}: req/s by ZEO clients")
+    write_report(folder, {"meta": meta, "rows": rows, "cells": cells}, text, [
+        ("scaling.png", lambda path: plot(rows, path, f"{args.path}: req/s by ZEO clients"))])
     print(text)
     print(f"report: {folder}")
     return 0 if all(r["errors"] == 0 for r in rows) else 1

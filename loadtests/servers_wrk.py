@@ -29,8 +29,8 @@ import psutil
 import requests
 
 from loadtests import serverbuild
-from loadtests.core import (ROOT, cpu_seconds, exits_2_when_not_ready, load_stack, machine_busy_seconds,
-                            require_wrk, run_wrk, stack_pids)
+from loadtests.core import (ROOT, add_run_arguments, cpu_seconds, exits_2_when_not_ready, load_stack,
+                            machine_busy_seconds, require_wrk, run_wrk, stack_pids)
 
 
 def wrk_row(summary):
@@ -86,7 +86,7 @@ def main(argv=None):
     parser.add_argument("--servers", default=",".join(others),
                         help=f"comma-separated wsgi-server values (default: {','.join(others)})")
     parser.add_argument("--connections", type=int, default=10, help="wrk connections (default 10)")
-    parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run (default 5)")
+    add_run_arguments(parser, duration=5)
     parser.add_argument("--path", default="/", help="request path (default /, the Zope root)")
     parser.add_argument("--build", default=os.path.join(ROOT, "var", "servers-bench"),
                         help="directory of the servers buildout (default var/servers-bench)")

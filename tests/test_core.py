@@ -194,3 +194,55 @@ def test_default_buildout_config_follows_make_builds_record(tmp_path, monkeypatc
     # a record naming a file that is gone is no answer either
     record.write_text(str(tmp_path / "gone.cfg"))
     assert core.default_buildout_config() == str(tmp_path / "local.cfg")
+
+
+def test_run_arguments_take_the_type_of_their_default():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    core.add_run_arguments(parser, duration=20, warmup=2.5, rounds=3, rounds_help="on/off pairs")
+    args = parser.parse_args(["--duration", "7", "--warmup", "1"])
+    assert (args.duration, args.warmup, args.rounds) == (7, 1.0, 3)
+    assert isinstance(args.duration, int) and isinstance(args.warmup, float)
+    assert "on/off pairs (default 3)" in parser.format_help()
+    with pytest.raises(SystemExit):  # a whole-seconds tool refuses 2.5 s
+        parser.parse_args(["--duration", "2.5"])
+    bare = argparse.ArgumentParser()
+    core.add_run_arguments(bare, duration=5)
+    assert vars(bare.parse_args([])) == {"duration": 5}
+
+
+def test_markdown_table_aligns_figures_right_and_text_left():
+    text = core.markdown_table(["path", "requests", "share", "p99 s", "note"],
+                               [["/", 12345, "49.9%", 0.25, "x"], ["@json", 7, "-", None, ""]])
+    assert text.splitlines() == [
+        "| path | requests | share | p99 s | note |",
+        "|---|---:|---:|---:|---|",
+        "| / | 12,345 | 49.9% | 0.25 | x |",
+        "| @json | 7 | - | - |  |",
+    ]
+    with pytest.raises(ValueError, match="2 cells for 3 columns"):
+        core.markdown_table(["a", "b", "c"], [[1, 2]])
+
+
+def test_report_folder_and_write_report(tmp_path):
+    import datetime
+
+    folder = core.report_folder(str(tmp_path), "fairness", datetime.datetime(2026, 11, 24, 10, 5, 9))
+    assert folder == str(tmp_path / "fairness-20261124-100509") and os.path.isdir(folder)
+    drawn = []
+    paths = core.write_report(folder, {"b": 1, "a": [2]}, "# title\n",
+                              [("x.png", lambda path: drawn.append(path) or open(path, "wb").close())])
+    assert paths == [os.path.join(folder, name) for name in ("report.json", "report.md", "x.png")]
+    assert open(paths[0]).read() == json.dumps({"b": 1, "a": [2]}, indent=2)  # order kept
+    assert open(paths[1]).read() == "# title\n" and drawn == [paths[2]]
+
+
+def test_new_and_saved_figure_is_a_png(tmp_path):
+    fig, axes = core.new_figure(1, 2, figsize=(4, 2))
+    axes[0].plot([1, 2], [3, 4])
+    core.save_figure(fig, str(tmp_path / "p.png"), dpi=50)
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.pyplot as plt
+
+    assert fig.number not in plt.get_fignums()  # closed

@@ -109,7 +109,7 @@ def test_every_connection_is_served_under_overload(stack, tmp_path):
                   "--duration", "10", "--timeout", "8", "--baseline", "0", "--paths", "/",
                   "--out", str(tmp_path)], timeout=120, check=False)
     folder = next(tmp_path.glob("fairness-*"))
-    data = json.loads((folder / "fairness.json").read_text())
+    data = json.loads((folder / "report.json").read_text())
     (row,) = data["runs"]
     assert row["connections"] == 200
     assert row["served"] == 200, row

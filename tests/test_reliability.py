@@ -316,7 +316,7 @@ def test_thousand_connections_on_every_path(stack, tmp_path):
                   "--duration", "15", "--warmup", "2", "--out", str(tmp_path)], timeout=600, check=False)
     print(result.stdout[-3000:])
     (folder,) = list(tmp_path.iterdir())
-    data = json.loads((folder / "connections.json").read_text())
+    data = json.loads((folder / "report.json").read_text())
     assert [p["path"] for p in data["paths"]] == ["/", "/Plone", "@json", "blob"]
     for path in data["paths"]:
         assert path["requests"] > 0, path

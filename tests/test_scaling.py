@@ -20,9 +20,9 @@ def test_scaling_two_clients(stack, tmp_path):
                   "--duration", "4", "--connections", "8", "--build", str(tmp_path / "build"),
                   "--port", "8600", "--out", str(tmp_path / "out")], timeout=600)
     (folder,) = list((tmp_path / "out").iterdir())
-    for name in ("scaling.json", "scaling.md", "scaling.png"):
+    for name in ("report.json", "report.md", "scaling.png"):
         assert (folder / name).stat().st_size > 0, name
-    data = json.loads((folder / "scaling.json").read_text())
+    data = json.loads((folder / "report.json").read_text())
     rows = {(r["threads"], r["clients"]): r for r in data["rows"]}
     assert set(rows) == {(1, 1), (1, 2)}
     assert all(r["errors"] == 0 and r["rps"] > 0 for r in rows.values()), rows
