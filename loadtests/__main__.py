@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "cache": Subcommand("loadtests.cachebench", "cache tier on vs off through the HTTPS edge (wrk)"),
     "attacks": Subcommand("loadtests.attacks", "slow bodies, big POSTs, rate limits, uploads"),
     "servers-wrk": Subcommand("loadtests.servers_wrk", "quick wrk figure per WSGI server vs pyruvate"),
+    "headline": Subcommand("loadtests.headline", "the docs' headline figures in one run, with spread (wrk)"),
 }
 
 

@@ -4,7 +4,7 @@ The config ``extends`` the one the stack was built with and keeps ``buildout:dir
 the checkout, so ``${buildout:directory}`` (ZEO, blob storage, logs) means the stack's own;
 ``.installed.cfg``, parts, bin and develop-eggs live in a work directory of their own
 (e.g. ``var/abslots``), so building it neither uninstalls nor rewrites the stack's parts.
-Used by loadtests.abslots (the A/B slot clients) and loadtests.blobbench (the ``-off``
+Used by loadtests.abslots (the A/B slot clients) and loadtests.offclients (the ``-off``
 clients).
 """
 import os

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from loadtests import blobbench
+from loadtests import blobbench, offclients
 
 
 def test_help():
@@ -25,8 +25,8 @@ def test_bad_options(argv):
 
 
 def test_extra_buildout_config():
-    text = blobbench.off_buildout_config("/x/local.cfg", ["instance", "client2"],
-                                         {"instance": 9183, "client2": 9184}, ("haproxy", 9185, 9186))
+    text = offclients.buildout_config(blobbench.WORK_DIR, "/x/local.cfg", ["instance", "client2"],
+                                      {"instance": 9183, "client2": 9184}, ("haproxy", 9185, 9186))
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read_string(text)
     assert cfg["buildout"]["extends"] == "/x/local.cfg"
