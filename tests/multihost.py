@@ -1,4 +1,4 @@
-"""Multi-host deployment for real: three network namespaces, sshd in each, site.yml over SSH.
+"""Multi-host deployment for real: four network namespaces, sshd in each, site.yml over SSH.
 
 Usage (root; ``make multihost``)::
 
@@ -16,7 +16,9 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
 3. verifies: every program RUNNING in its namespace; the four paths through HAProxy at
    10.231.0.4:8080 (blob 5,242,880 bytes); the edge rules (a foreign Host gets 421, a
    100 kB POST goes to the upload client, a 100-byte one to the pool); ZEO listens only on 10.231.0.2 and the app
-   host's ZEO connections go from 10.231.0.3 to 10.231.0.2:8100 (namespace network);
+   host's ZEO connections go from 10.231.0.3 to 10.231.0.2:8100 (namespace network); the
+   mixed pool: pyruvate, waitress and gunicorn (client3, ``threads: auto``) each serve, and
+   client3's threads and its HAProxy maxconn are the recipe's auto rule for app1;
    the cache tier (varnish on lb1): the second anonymous /Plone over https is a hit,
    varnish listens on 127.0.0.1:6081 and 10.231.0.4:6081 (the app host's purges), a PURGE
    from a namespace that is not a ZEO client (zeo1) gets 405, one from the app host 200;
@@ -48,6 +50,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+from plonedeploy.recipe import rules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANSIBLE = os.path.join(ROOT, "ansible")
@@ -282,7 +286,7 @@ def verify():
         except urllib.error.HTTPError as exc:
             got = exc.code
         check(f"Host {host} -> {status}", got == status, f"got {got}")
-    for size, lane in ((100, {"client1", "client2"}), (100_000, {"uploads"})):
+    for size, lane in ((100, {"client1", "client2", "client3"}), (100_000, {"uploads"})):
         request = urllib.request.Request(base + "/Plone/@@ok", data=b"x" * size, method="POST")
         with urllib.request.urlopen(request, timeout=60) as response:
             served = response.headers.get("X-Served-By")
@@ -294,8 +298,26 @@ def verify():
     check("app1's ZEO connections: 10.231.0.3 -> 10.231.0.2:8100 over the namespace network",
           "10.231.0.3:" in conns and "10.231.0.2:8100" in conns, conns.split())
     clients = in_ns("pdmh-app", "ss", "-Htln", capture=True)
-    check("clients listen on 10.231.0.3:8081, :8082 and :8079 (uploads), not on 0.0.0.0",
-          all(f"10.231.0.3:{port}" in clients for port in (8081, 8082, 8079)) and "0.0.0.0:80" not in clients)
+    check("clients listen on 10.231.0.3:8081, :8082, :8083 and :8079 (uploads), not on 0.0.0.0",
+          all(f"10.231.0.3:{port}" in clients for port in (8081, 8082, 8083, 8079)) and "0.0.0.0:80" not in clients)
+    # The mixed pool: three servers, client3's threads by the recipe's auto rule, and
+    # HAProxy's maxconn for it the same number.
+    ini = open(f"{WORK}/app1/zeoclient/parts/client3/etc/wsgi.ini", encoding="utf-8").read()
+    threads = int(re.search(r"^threads = (\d+)$", ini, re.MULTILINE).group(1))
+    cores = int(in_ns("pdmh-app", "nproc", capture=True))
+    expected = rules.auto_threads("gunicorn", cores, 4)[0]
+    haproxy_cfg = open(f"{WORK}/lb1/haproxy/haproxy.cfg", encoding="utf-8").read()
+    maxconn = re.search(r"^\s*server client3 \S+ .*\bmaxconn (\d+)", haproxy_cfg, re.MULTILINE)
+    check(f"client3: gunicorn with threads auto = {expected} ({cores} cores, 4 clients), HAProxy maxconn the same",
+          "egg:plonedeploy.recipe#gunicorn" in ini and threads == expected and maxconn
+          and int(maxconn.group(1)) == expected, f"wsgi.ini threads {threads}, maxconn {maxconn and maxconn.group(1)}")
+    served = set()
+    for _ in range(30):  # POSTs: past the cache tier, straight to the pool
+        request = urllib.request.Request(base + "/Plone/@@ok", data=b"x", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            served.add(response.headers.get("X-Served-By"))
+    check("the pool serves from pyruvate, waitress and gunicorn (client1-3)",
+          served == {"client1", "client2", "client3"}, sorted(map(str, served)))
     # The cache tier: varnish on lb1 between HAProxy's TLS listener and the pool.
     answers = []
     for _ in range(2):
@@ -404,8 +426,8 @@ def ab_with_remote_workers():
     with open(os.path.join(out, folder, "report.json"), encoding="utf-8") as fp:
         report = json.load(fp)
     servers = {name: (s["requests"], s["failures"]) for name, s in report["servers"].items()}
-    results.append(("A/B: both servers answered, no failure",
-                    len(servers) == 2 and all(n > 0 and f == 0 for n, f in servers.values()), servers))
+    results.append(("A/B: every server of the pool answered, no failure",
+                    len(servers) == 3 and all(n > 0 and f == 0 for n, f in servers.values()), servers))
     results.append(("A/B report names the 2 remote workers", report["meta"]["remote_workers"] == 2,
                     report["meta"]["remote_workers"]))
     with open(log_path, encoding="utf-8", errors="replace") as fp:

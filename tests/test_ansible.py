@@ -186,8 +186,18 @@ print(json.dumps({{
     "errors": {{s: f["plonedeploy_threads_errors"]([{{"name": "c", "wsgi_server": s, "threads": 2}}])
                for s in servers}},
     "fd": f["plonedeploy_fd_limit_needed"](100, [{{"maxconn": 2}}, {{"maxconn": 1}}]),
+    "auto": {{f"{{s}} {{cores}} {{n}}": f["plonedeploy_client_threads"]({{"wsgi_server": s, "threads": "auto"}}, cores, n)
+              for s in servers for cores in (0, 1, 2, 8) for n in (1, 2, 3)}},
+    "given": f["plonedeploy_client_threads"]({{"wsgi_server": "waitress", "threads": 4}}, 1, 3),
+    "unset": f["plonedeploy_client_threads"]({{"wsgi_server": "gevent"}}, 8, 1),
+    "auto_errors": f["plonedeploy_threads_errors"]([{{"name": "c", "wsgi_server": "bjoern", "threads": "auto"}}]),
 }}))""".format(SERVERS=list(rules.SERVERS))], timeout=60, env=env).stdout
     got = json.loads(out)
+    # threads: auto is the recipe's rule for the host's cores and clients; before the facts
+    # (cores 0) the most it can choose
+    assert got["auto"] == {f"{s} {cores} {n}": (rules.auto_threads(s, cores, n)[0] if cores else rules.default_threads(s))
+                           for s in rules.SERVERS for cores in (0, 1, 2, 8) for n in (1, 2, 3)}
+    assert (got["given"], got["unset"], got["auto_errors"]) == (4, 1, [])
     assert got["defaults"] == {s: rules.default_threads(s) for s in rules.SERVERS}
     assert {s for s, errors in got["errors"].items() if errors} == set(rules.SINGLE_THREADED)
     assert got["fd"] == rules.fd_limit_needed(100, [{"maxconn": 2}, {"maxconn": 1}])
@@ -202,6 +212,7 @@ BAD = [
     ({"zeoclient_clients": [{"name": "c1", "port": 18081}, {"name": "c2", "port": 18081}]},
      "a unique\nport 1-65535"),
     ({"zeoclient_clients": [{"name": "c1", "port": 18081, "threads": 0}]}, "threads >= 1"),
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "threads": "many"}]}, "threads >= 1 or auto"),
     ({"zeoclient_clients": [{"name": "instance", "port": 18081}]}, "not one of buildout, versions"),
     ({"zeoclient_bind_address": "0.0.0.0"}, "zeoclient_bind_address\nmust not be 0.0.0.0"),
     ({"haproxy_balance": "fastest"}, "value of haproxy_balance must be one of: leastconn"),

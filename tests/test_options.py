@@ -9,7 +9,7 @@ import pytest
 import zc.buildout
 
 from conftest import ROOT
-from plonedeploy.recipe import edge, options, tls
+from plonedeploy.recipe import edge, options, rules, tls
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -279,6 +279,7 @@ def test_metrics_filter_goes_after_blob_filter():
     ("gevent", 2, 2, 1),
 ])
 def test_auto_threads_rule(server, cores, clients, expected):
+    assert options.auto_threads is rules.auto_threads  # one rule, re-exported for the recipe
     threads, reason = options.auto_threads(server, cores, clients)
     assert threads == expected
     assert reason  # logged by bin/buildout next to the choice

@@ -21,6 +21,12 @@ And the ZEO clients' rules of ``recipes/.../rules.py`` (the recipe's ``instance`
 - ``clients | plonedeploy_threads_errors``: messages for clients whose ``threads`` their
   ``wsgi_server`` cannot run (``clients``: dicts with ``name``, optional ``wsgi_server``
   and ``threads``); empty when all can.
+- ``client | plonedeploy_client_threads(cores, clients)``: the threads (int) a client dict
+  (optional ``wsgi_server`` and ``threads``: an int or ``auto``) runs with: its own number,
+  the server's default when unset, or for ``auto`` the recipe's rule (``rules.auto_threads``)
+  for a host of ``cores`` CPUs running ``clients`` ZEO clients. With ``cores`` 0 (the
+  host's facts not gathered yet) ``auto`` gives the most the rule can choose, an upper
+  bound for the fd-limit check.
 - ``maxconn | plonedeploy_fd_limit_needed(servers)``: HAProxy's smallest fd limit for a
   frontend maxconn and servers (dicts with ``maxconn``).
 """
@@ -45,11 +51,24 @@ def server_name_errors(names):
     return [error for error in (edge.server_name_error(str(n)) for n in names) if error]
 
 
+def client_threads(client, cores=0, clients=1):
+    server = client.get("wsgi_server", rules.DEFAULT_SERVER)
+    threads = client.get("threads", rules.default_threads(server))
+    if str(threads) != "auto":
+        return int(threads)
+    if not int(cores):
+        return rules.default_threads(server)  # auto never chooses more
+    return rules.auto_threads(server, int(cores), int(clients))[0]
+
+
 def threads_errors(clients):
     errors = []
     for client in clients:
         server = client.get("wsgi_server", rules.DEFAULT_SERVER)
-        threads = int(client.get("threads", rules.default_threads(server)))
+        try:
+            threads = int(client.get("threads", rules.default_threads(server)))
+        except (TypeError, ValueError):
+            continue  # auto: the rule chooses what the server can run; anything else: validate.yml says
         error = rules.threads_error(server, threads)
         if error:
             errors.append(f"client {client.get('name')}: threads {threads} on {server}; allowed: {error}")
@@ -69,5 +88,6 @@ class FilterModule:
             "plonedeploy_san": lambda name: tls.san_entry(str(name)),
             "plonedeploy_default_threads": lambda server: rules.default_threads(str(server)),
             "plonedeploy_threads_errors": threads_errors,
+            "plonedeploy_client_threads": client_threads,
             "plonedeploy_fd_limit_needed": lambda maxconn, servers: rules.fd_limit_needed(int(maxconn), servers),
         }

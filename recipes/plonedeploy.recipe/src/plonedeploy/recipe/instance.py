@@ -17,7 +17,7 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eg
     ZODB ``pool-size`` written into ``<zodb_db main>`` of ``etc/zope.conf``, because each
     concurrent request holds one ZODB connection with its own object cache of
     ``zodb-cache-size`` objects (memory ~ threads x zodb-cache-size x object size).
-    ``auto``: chosen by ``options.auto_threads`` from ``cpu-cores`` and
+    ``auto``: chosen by ``rules.auto_threads`` from ``cpu-cores`` and
     ``clients-per-host`` (docs/tuning.md); bin/buildout logs the choice and the reason.
 ``cpu-cores``
     Only read with ``threads = auto``: CPUs of the host that runs the clients; default
@@ -299,7 +299,7 @@ class Recipe(Zope2InstanceRecipe):
         return storage
 
     def auto_threads(self, buildout, name, options):
-        """Resolve ``threads = auto`` (``options.auto_threads``); log the choice; return it as text."""
+        """Resolve ``threads = auto`` (``rules.auto_threads``); log the choice; return it as text."""
         cores = options.get("cpu-cores", "").strip()
         cores = (parse_positive_int(name, cores, "cpu-cores") if cores
                  else len(os.sched_getaffinity(0)))

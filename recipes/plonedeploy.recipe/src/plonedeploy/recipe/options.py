@@ -17,7 +17,7 @@ import zc.buildout
 # The server and thread rules live in rules.py (plain Python, which Ansible imports too);
 # re-exported here for the recipes and tools that import them from options.
 from plonedeploy.recipe.rules import (  # noqa: E402,F401
-    DEFAULT_SERVER, DEFAULT_THREADS, SERVERS, SINGLE_THREADED, default_threads, threads_error)
+    DEFAULT_SERVER, DEFAULT_THREADS, SERVERS, SINGLE_THREADED, auto_threads, default_threads, threads_error)
 
 #: Values of an on/off option (``blob-sendfile``), mapped to their meaning.
 SWITCH_VALUES = {"on": True, "off": False, "true": True, "false": False}
@@ -174,25 +174,6 @@ def parse_byte_size(part, option, value):
     if not match or unit not in _BYTE_UNITS or int(match.group(1)) == 0:
         fail(part, option, value, "a size in bytes such as 512MB, 1GB or 65536")
     return int(match.group(1)) * _BYTE_UNITS[unit]
-
-
-def auto_threads(server, cores, clients):
-    """The ``threads = auto`` rule: ``(threads, reason)`` for one ZEO client.
-
-    ``cores``: CPUs the host gives the clients; ``clients``: ZEO clients on that host.
-    The rule and the data behind it are in docs/tuning.md: one Zope process uses about one
-    core (the GIL), so threads add throughput only while a request waits (ZEO loads,
-    network); on /Plone 2 threads were within noise of 1 and 4 were slower
-    (``loadtests.scaling``), and with more clients than cores a second thread only adds a
-    ZODB connection cache. ``reason`` is one line for the build log.
-    """
-    if server in SINGLE_THREADED:
-        return 1, f"{server} calls the app from one thread"
-    if clients > cores:
-        return 1, (f"{clients} ZEO clients on {cores} cores: each client has less than a core, "
-                   "a second thread would only add a ZODB connection cache")
-    return DEFAULT_THREADS, (f"{clients} ZEO client(s) on {cores} cores: one Zope process uses about "
-                             f"one core (GIL); {DEFAULT_THREADS} threads keep it busy while a request waits on ZEO")
 
 
 def parse_switch(part, option, value):

@@ -40,6 +40,25 @@ def default_threads(server):
     return 1 if server in SINGLE_THREADED else DEFAULT_THREADS
 
 
+def auto_threads(server, cores, clients):
+    """The ``threads = auto`` rule: ``(threads, reason)`` for one ZEO client.
+
+    ``cores``: CPUs the host gives the clients; ``clients``: ZEO clients on that host.
+    The rule and the data behind it are in docs/tuning.md: one Zope process uses about one
+    core (the GIL), so threads add throughput only while a request waits (ZEO loads,
+    network); on /Plone 2 threads were within noise of 1 and 4 were slower
+    (``loadtests.scaling``), and with more clients than cores a second thread only adds a
+    ZODB connection cache. ``reason`` is one line for the build log.
+    """
+    if server in SINGLE_THREADED:
+        return 1, f"{server} calls the app from one thread"
+    if clients > cores:
+        return 1, (f"{clients} ZEO clients on {cores} cores: each client has less than a core, "
+                   "a second thread would only add a ZODB connection cache")
+    return DEFAULT_THREADS, (f"{clients} ZEO client(s) on {cores} cores: one Zope process uses about "
+                             f"one core (GIL); {DEFAULT_THREADS} threads keep it busy while a request waits on ZEO")
+
+
 def threads_error(server, threads):
     """Why ``threads`` (an int >= 1) cannot serve on ``server``, or None when it can."""
     if server in SINGLE_THREADED and threads != 1:
