@@ -39,7 +39,7 @@ BUILDOUT_CFG_zeo := buildout.cfg
 BUILDOUT_CFG_relstorage := relstorage.cfg
 BUILDOUT_CFG = $(or $(BUILDOUT_CFG_$(STORAGE)),$(error STORAGE=$(STORAGE) is invalid: expected zeo or relstorage))
 
-.PHONY: demo test multihost blobbench matrix system venv ansible-venv build start site status ab stop pins clean
+.PHONY: demo test multihost blobbench headline matrix system venv ansible-venv build start site status ab stop pins clean
 
 demo: system build
 	@# Whatever happens, stop what was started (by PID).
@@ -106,6 +106,9 @@ multihost: build ansible-venv
 
 blobbench:
 	$(VENV)/bin/python -m loadtests blob $(BLOBBENCH_ARGS)
+
+headline:
+	$(VENV)/bin/python -m loadtests headline $(HEADLINE_ARGS)
 
 matrix:
 	$(VENV)/bin/python -m loadtests matrix $(MATRIX_ARGS)

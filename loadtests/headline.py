@@ -269,8 +269,9 @@ def main(argv=None):
         if off_config:
             offclients.stop(off_config)
     cells, ratios = summarize(runs)
-    meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "command": "python -m loadtests headline "
-            + " ".join(argv if argv is not None else sys.argv[1:]), "connections": args.connections,
+    meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "command": " ".join(
+                ["python -m loadtests headline", *(argv if argv is not None else sys.argv[1:])]),
+            "connections": args.connections,
             "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(),
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
             "minutes": round((time.monotonic() - clock) / 60, 1), "clients": clients, "urls": urls,
