@@ -51,9 +51,10 @@ import time
 import urllib.error
 import urllib.request
 
-from plonedeploy.recipe import rules
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src"))  # run as a script, not by pytest
+from plonedeploy.recipe import rules  # noqa: E402  (after the path above)
+
 ANSIBLE = os.path.join(ROOT, "ansible")
 WORK = "/tmp/pdmh"
 BRIDGE = "pdmh0"
