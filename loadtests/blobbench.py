@@ -51,12 +51,11 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests import offclients
-from loadtests.core import (ROOT, add_run_arguments, add_stack_arguments, cpu_seconds,
+from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, cpu_seconds,
                             default_buildout_config, exits_2_when_not_ready, load_stack, machine_busy_seconds,
                             new_figure, own_cpu_seconds, parse_counts, require_wrk, run_wrk, save_figure,
                             stack_pids, wait_for_quiet)
-BLOB_PATH = "/Plone/blob-5mb/@@download/file"
-BLOB_SIZE = 5 * 1024 * 1024
+BLOB_PATH = PATHS["blob"][0]
 WORK_DIR = os.path.join(ROOT, "var", "blobbench")
 
 
@@ -396,7 +395,7 @@ def main(argv=None):
     wanted_off = [v for v in args.variants if v.endswith("-off")]
     haproxy_part = next(p for p in config["processes"] if p["ready"].get("http") == config["stats_url"])
     off_clients = [c for c in clients if f"{kinds[c]}-off" in wanted_off or "haproxy-off" in wanted_off]
-    ports = {c: int(urls[c].rsplit(":", 1)[1]) + len(clients) for c in clients}
+    ports = offclients.ports({c: urls[c] for c in clients}, len(clients))
     off_haproxy = None
     if "haproxy-off" in wanted_off:
         first = max(ports.values()) + 1

@@ -36,6 +36,8 @@ PATHS = {
     "@json": ("/Plone", "application/json"),
     "blob": ("/Plone/blob-5mb/@@download/file", ""),
 }
+#: Bytes of the blob behind ``PATHS["blob"]``; scripts/create_site.py makes it this size.
+BLOB_SIZE = 5 * 1024 * 1024
 
 
 # ----------------------------------------------------------------------------- arguments

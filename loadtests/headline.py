@@ -39,11 +39,10 @@ import numpy as np
 import psutil
 
 from loadtests import offclients
-from loadtests.core import (PATHS, ROOT, add_run_arguments, add_stack_arguments, check_servers_up,
+from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, check_servers_up,
                             default_buildout_config, exits_2_when_not_ready, load_stack, markdown_table,
                             new_figure, report_folder, require_wrk, run_wrk, save_figure, write_report)
 
-BLOB_SIZE = 5 * 1024 * 1024  # bytes; scripts/create_site.py makes the blob this size
 WORK_DIR = os.path.join(ROOT, "var", "headline")
 #: The servers compared directly; the recipe's A/B pair.
 SERVERS = ("pyruvate", "waitress")
@@ -73,21 +72,22 @@ def parse_args(argv):
 
 
 def targets(config):
-    """``{target: base URL}`` of the stack: ``pyruvate`` and ``waitress`` (the first pool
-    client of each kind, its own HTTP address) and ``haproxy`` (the frontend). Raises
-    LookupError naming what is missing."""
+    """``(urls, clients)`` of the stack: ``urls`` ``{target: base URL}`` for ``pyruvate`` and
+    ``waitress`` (the first pool client of each kind, its own HTTP address) and ``haproxy``
+    (the frontend); ``clients`` ``{server: client part}``. Raises LookupError naming what is
+    missing."""
     kinds = config["server_kinds"]
     ready = {p["name"]: p["ready"]["http"].rstrip("/") for p in config["processes"] if p["name"] in kinds}
-    found = {}
+    clients = {}
     for server in SERVERS:
         names = [n for n in config["servers"] if kinds.get(n) == server]
         if not names:
             raise LookupError(f"no {server} client in the HAProxy pool ({kinds}): headline compares "
                               f"{' and '.join(SERVERS)}")
-        found[server] = (names[0], ready[names[0]])
-    urls = {server: url for server, (_, url) in found.items()}
+        clients[server] = names[0]
+    urls = {server: ready[name] for server, name in clients.items()}
     urls["haproxy"] = config["frontend_url"].rstrip("/")
-    return urls, {server: name for server, (name, _) in found.items()}
+    return urls, clients
 
 
 def plan(rounds, with_off):
@@ -155,6 +155,11 @@ def summarize(runs):
     return cells, {name: value for name, value in ratios.items() if value}
 
 
+def _columns(cells):
+    """The targets measured, in table order (keys of ``cells`` are ``"<target> <path>"``)."""
+    return [t for t in TARGETS + OFF if any(c.startswith(t + " ") for c in cells)]
+
+
 def _figure(spread, digits=0):
     if spread is None:
         return "-"
@@ -164,7 +169,7 @@ def _figure(spread, digits=0):
 
 def to_markdown(meta, cells, ratios):
     """report.md: the settings, req/s per path and target, the ratios, the latencies."""
-    columns = [t for t in TARGETS + OFF if any(c.startswith(t + " ") for c in cells)]
+    columns = _columns(cells)
     lines = [
         f"# Headline figures, {meta['started']}",
         "",
@@ -199,7 +204,7 @@ def to_markdown(meta, cells, ratios):
 
 def plot(cells, path):
     """Grouped bars of req/s (log scale) per path, one bar per target, min-max whiskers."""
-    columns = [t for t in TARGETS + OFF if any(c.startswith(t + " ") for c in cells)]
+    columns = _columns(cells)
     fig, ax = new_figure(figsize=(9, 4.5))
     width = 0.8 / len(columns)
     for i, target in enumerate(columns):
@@ -241,7 +246,7 @@ def main(argv=None):
     try:
         if not args.no_off:
             names = [clients[s] for s in SERVERS]
-            ports = {n: int(urls[s].rsplit(":", 1)[1]) + len(config["servers"]) for s, n in clients.items()}
+            ports = offclients.ports({clients[s]: urls[s] for s in SERVERS}, len(config["servers"]))
             offclients.build(WORK_DIR, args.buildout_config or default_buildout_config(), names, ports,
                              tool="loadtests.headline")
             off_config = offclients.stack_config(WORK_DIR, names, ports)

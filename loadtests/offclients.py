@@ -30,6 +30,14 @@ def pipeline_has_filter(part, work_dir):
     raise FileNotFoundError(f"no wsgi.ini for part {part}")
 
 
+def ports(client_urls, pool_size):
+    """``{client part: port}`` of the ``-off`` clients: each client's own port (from
+    ``client_urls``, ``{part: "http://host:port"}``) plus ``pool_size``, the number of
+    clients in the stack's pool, so the ``-off`` clients sit on the ports after the stack's
+    (8083, 8084 for the demo's 8081, 8082)."""
+    return {part: int(url.rstrip("/").rsplit(":", 1)[1]) + pool_size for part, url in client_urls.items()}
+
+
 def buildout_config(work_dir, extends, clients, ports, haproxy=None, tool="loadtests"):
     """Text of ``work_dir/buildout.cfg``: ``<part>-off`` of each of ``clients`` (part names)
     on ``ports[part]``, and with ``haproxy`` (``(part, port, stats port)``) an HAProxy
