@@ -15,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -182,7 +181,7 @@ import json, plonedeploy_edge
 f = plonedeploy_edge.FilterModule().filters()
 servers = {SERVERS}
 print(json.dumps({{
-    "defaults": {{s: f["plonedeploy_default_threads"](s) for s in servers}},
+    "defaults": {{s: f["plonedeploy_client_threads"]({{"wsgi_server": s}}) for s in servers}},
     "errors": {{s: f["plonedeploy_threads_errors"]([{{"name": "c", "wsgi_server": s, "threads": 2}}])
                for s in servers}},
     "fd": f["plonedeploy_fd_limit_needed"](100, [{{"maxconn": 2}}, {{"maxconn": 1}}]),

@@ -17,7 +17,6 @@ them exactly as ``plonedeploy.recipe:haproxy`` does.
 And the ZEO clients' rules of ``recipes/.../rules.py`` (the recipe's ``instance`` and
 ``haproxy`` apply the same functions):
 
-- ``server | plonedeploy_default_threads``: a client's threads when none are given (int).
 - ``clients | plonedeploy_threads_errors``: messages for clients whose ``threads`` their
   ``wsgi_server`` cannot run (``clients``: dicts with ``name``, optional ``wsgi_server``
   and ``threads``); empty when all can.
@@ -65,10 +64,10 @@ def threads_errors(clients):
     errors = []
     for client in clients:
         server = client.get("wsgi_server", rules.DEFAULT_SERVER)
-        try:
-            threads = int(client.get("threads", rules.default_threads(server)))
+        try:  # auto gives what the server can run; unset, its default
+            threads = client_threads(client)
         except (TypeError, ValueError):
-            continue  # auto: the rule chooses what the server can run; anything else: validate.yml says
+            continue  # neither a number nor auto: validate.yml's own check names it
         error = rules.threads_error(server, threads)
         if error:
             errors.append(f"client {client.get('name')}: threads {threads} on {server}; allowed: {error}")
@@ -86,7 +85,6 @@ class FilterModule:
             "plonedeploy_host_regex": lambda names: edge.host_regex([str(n) for n in names]),
             "plonedeploy_tls_profile": tls.profile,
             "plonedeploy_san": lambda name: tls.san_entry(str(name)),
-            "plonedeploy_default_threads": lambda server: rules.default_threads(str(server)),
             "plonedeploy_threads_errors": threads_errors,
             "plonedeploy_client_threads": client_threads,
             "plonedeploy_fd_limit_needed": lambda maxconn, servers: rules.fd_limit_needed(int(maxconn), servers),
