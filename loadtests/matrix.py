@@ -1,10 +1,11 @@
-"""Benchmark matrix: WSGI servers x paths x connections x threads, each cell measured 4 times.
+"""Benchmark matrix: WSGI servers x paths x connections x threads, each cell measured 3 times.
 
 Usage (stack running with the site: ``make start``; Debian's ``wrk`` on PATH)::
 
     .venv/bin/python -m loadtests.matrix [--quick] [--servers pyruvate,waitress,...]
-        [--paths /,/Plone,@json,blob,hello] [--connections 1,10,50,100,500,1000]
-        [--threads 1,2,4] [--sweep-at 100] [--runs 4] [--duration 1] [--warmup 1] [--drain-max 20]
+        [--paths /,/Plone,@json,blob,hello] [--connections 1,10,100,1000]
+        [--threads 1,2,4] [--sweep-at 100] [--runs 3] [--duration 1] [--max-duration 20]
+        [--requests-per-connection 3] [--warmup 1] [--drain-max 20]
         [--out var/reports] [--resume DIR] [--estimate]
 
 What it does (method of the 2016 AppDynamics benchmark, improved):
@@ -21,7 +22,12 @@ What it does (method of the 2016 AppDynamics benchmark, improved):
    ``--warmup`` s, at most 10 connections: a warm-up at 1,000 would leave up to 1,000
    abandoned requests to work off) before its first run; before every run it waits until
    the server is idle (at most ``--drain-max`` s); a run is wrk with ``--connections``
-   held for ``--duration`` s (loadtests/matrix_measure.py);
+   held long enough that each connection completes ``--requests-per-connection``
+   requests (3) on average at the rate the cell served in its warm-up or its last run,
+   between ``--duration`` (1) and ``--max-duration`` (20) seconds
+   (loadtests/matrix_measure.py). A cell with a run that falls short is marked not
+   steady (``U``): mostly first responses, so its figures are bounds. ``--quick`` keeps
+   1 s runs and marks its cells the same way;
 4. appends every run as one JSON line to ``<dir>/results.jsonl`` as soon as it is
    measured, so an interrupted matrix keeps what it measured and ``--resume <dir>``
    measures only the rest (with the options stored in ``<dir>/options.json``);
@@ -54,12 +60,15 @@ from loadtests.core import (ROOT, STACK_JSON, exits_2_when_not_ready, load_stack
                             run_wrk, stack_pids, wait_tree_idle)
 from loadtests.matrix_measure import MATRIX_PATHS, measure
 from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED
-DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 50, 100, 500, 1000],
-            "threads": [1, 2, 4], "sweep_at": 100, "runs": 4, "duration": 1, "warmup": 1}
+DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 100, 1000],
+            "threads": [1, 2, 4], "sweep_at": 100, "runs": 3, "duration": 1, "max_duration": 20, "warmup": 1}
+# --quick keeps 1 s runs (CI time): its cells say whether they reached the steady state.
 QUICK = {"servers": ["pyruvate", "waitress"], "paths": list(MATRIX_PATHS), "connections": [1, 50],
-         "threads": [2], "sweep_at": None, "runs": 4, "duration": 1, "warmup": 1}
-PLAN_KEYS = ("servers", "paths", "connections", "threads", "sweep_at", "runs", "duration", "warmup",
-             "timeout", "seed", "noisy_pct", "drain_max")
+         "threads": [2], "sweep_at": None, "runs": 4, "duration": 1, "max_duration": 1, "warmup": 1}
+PLAN_KEYS = ("servers", "paths", "connections", "threads", "sweep_at", "runs", "duration", "max_duration",
+             "requests_per_connection", "warmup", "timeout", "seed", "noisy_pct", "drain_max")
+#: What a matrix stored before steady-state runs (options.json without these keys) ran with.
+OLD_PLAN = {"max_duration": None, "requests_per_connection": 0}
 
 
 def _list(parser, option, allowed=None, kind=str):
@@ -88,15 +97,21 @@ def parse_args(argv):
     parser.add_argument("--paths", type=_list(parser, "--paths", list(MATRIX_PATHS)),
                         help=f"comma-separated path labels from {', '.join(MATRIX_PATHS)} (default: all)")
     parser.add_argument("--connections", type=_list(parser, "--connections", kind=int),
-                        help="comma-separated wrk connection counts (default 1,10,50,100,500,1000)")
+                        help="comma-separated wrk connection counts (default 1,10,100,1000)")
     parser.add_argument("--threads", type=_list(parser, "--threads", kind=int),
                         help="comma-separated threads values swept at --sweep-at connections (default 1,2,4; "
                         "single-threaded servers only 1)")
     parser.add_argument("--sweep-at", help="connection count at which --threads are swept (default 100; "
                         "'all': at every connection count)")
-    parser.add_argument("--runs", type=int, help="runs per cell (default 4: mean of the middle two)")
-    parser.add_argument("--duration", type=int, help="seconds per run (default 1: the full default matrix then fits in 90 minutes; "
-                        "2 s runs: about 87 minutes here)")
+    parser.add_argument("--runs", type=int, help="runs per cell (default 3: their median; 4: mean of the middle "
+                        "two; --quick 4)")
+    parser.add_argument("--duration", type=int, help="seconds per run at least (default 1)")
+    parser.add_argument("--max-duration", type=int,
+                        help="seconds per run at most (default 20; --quick 1): a run lasts long enough for "
+                        "--requests-per-connection at the rate the cell served in its warm-up or last run")
+    parser.add_argument("--requests-per-connection", type=int, default=3,
+                        help="requests each connection should complete per run on average (default 3): sizes "
+                        "the runs and marks cells that fall short as not steady (0: fixed --duration runs)")
     parser.add_argument("--warmup", type=int, help="seconds of warm-up per cell (default 1; 0: none)")
     parser.add_argument("--timeout", type=int, default=5,
                         help="seconds wrk waits for a response before counting a timeout error (default 5)")
@@ -126,7 +141,9 @@ def parse_args(argv):
         except (OSError, ValueError) as exc:
             parser.error(f"--resume {args.resume}: no readable options.json ({exc})")
         for key in PLAN_KEYS:
-            setattr(args, key, stored[key])
+            setattr(args, key, stored[key] if key in stored else OLD_PLAN[key])
+        if args.max_duration is None:
+            args.max_duration = args.duration
         return args
     base = QUICK if args.quick else DEFAULTS
     for key, value in base.items():
@@ -139,9 +156,13 @@ def parse_args(argv):
             parser.error(f"--sweep-at: {args.sweep_at!r} not allowed; allowed: a connection count or 'all'")
         else:
             args.sweep_at = int(args.sweep_at)
-    for name in ("runs", "duration"):
+    for name in ("runs", "duration", "max_duration"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.max_duration < args.duration:
+        parser.error(f"--max-duration {args.max_duration} is below --duration {args.duration}")
+    if args.requests_per_connection < 0:
+        parser.error(f"--requests-per-connection must be 0 or more, got {args.requests_per_connection}")
     if args.warmup < 0 or args.timeout < 1 or args.drain_max < 1:
         parser.error("--warmup must be >= 0, --timeout and --drain-max >= 1")
     if args.seed is None:
@@ -161,6 +182,13 @@ def _minutes(seconds):
     return f"{seconds / 60:.1f} min"
 
 
+def _run_length(args):
+    if args.max_duration == args.duration or not args.requests_per_connection:
+        return f"{args.duration} s"
+    return (f"{args.duration}-{args.max_duration} s (long enough for {args.requests_per_connection} "
+            "requests per connection)")
+
+
 @exits_2_when_not_ready("matrix")
 def main(argv=None):
     args = parse_args(argv)
@@ -169,7 +197,8 @@ def main(argv=None):
     results_path = os.path.join(out, "results.jsonl")
     records = matrix_plan.load_results(results_path)
     todo = matrix_plan.remaining(order, records)
-    estimate = matrix_plan.estimate_seconds(todo, len(pairs), args.duration, args.warmup, args.drain_max)
+    estimate = matrix_plan.estimate_seconds(todo, len(pairs), args.duration, args.warmup, args.drain_max,
+                                            args.requests_per_connection, args.max_duration)
     if args.sweep_at is None:
         sweep = "at every connection level"
     elif args.sweep_at in args.connections:
@@ -179,7 +208,7 @@ def main(argv=None):
     print(f"matrix: {len(args.servers)} servers, {len(args.paths)} paths, connections "
           f"{','.join(map(str, args.connections))}, threads {','.join(map(str, args.threads))} "
           f"({sweep}): {len(cells)} cells x {args.runs} runs = {len(order)} runs "
-          f"of {args.duration} s (+{args.warmup} s warm-up per cell), {len(pairs)} parts; "
+          f"of {_run_length(args)} (+{args.warmup} s warm-up per cell), {len(pairs)} parts; "
           f"{len(order) - len(todo)} runs already measured; estimate {_minutes(estimate)}", flush=True)
     if args.estimate:
         return 0
@@ -200,8 +229,7 @@ def main(argv=None):
         json.dump({key: getattr(args, key) for key in PLAN_KEYS}, fp, indent=1)
     meta = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cores": psutil.cpu_count(),
             "cells_planned": len(cells), "runs_planned": len(order), "estimate_s": round(estimate),
-            **{("duration_s" if k == "duration" else "warmup_s" if k == "warmup" else
-                "timeout_s" if k == "timeout" else "drain_max_s" if k == "drain_max" else k): getattr(args, k)
+            **{(f"{k}_s" if k in ("duration", "max_duration", "warmup", "timeout", "drain_max") else k): getattr(args, k)
                for k in PLAN_KEYS}}
     status = 0
     t0 = time.monotonic()
@@ -277,6 +305,7 @@ def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path):
 def run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path):
     """Measure the runs of ``todo`` in order; returns 0, or 1 when some run failed."""
     warmed, failed = set(), 0
+    rates = {}                       # cell -> requests/s of its warm-up or its last run
     started = time.monotonic()
     for number, (cell, index) in enumerate(todo, start=1):
         server, threads, path, conns = cell
@@ -291,14 +320,20 @@ def run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path):
         try:
             if cell not in warmed and args.warmup:
                 accept = MATRIX_PATHS[path][1]
-                run_wrk(base + MATRIX_PATHS[path][0], min(conns, 10), args.warmup, timeout=args.timeout,
-                        accept=accept, wrk=wrk)
+                warm = run_wrk(base + MATRIX_PATHS[path][0], min(conns, 10), args.warmup, timeout=args.timeout,
+                               accept=accept, wrk=wrk)
+                rates[cell] = warm["requests"] / (warm["duration_us"] / 1e6) if warm["duration_us"] else 0.0
             warmed.add(cell)
+            seconds = matrix_plan.cell_duration(rates.get(cell), conns, args.requests_per_connection,
+                                                args.duration, args.max_duration)
             # the warm-up's (or the server's last run's) abandoned requests
             drain = wait_tree_idle(procs[key].pid, max_seconds=args.drain_max)
-            record = measure(wrk, base, path, conns, args.duration, args.timeout, procs[key].pid, own)
+            record = measure(wrk, base, path, conns, seconds, args.timeout, procs[key].pid, own)
+            rates[cell] = record["rps"]
             record["drain_before_s"] = round(drain, 1)
             record["backlog"] = drain >= args.drain_max
+            record["duration_s"] = seconds
+            record["steady"] = matrix_plan.steady(record["requests"], conns, args.requests_per_connection)
         except RuntimeError as exc:
             failed += 1
             print(f"  run failed: {cell} #{index}: {str(exc)[:500]}", file=sys.stderr, flush=True)
@@ -313,7 +348,8 @@ def run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path):
         eta = elapsed / number * (len(todo) - number)
         errors = sum(record["errors"].values())
         print(f"[{number}/{len(todo)} ETA {eta / 60:.1f} min] {server} t{threads} {path} c{conns} #{index}: "
-              f"{record['rps']:.1f} req/s, p99 {record['p99_ms']:.1f} ms, errors {errors}, non-2xx "
+              f"{record['duration_s']} s, {record['requests'] / conns:.1f} req/conn"
+              f"{'' if record['steady'] else ' (not steady)'}, {record['rps']:.1f} req/s, p99 {record['p99_ms']:.1f} ms, errors {errors}, non-2xx "
               f"{record['non_2xx']}, RSS {record['peak_rss_bytes'] / 2**20:.0f} MiB, foreign "
               f"{record['foreign_pct']:.0f} %", flush=True)
     return 1 if failed else 0

@@ -8,6 +8,7 @@ A *cell* is ``(server, threads, path, connections)``: one wsgi-server value with
 one wrk connection count. A *run* is ``(cell, index)`` with ``index`` in ``range(runs)``.
 """
 import json
+import math
 import random
 
 SINGLE_THREADED_DEFAULT = 1
@@ -24,6 +25,11 @@ HIGH_DRAIN_S = 2.5
 #: run at 1,000 connections its abandoned requests take about 1,000 / 40 = 25 s.
 SLOW_PAGE_RPS = 40.0
 CELL_OVERHEAD_S = 0.3
+#: Requests/s one ZEO client at 2 threads serves per path here (busy 2-core machine, the
+#: headline and matrix runs of 22-24 Nov 2026, rounded down): used only to estimate how
+#: long steady-state runs take before anything is measured; the runs themselves size
+#: their duration from the cell's own warm-up or previous run.
+RATE_GUESS = {"hello": 2000.0, "/": 800.0, "@json": 100.0, "/Plone": SLOW_PAGE_RPS, "blob": 150.0}
 #: Seconds to build (when built: ~20 s) and start the parts, all at once: 8 parts (16
 #: servers) answered after 122 s here on a busy shared 2-core machine.
 STARTUP_BASE_S = 40.0
@@ -106,19 +112,46 @@ def remaining(order, records):
     return [item for item in order if item not in done]
 
 
-def estimate_seconds(runs, n_parts, duration, warmup, drain_max=20):
-    """Estimated wall seconds of measuring ``runs`` (``[(cell, index)]``): ``duration`` s
-    plus RUN_OVERHEAD_S per run, ``warmup`` + CELL_OVERHEAD_S s per distinct cell, and
-    starting ``n_parts`` parts (nothing when ``runs`` is empty). At HIGH_CONNECTIONS or
-    more on a Zope path a run adds the idle wait for the requests wrk abandoned:
-    HIGH_DRAIN_S, or on ``/Plone`` connections / SLOW_PAGE_RPS seconds, at most
-    ``drain_max``."""
+def cell_duration(rate, connections, per_connection, minimum, maximum):
+    """Seconds of one run (wrk's ``-d``, a whole number): long enough that each of
+    ``connections`` completes ``per_connection`` requests on average at ``rate``
+    requests/s, at least ``minimum`` and at most ``maximum`` seconds.
+
+    ``rate`` is what the cell served in its warm-up or its previous run (None or 0 when
+    unknown or nothing was served: ``maximum``). ``per_connection`` 0 gives ``minimum``
+    (fixed-length runs). wrk counts per thread, not per connection, so "each connection"
+    is the average: a server that serves some connections and starves others can pass.
+    """
+    if per_connection <= 0:
+        return minimum
+    if not rate:
+        return maximum
+    return max(minimum, min(maximum, math.ceil(per_connection * connections / rate)))
+
+
+def steady(requests, connections, per_connection):
+    """True when ``requests`` completed in a run of ``connections`` connections reach
+    ``per_connection`` per connection on average: the run measured the server's steady
+    state, not only the first response of each connection (a lower bound of its latency
+    and throughput)."""
+    return requests >= per_connection * connections
+
+
+def estimate_seconds(runs, n_parts, duration, warmup, drain_max=20, per_connection=0, max_duration=None):
+    """Estimated wall seconds of measuring ``runs`` (``[(cell, index)]``): each run's
+    duration (``cell_duration`` at the path's RATE_GUESS, between ``duration`` and
+    ``max_duration`` seconds; ``per_connection`` 0: ``duration``) plus RUN_OVERHEAD_S,
+    ``warmup`` + CELL_OVERHEAD_S s per distinct cell, and starting ``n_parts`` parts
+    (nothing when ``runs`` is empty). At HIGH_CONNECTIONS or more on a Zope path a run
+    adds the idle wait for the requests wrk abandoned: HIGH_DRAIN_S, or on ``/Plone``
+    connections / SLOW_PAGE_RPS seconds, at most ``drain_max``."""
     if not runs:
         return 0.0
     total = STARTUP_BASE_S + n_parts * STARTUP_PER_PART_S
     total += len({cell for cell, _ in runs}) * (warmup + CELL_OVERHEAD_S)
     for (_, _, path, conns), _ in runs:
-        total += duration + RUN_OVERHEAD_S
+        total += cell_duration(RATE_GUESS.get(path), conns, per_connection, duration,
+                               duration if max_duration is None else max_duration) + RUN_OVERHEAD_S
         if conns >= HIGH_CONNECTIONS and path != "hello":
             total += min(conns / SLOW_PAGE_RPS if path == "/Plone" else HIGH_DRAIN_S, drain_max)
     return total

@@ -11,25 +11,33 @@ Per cell (server, threads, path, connections), from its runs (results.jsonl reco
 - ``peak_rss_mib``: largest peak RSS of the server's process tree over the runs (MiB);
 - ``foreign_pct``: mean foreign CPU over the runs (% of all cores); ``noisy`` when it is
   above the threshold;
-- ``drain_s``: mean idle wait before the runs (s); ``backlog`` when a wait hit its cap.
+- ``drain_s``: mean idle wait before the runs (s); ``backlog`` when a wait hit its cap;
+- ``duration_s``: mean length of the runs (s; steady-state runs differ per cell);
+  ``req_per_conn``: the fewest requests per connection of any run (requests / connections);
+  ``steady`` when every run reached the matrix's requests per connection
+  (matrix_plan.steady): otherwise the cell saw mostly first responses, and its req/s and
+  latencies are bounds, not the server's steady state.
 """
 import csv
 import json
 import os
 
 from loadtests.core import new_figure, save_figure
-from loadtests.matrix_plan import trimmed_mean
+from loadtests.matrix_plan import steady, trimmed_mean
 
 TRIMMED = ("rps", "p50_ms", "p95_ms", "p99_ms", "max_ms", "cpu_ms_per_req")
 ERROR_KINDS = ("connect", "read", "write", "timeout")
 COLUMNS = (["server", "threads", "path", "connections", "runs"] + list(TRIMMED)
            + ["requests"] + [f"err_{k}" for k in ERROR_KINDS]
-           + ["non_2xx", "peak_rss_mib", "foreign_pct", "noisy", "drain_s", "backlog"])
+           + ["non_2xx", "peak_rss_mib", "foreign_pct", "noisy", "drain_s", "backlog", "duration_s",
+              "req_per_conn", "steady"])
 
 
-def aggregate(records, noisy_pct):
+def aggregate(records, noisy_pct, per_connection=3, duration=1):
     """Cell rows (dicts with the keys of COLUMNS), sorted by server, path, connections,
-    threads, from results.jsonl ``records``. ``noisy_pct``: foreign CPU threshold (%)."""
+    threads, from results.jsonl ``records``. ``noisy_pct``: foreign CPU threshold (%);
+    ``per_connection``: requests per connection a steady run reaches; ``duration``: run
+    length (s) of records written before runs stored theirs."""
     by_cell = {}
     for r in records:
         by_cell.setdefault((r["server"], r["threads"], r["path"], r["connections"]), []).append(r)
@@ -49,6 +57,10 @@ def aggregate(records, noisy_pct):
         row["noisy"] = row["foreign_pct"] > noisy_pct
         row["drain_s"] = round(sum(r.get("drain_before_s", 0.0) for r in runs) / len(runs), 1)
         row["backlog"] = any(r.get("backlog", False) for r in runs)
+        row["duration_s"] = round(sum(r.get("duration_s", duration) for r in runs) / len(runs), 1)
+        fewest = min(r["requests"] for r in runs)
+        row["req_per_conn"] = round(fewest / conns, 1)
+        row["steady"] = steady(fewest, conns, per_connection)
         rows.append(row)
     rows.sort(key=lambda r: (r["server"], r["path"], r["connections"], r["threads"]))
     return rows
@@ -116,11 +128,19 @@ def _fmt(value):
 def markdown(rows, meta, pngs):
     """report.md text: the settings, noisy cells, and a table per path."""
     noisy = [r for r in rows if r["noisy"]]
+    per_connection = meta.get("requests_per_connection", 0)
+    longest = meta.get("max_duration_s") or meta["duration_s"]
+    if per_connection and longest > meta["duration_s"]:
+        length = (f"of {meta['duration_s']}-{longest} s (long enough for {per_connection} requests per "
+                  "connection at the cell's rate)")
+    else:
+        length = f"of {meta['duration_s']} s"
+    unsteady = [r for r in rows if not r["steady"]]
     lines = [
         "# Benchmark matrix",
         "",
         f"Started {meta['started']}; {meta['cores']} cores; servers {', '.join(meta['servers'])}; "
-        f"{meta['runs']} runs per cell of {meta['duration_s']} s after a {meta['warmup_s']} s warm-up, "
+        f"{meta['runs']} runs per cell {length} after a {meta['warmup_s']} s warm-up, "
         f"in randomized interleaved order (seed {meta['seed']}); figures are the mean of the runs "
         "without the highest and the lowest (errors, requests: sums; RSS: peak). wrk timeout "
         f"{meta['timeout_s']} s. {meta['cells_done']} of {meta['cells_planned']} cells measured, "
@@ -130,7 +150,9 @@ def markdown(rows, meta, pngs):
         f"Noisy cells (foreign CPU above {meta['noisy_pct']} % of the machine, marked `!`): "
         f"{len(noisy)} of {len(rows)}. Cells with a run that started while the server still worked "
         f"off requests abandoned by an earlier run (idle wait cut at {meta.get('drain_max_s')} s, "
-        f"marked `B`): {sum(1 for r in rows if r['backlog'])}.",
+        f"marked `B`): {sum(1 for r in rows if r['backlog'])}. Cells with a run in which the "
+        f"connections completed fewer than {per_connection or 3} requests each on average (not the "
+        f"steady state: req/s and latencies are bounds; marked `U`): {len(unsteady)}.",
         "",
     ]
     for name in pngs:
@@ -141,8 +163,9 @@ def markdown(rows, meta, pngs):
             continue
         lines += ["", f"## {path}", "",
                   "| server | threads | conns | req/s | p50 ms | p95 ms | p99 ms | max ms | CPU ms/req "
-                  "| socket errors c/r/w/t | non-2xx | peak RSS MiB | foreign CPU % | idle wait s | runs |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+                  "| socket errors c/r/w/t | non-2xx | peak RSS MiB | foreign CPU % | idle wait s | run s "
+                  "| req/conn | runs |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in cells:
             errors = "/".join(str(r[f"err_{k}"]) for k in ERROR_KINDS)
             lines.append(
@@ -150,14 +173,15 @@ def markdown(rows, meta, pngs):
                 f"| {_fmt(r['p50_ms'])} | {_fmt(r['p95_ms'])} | {_fmt(r['p99_ms'])} | {_fmt(r['max_ms'])} "
                 f"| {'' if r['cpu_ms_per_req'] is None else r['cpu_ms_per_req']} | {errors} "
                 f"| {r['non_2xx']} | {r['peak_rss_mib']} | {r['foreign_pct']}{' !' if r['noisy'] else ''} "
-                f"| {r['drain_s']}{' B' if r['backlog'] else ''} | {r['runs']} |")
+                f"| {r['drain_s']}{' B' if r['backlog'] else ''} | {r['duration_s']} "
+                f"| {r['req_per_conn']}{'' if r['steady'] else ' U'} | {r['runs']} |")
     return "\n".join(lines) + "\n"
 
 
 def write_all(records, meta, directory, single_threaded):
     """Write matrix.csv, matrix.json, matrix-<path>.png and report.md into ``directory``;
     returns the cell rows."""
-    rows = aggregate(records, meta["noisy_pct"])
+    rows = aggregate(records, meta["noisy_pct"], meta.get("requests_per_connection") or 3, meta["duration_s"])
     write_csv(rows, os.path.join(directory, "matrix.csv"))
     write_json(rows, meta, os.path.join(directory, "matrix.json"))
     pngs = plot(rows, meta["paths"], single_threaded, directory)

@@ -13,7 +13,6 @@ real wrk), then ``--resume`` of the same folder, which must measure nothing new.
 """
 import csv
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -58,10 +57,10 @@ def test_threads_swept_only_at_sweep_level_and_single_threaded_at_one():
 def test_default_plan_size():
     args = matrix.parse_args([])
     cells, pairs, order = matrix.plan(args)
-    # 6 multi-threaded servers x 5 paths x (6 levels + 2 extra threads at 100) + 2 x 5 x 6
-    assert len(cells) == 6 * 5 * 8 + 2 * 5 * 6 == 300
+    # 6 multi-threaded servers x 5 paths x (4 levels + 2 extra threads at 100) + 2 x 5 x 4
+    assert len(cells) == 6 * 5 * 6 + 2 * 5 * 4 == 220
     assert len(pairs) == 6 * 3 + 2 == 20
-    assert len(order) == 4 * 300
+    assert len(order) == 3 * 220
 
 
 def test_order_covers_every_cell_and_run_once_round_by_round():
@@ -105,9 +104,28 @@ def test_estimate():
                 + matrix_plan.STARTUP_BASE_S + 3 * matrix_plan.STARTUP_PER_PART_S)
     assert matrix_plan.estimate_seconds(runs, 3, duration=2, warmup=1) == pytest.approx(expected)
     assert matrix_plan.estimate_seconds([], 3, duration=2, warmup=1) == 0.0
-    cells, pairs, order = matrix.plan(matrix.parse_args([]))
-    minutes = matrix_plan.estimate_seconds(order, len(pairs), 2, 1) / 60
+    # Steady-state runs: "/" at 1000 connections needs 3 x 1000 / 800 -> 4 s, "/" at 10 the minimum
+    # of 2 s, hello at 1000 3 x 1000 / 2000 -> 2 s (both under the 30 s cap).
+    steady = (4 * (2 + 4 + 2) + 12 * matrix_plan.RUN_OVERHEAD_S + 4 * matrix_plan.HIGH_DRAIN_S
+              + 3 * (1 + matrix_plan.CELL_OVERHEAD_S) + matrix_plan.STARTUP_BASE_S + 3 * matrix_plan.STARTUP_PER_PART_S)
+    assert matrix_plan.estimate_seconds(runs, 3, duration=2, warmup=1, per_connection=3,
+                                        max_duration=30) == pytest.approx(steady)
+    args = matrix.parse_args([])
+    cells, pairs, order = matrix.plan(args)
+    minutes = matrix_plan.estimate_seconds(order, len(pairs), args.duration, args.warmup, args.drain_max,
+                                           args.requests_per_connection, args.max_duration) / 60
     assert minutes < 90                                   # the issue's limit for the full run
+
+
+def test_run_lasts_long_enough_for_several_requests_per_connection():
+    # 3 requests on each of 100 connections at 40 requests/s: 7.5 s, rounded up for wrk's -d
+    assert matrix_plan.cell_duration(40.0, 100, 3, 1, 20) == 8
+    assert matrix_plan.cell_duration(5000.0, 100, 3, 1, 20) == 1      # fast: the minimum
+    assert matrix_plan.cell_duration(40.0, 1000, 3, 1, 20) == 20      # 75 s needed: the cap
+    assert matrix_plan.cell_duration(None, 10, 3, 1, 20) == 20        # rate unknown
+    assert matrix_plan.cell_duration(0.0, 10, 3, 1, 20) == 20         # nothing served yet
+    assert matrix_plan.cell_duration(40.0, 100, 0, 2, 20) == 2        # fixed-length runs
+    assert matrix_plan.steady(300, 100, 3) and not matrix_plan.steady(299, 100, 3)
 
 
 # -- hello ini, aggregation, options --------------------------------------------------
@@ -136,11 +154,30 @@ def test_aggregate_trims_sums_errors_and_flags_noisy():
     assert row["requests"] == 1000 and row["err_read"] == 6 and row["non_2xx"] == 4
     assert row["peak_rss_mib"] == 210.0 and row["foreign_pct"] == 30.0 and row["noisy"] is True
     assert row["drain_s"] == 5.3 and row["backlog"] is True
+    assert row["duration_s"] == 1.0 and row["req_per_conn"] == 10.0 and row["steady"] is True
     report = matrix_report.markdown([row], dict(started="t", cores=2, servers=["waitress"], paths=["/"], runs=4,
                                                 duration_s=1, warmup_s=1, seed=1, timeout_s=5, cells_done=1,
                                                 cells_planned=1, runs_done=4, runs_planned=4, estimate_s=60,
                                                 noisy_pct=25, drain_max_s=20), [])
-    assert "| 30.0 ! | 5.3 B | 4 |" in report
+    assert "| 30.0 ! | 5.3 B | 1.0 | 10.0 | 4 |" in report
+
+
+def test_cell_with_a_short_run_is_not_steady():
+    cell = ("waitress", 2, "/Plone", 100)
+    base = dict(rps=40.0, p50_ms=1.0, p95_ms=2.0, p99_ms=3.0, max_ms=9.0, cpu_ms_per_req=1.0,
+                errors={"connect": 0, "read": 0, "write": 0, "timeout": 0}, non_2xx=0, peak_rss_bytes=2**20,
+                foreign_pct=0.0)
+    runs = [_record(cell, 0, requests=320, duration_s=8, **base), _record(cell, 1, requests=290, duration_s=8, **base),
+            _record(cell, 2, requests=400, duration_s=11, **base)]
+    [row] = matrix_report.aggregate(runs, noisy_pct=25, per_connection=3)
+    assert row["duration_s"] == 9.0 and row["req_per_conn"] == 2.9 and row["steady"] is False
+    meta = dict(started="t", cores=2, servers=["waitress"], paths=["/Plone"], runs=3, duration_s=1, max_duration_s=20,
+                requests_per_connection=3, warmup_s=1, seed=1, timeout_s=5, cells_done=1, cells_planned=1,
+                runs_done=3, runs_planned=3, estimate_s=60, noisy_pct=25, drain_max_s=20)
+    report = matrix_report.markdown([row], meta, [])
+    assert "| 9.0 | 2.9 U | 3 |" in report
+    assert "of 1-20 s (long enough for 3 requests per connection" in report
+    assert "marked `U`): 1." in report
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -149,6 +186,8 @@ def test_aggregate_trims_sums_errors_and_flags_noisy():
     (["--connections", "0"], "--connections"),
     (["--sweep-at", "many"], "--sweep-at"),
     (["--runs", "0"], "--runs"),
+    (["--duration", "5", "--max-duration", "2"], "--max-duration 2 is below --duration 5"),
+    (["--requests-per-connection", "-1"], "--requests-per-connection"),
 ])
 def test_bad_options_name_the_option(argv, needle, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -181,6 +220,9 @@ def test_quick_matrix_against_the_stack_then_resume_measures_nothing(stack, tmp_
         assert (folder / name).stat().st_size > 0, name
     records = matrix_plan.load_results(str(folder / "results.jsonl"))
     assert len(records) == 2 * 3 * 2 * 4                  # servers x paths x connections x runs
+    # --quick keeps 1 s runs and says per run whether the connections got 3 requests each
+    assert {r["duration_s"] for r in records} == {1}
+    assert all(r["steady"] == (r["requests"] >= 3 * r["connections"]) for r in records)
     rows = {(r["server"], r["path"], int(r["connections"])): r for r in csv.DictReader(open(folder / "matrix.csv"))}
     assert len(rows) == 12
     for server in ("pyruvate", "waitress"):
@@ -192,7 +234,7 @@ def test_quick_matrix_against_the_stack_then_resume_measures_nothing(stack, tmp_
     cells = json.load(open(folder / "matrix.json"))["cells"]
     assert {c["path"] for c in cells} == {"/", "blob", "hello"}
     report = (folder / "report.md").read_text()
-    assert "## hello" in report and "foreign CPU" in report
+    assert "## hello" in report and "foreign CPU" in report and "| req/conn |" in report
     assert "stopped 4 servers" in first.stdout
     assert not [p for p in range(9510, 9514) if port_taken(p)], "matrix servers still listening"
 
@@ -202,3 +244,12 @@ def test_quick_matrix_against_the_stack_then_resume_measures_nothing(stack, tmp_
     assert "48 runs already measured" in again.stdout
     assert "building" not in again.stdout                  # nothing left: no server started
     assert len(matrix_plan.load_results(str(folder / "results.jsonl"))) == 48
+
+
+def test_resume_of_a_matrix_stored_before_steady_state_runs(tmp_path):
+    """An options.json without the steady-state keys resumes with its fixed-length runs."""
+    stored = dict(servers=["pyruvate"], paths=["/"], connections=[1, 50], threads=[2], sweep_at=None, runs=4,
+                  duration=2, warmup=1, timeout=5, seed=3, noisy_pct=25.0, drain_max=20)
+    (tmp_path / "options.json").write_text(json.dumps(stored))
+    args = matrix.parse_args(["--resume", str(tmp_path)])
+    assert (args.duration, args.max_duration, args.requests_per_connection) == (2, 2, 0)
