@@ -198,6 +198,7 @@ def test_stack_script_and_config(built):
     directory, _ = built
     config = json.loads((directory / "parts" / "stack" / "stack.json").read_text())
     assert [p["name"] for p in config["processes"]] == ["zeoserver", "instance", "client2", "uploads", "haproxy"]
+    assert config["storage"] == "zeo" and config["zeoserver"] == "zeoserver"
     assert config["server_kinds"] == {"instance": "pyruvate", "client2": "waitress"}
     assert config["upload_servers"] == ["uploads"] and config["upload_backend"] == "uploads"
     assert config["stats_url"] == "http://127.0.0.1:18404/stats;csv"
@@ -718,6 +719,7 @@ def test_relstorage_cfg_builds_nothing_of_zeo(tmp_path):
     assert f"    blob-dir {tmp_path}/var/blobstorage\n" in convert
     config = json.loads((tmp_path / "parts" / "stack" / "stack.json").read_text())
     assert config["processes"][0]["name"] == "postgresql"
+    assert config["storage"] == "relstorage" and config["zeoserver"] is None  # core.running_zeo_server
     for part in ("instance", "client2", "uploads"):
         zope_conf = (tmp_path / "parts" / part / "etc" / "zope.conf").read_text()
         assert "<relstorage>" in zope_conf and "<zeoclient>" not in zope_conf and "blobstorage" not in zope_conf
