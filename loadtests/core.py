@@ -188,6 +188,29 @@ def stack_pids(config):
     return procs
 
 
+def running_zeo_server(config):
+    """``"host:port"`` of the stack's running ZEO server, for the tools that build ZEO clients
+    of their own beside the stack's (matrix, servers-wrk, scaling).
+
+    ``config``: stack.json's dict (:func:`load_stack`); its ``storage`` (``zeo`` or
+    ``relstorage``) and ``zeoserver`` (the process name; stack.json written before these
+    keys: ``zeoserver``). Raises NotReady, before anything is built, when the stack runs on
+    RelStorage (there is no ZEO server for such clients), when stack.json names no ZEO
+    server, or when it is not running.
+    """
+    if config.get("storage") == "relstorage":
+        raise NotReady("the stack is built for RelStorage on PostgreSQL (relstorage.cfg), and this tool "
+                       "builds ZEO clients of the stack's ZEO server, which a RelStorage build does not "
+                       "have: build and start the ZEO stack (make build STORAGE=zeo; make start)")
+    name = config.get("zeoserver") or "zeoserver"
+    found = [p for p in config["processes"] if p["name"] == name and "tcp" in p["ready"]]
+    if not found:
+        raise NotReady(f"stack.json names no ZEO server process {name!r}: run bin/buildout again (make build)")
+    if name not in stack_pids(config):
+        raise NotReady(f"the stack's {name} is not running: make start")
+    return "%s:%s" % tuple(found[0]["ready"]["tcp"])
+
+
 def haproxy_maxconn(config):
     """``maxconn`` (int) of the site's frontend in the stack's HAProxy config
     (``haproxy_config`` of stack.json), or None when the frontend sets none. Raises

@@ -40,8 +40,8 @@ Units: durations in seconds, latencies in milliseconds, throughput in requests/s
 seconds (per request: milliseconds), RSS in MiB; foreign CPU in % of all cores.
 
 Exit status: 0 when every planned run is measured, 1 when runs failed or were
-interrupted (the report covers what was measured), 2 when the stack is not running, wrk
-is missing, an option is invalid or the servers could not be built or started. Traffic
+interrupted (the report covers what was measured), 2 when the stack is not running or is a
+RelStorage build (no ZEO server for the parts; core.running_zeo_server), wrk is missing, an option is invalid or the servers could not be built or started. Traffic
 goes only to 127.0.0.1.
 """
 import argparse
@@ -57,7 +57,7 @@ import psutil
 
 from loadtests import matrix_plan, matrix_report, matrix_servers
 from loadtests.core import (ROOT, STACK_JSON, exits_2_when_not_ready, load_stack, raise_fd_limit, require_wrk,
-                            run_wrk, stack_pids, wait_tree_idle)
+                            run_wrk, running_zeo_server, stack_pids, wait_tree_idle)
 from loadtests.matrix_measure import MATRIX_PATHS, measure
 from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED
 DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 100, 1000],
@@ -214,10 +214,8 @@ def main(argv=None):
         return 0
     wrk = require_wrk()
     config = load_stack(args.stack_config)
+    zeo = running_zeo_server(config)
     stack = stack_pids(config)
-    if "zeoserver" not in stack:
-        print("matrix: the stack's zeoserver is not running: make start", file=sys.stderr)
-        return 2
     ports = matrix_servers.assign_ports(pairs, args.base_port)
     last_port = max(p for pair in ports.values() for p in pair)
     if args.base_port < 1 or last_port > args.port_limit:
@@ -234,7 +232,7 @@ def main(argv=None):
     status = 0
     t0 = time.monotonic()
     if todo:
-        status = measure_all(args, config, stack, pairs, ports, todo, wrk, results_path)
+        status = measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo)
     records = matrix_plan.load_results(results_path)
     meta.update(runs_done=len(records), cells_done=len({matrix_plan.run_key(r)[0] for r in records}),
                 fd_limit=list(raise_fd_limit(0)), wall_s=round(time.monotonic() - t0))
@@ -250,9 +248,9 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path):
-    """Build and start the servers, measure the runs of ``todo`` (appending to
-    ``results_path``), stop the servers. Returns 0, 1 (runs failed or interrupted) or 2
+def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo):
+    """Build and start the servers (ZEO clients of ``zeo``, the stack's ZEO server's
+    ``host:port``), measure the runs of ``todo`` (appending to ``results_path``), stop the servers. Returns 0, 1 (runs failed or interrupted) or 2
     (servers could not be built or started)."""
     # Every wrk connection and every server-side socket is a descriptor: raise the soft
     # limit before starting the servers, which inherit it (hard limit here: 20,000).
@@ -260,7 +258,6 @@ def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path):
     if soft < max(args.connections) + 64:
         print(f"matrix: fd limit {soft} too low for {max(args.connections)} connections", file=sys.stderr)
         return 2
-    zeo = f"127.0.0.1:{next(p['ready']['tcp'][1] for p in config['processes'] if p['name'] == 'zeoserver')}"
     blobs = os.path.join(ROOT, "var", "blobstorage")
     t0 = time.monotonic()
     print(f"building {len(pairs)} parts in {args.build} ...", flush=True)

@@ -22,7 +22,8 @@ stdout and ``<out>/scaling-<YYYYmmdd-HHMMSS>/`` with ``report.json``, ``report.m
 ``scaling.png`` (req/s against clients, one line per threads value).
 
 Exit status 0, 1 if a cell had socket errors or non-2xx answers, 2 when the stack is not
-running, wrk is missing, an option is invalid or a client does not start.
+running or is a RelStorage build (no ZEO server for the clients; core.running_zeo_server),
+wrk is missing, an option is invalid or a client does not start.
 Traffic goes only to 127.0.0.1.
 """
 import argparse
@@ -42,7 +43,7 @@ from loadtests import haproxy_stats, serverbuild
 from loadtests.balancers import BalancerError, TemporaryBalancer
 from loadtests.core import (add_run_arguments, cpu_seconds, exits_2_when_not_ready, fetch_stats, load_stack,
                             machine_busy_seconds, markdown_table, new_figure, parse_counts, report_folder,
-                            require_wrk, run_wrk, save_figure, stack_pids, write_report)
+                            require_wrk, run_wrk, running_zeo_server, save_figure, stack_pids, write_report)
 from plonedeploy.recipe import edge, tls
 from plonedeploy.recipe.options import render_template
 
@@ -90,10 +91,9 @@ def client_ports(args):
             for i, t in enumerate(args.threads) for n in range(1, max(args.clients) + 1)}
 
 
-def build(args, config):
-    """Write and run the clients' buildout in ``args.build``; raise RuntimeError on failure."""
-    zeo = next(p for p in config["processes"] if "tcp" in p["ready"])
-    zeo_address = "%s:%s" % tuple(zeo["ready"]["tcp"])
+def build(args, zeo_address):
+    """Write and run the clients' buildout in ``args.build`` (ZEO clients of ``zeo_address``,
+    ``host:port``); raise RuntimeError on failure."""
     directory = pathlib.Path(args.build)
     directory.mkdir(parents=True, exist_ok=True)
     parts = [f"s{t}_{n}" for (t, n) in client_ports(args)]
@@ -247,6 +247,7 @@ def main(argv=None):
     args = parse_args(argv)
     wrk = require_wrk()
     config = load_stack()
+    zeo_address = running_zeo_server(config)
     fetch_stats(config)
     binary = config["haproxy_binary"]
     started = datetime.now(timezone.utc)
@@ -254,7 +255,7 @@ def main(argv=None):
     cells_total = len(args.threads) * len(args.clients) * args.rounds
     print(f"building {args.build} ...", flush=True)
     try:
-        build(args, config)
+        build(args, zeo_address)
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 2

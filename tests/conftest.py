@@ -30,30 +30,45 @@ def run(cmd, timeout, check=True, cwd_override=None, **kwargs):
     return result
 
 
-def while_loaded(url, action, threads=4):
-    """Run ``action()`` while ``threads`` closed loops GET ``url`` (e.g. HAProxy's
-    ``/Plone/@@ok``), each with a keep-alive session and a 30 s timeout.
+def while_loaded(url, action, threads=4, send=None, expect=200, log=None):
+    """Run ``action()`` while ``threads`` closed loops send requests to ``url`` (e.g. GETs
+    of HAProxy's ``/Plone/@@ok``), each loop with a keep-alive session and a 30 s timeout.
 
-    Returns ``(action's result, its seconds, requests done, failures)``; a failure is a
-    status other than 200 or the requests exception's repr.
+    ``send(session, url, number)``: the request of one loop turn, returning its
+    ``requests.Response`` (default: a GET of ``url``); ``number`` counts the requests of all
+    loops from 0, unique (e.g. the id of a document to POST). A request fails when its
+    status is not ``expect`` or it raises a requests exception. ``log``: a list to which
+    every request appends ``(number, started, finished, ok)`` (``time.monotonic()`` seconds)
+    as it ends, readable while ``action`` runs.
+
+    Returns ``(action's result, its seconds, requests done, failures)``; a failure is the
+    status or the requests exception's repr.
     """
+    import itertools
     import threading
     import time
 
     import requests
 
-    failures, done, stop = [], [0], threading.Event()
+    failures, done, stop, numbers = [], [0], threading.Event(), itertools.count()
+    if send is None:
+        def send(session, url, number):
+            return session.get(url, timeout=30)
 
     def load():
         session = requests.Session()
         while not stop.is_set():
+            number, started = next(numbers), time.monotonic()
             try:
-                response = session.get(url, timeout=30)
-                if response.status_code != 200:
-                    failures.append(response.status_code)
+                status = send(session, url, number).status_code
+                if status != expect:
+                    failures.append(status)
             except requests.RequestException as exc:
-                failures.append(repr(exc))
+                status = repr(exc)
+                failures.append(status)
             done[0] += 1
+            if log is not None:
+                log.append((number, started, time.monotonic(), status == expect))
 
     workers = [threading.Thread(target=load) for _ in range(threads)]
     for worker in workers:

@@ -116,6 +116,66 @@ def test_stack_pids_and_cpu_seconds(tmp_path):
     assert core.machine_busy_seconds() > 0 and core.own_cpu_seconds() > 0
 
 
+def _stack_config(tmp_path, storage):
+    """A stack.json dict as bin/buildout writes it for ``storage`` (buildout.cfg, relstorage.cfg)."""
+    first = ({"name": "zeoserver", "ready": {"tcp": ["127.0.0.1", 8100]}} if storage == "zeo" else
+             {"name": "postgresql", "ready": {"tcp": ["127.0.0.1", 8432], "command": ["pg_isready"]}})
+    return {"run_dir": str(tmp_path), "storage": storage, "zeoserver": "zeoserver" if storage == "zeo" else None,
+            "processes": [first, {"name": "instance", "ready": {"http": "http://127.0.0.1:8081/"}}],
+            "server_kinds": {"instance": "pyruvate"}, "stats_url": "http://127.0.0.1:1/stats;csv",
+            "haproxy_binary": "haproxy"}
+
+
+def test_running_zeo_server_or_what_is_missing(tmp_path):
+    """The ZEO server's host:port when it runs; NotReady naming RelStorage on a RelStorage
+    build (its PostgreSQL listens on TCP too, but is no ZEO server), naming the process when
+    it does not run or stack.json has none."""
+    config = _stack_config(tmp_path, "zeo")
+    with pytest.raises(core.NotReady, match="the stack's zeoserver is not running: make start"):
+        core.running_zeo_server(config)
+    (tmp_path / "zeoserver.pid").write_text(f"{os.getpid()}\n")
+    assert core.running_zeo_server(config) == "127.0.0.1:8100"
+    del config["storage"], config["zeoserver"]  # stack.json of a build before these keys
+    assert core.running_zeo_server(config) == "127.0.0.1:8100"
+    config = _stack_config(tmp_path, "relstorage")
+    (tmp_path / "postgresql.pid").write_text(f"{os.getpid()}\n")
+    with pytest.raises(core.NotReady, match=r"built for RelStorage on PostgreSQL \(relstorage.cfg\).*"
+                                            r"make build STORAGE=zeo"):
+        core.running_zeo_server(config)
+    config["storage"] = "zeo"
+    with pytest.raises(core.NotReady, match="stack.json names no ZEO server process 'zeoserver'"):
+        core.running_zeo_server(config)
+
+
+@pytest.mark.parametrize("module, argv, builder", [
+    ("matrix", ["--runs", "1", "--out"], "measure_all"),
+    ("servers_wrk", [], "serverbuild"),
+    ("scaling", ["--clients", "1", "--threads", "1", "--out"], "build")])
+def test_tools_that_build_zeo_clients_refuse_a_relstorage_stack(tmp_path, monkeypatch, capsys, module, argv,
+                                                                builder):
+    """matrix, servers-wrk and scaling exit 2 at once on a RelStorage build, with the
+    message naming the storage, before they build or start anything (``builder``: what
+    would build the ZEO clients, made to fail the test if called)."""
+    import importlib
+
+    tool = importlib.import_module(f"loadtests.{module}")
+    monkeypatch.setattr(tool, "load_stack", lambda *args: _stack_config(tmp_path, "relstorage"))
+    monkeypatch.setattr(tool, "require_wrk", lambda: "wrk")
+
+    def built(*args, **kwargs):
+        raise AssertionError("built ZEO clients on a RelStorage stack")
+
+    if builder == "serverbuild":
+        monkeypatch.setattr(tool.serverbuild, "build", built)
+    else:
+        monkeypatch.setattr(tool, builder, built)
+    out = [str(tmp_path / "out")] if argv[-1:] == ["--out"] else []
+    assert tool.main([*argv, *out, "--build", str(tmp_path / "build")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{module}: the stack is built for RelStorage on PostgreSQL"), err
+    assert not (tmp_path / "build").exists() and not (tmp_path / "out").exists()
+
+
 def test_rss_sampler_and_idle_tree():
     sampler = core.RssSampler(os.getpid(), interval=0.05)
     sampler.start()

@@ -198,6 +198,7 @@ def test_stack_script_and_config(built):
     directory, _ = built
     config = json.loads((directory / "parts" / "stack" / "stack.json").read_text())
     assert [p["name"] for p in config["processes"]] == ["zeoserver", "instance", "client2", "uploads", "haproxy"]
+    assert config["storage"] == "zeo" and config["zeoserver"] == "zeoserver"
     assert config["server_kinds"] == {"instance": "pyruvate", "client2": "waitress"}
     assert config["upload_servers"] == ["uploads"] and config["upload_backend"] == "uploads"
     assert config["stats_url"] == "http://127.0.0.1:18404/stats;csv"
@@ -670,3 +671,55 @@ def test_zeo_stays_the_default(built):
     zope_conf = (directory / "parts" / "instance" / "etc" / "zope.conf").read_text()
     assert "<zeoclient>" in zope_conf and "relstorage" not in zope_conf
     assert "RelStorage" not in (directory / "bin" / "instance").read_text()
+
+
+# relstorage.cfg itself, built in a directory of its own: only what must point back into
+# this checkout (the recipe's source, the eggs, the templates) is overridden.
+RELSTORAGE_CFG = """\
+[buildout]
+extends = {root}/relstorage.cfg
+develop = {root}/recipes/plonedeploy.recipe
+eggs-directory = {root}/eggs
+newest = false
+[instance]
+templates-directory = {root}/templates
+[haproxy]
+template = {root}/haproxy/haproxy.cfg.j2
+[varnish]
+template = {root}/templates/varnish.vcl.j2
+[logrotate]
+input = {root}/templates/logrotate.conf.in
+"""
+
+
+def test_relstorage_cfg_builds_nothing_of_zeo(tmp_path):
+    """relstorage.cfg builds no ZEO server and no [backup] (repozo of a Data.fs RelStorage
+    does not use): no bin/zeoserver, bin/backup, bin/restore, parts/zeoserver. Its logrotate
+    config signals no ZEO pidfile; zodbconvert still reads the ZEO build's var/filestorage;
+    the clients are RelStorage clients and the stack starts PostgreSQL."""
+    cfg = tmp_path / "buildout.cfg"
+    cfg.write_text(RELSTORAGE_CFG.format(root=ROOT))
+    result = subprocess.run([BUILDOUT, "-c", str(cfg)], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    installed = configparser.ConfigParser(interpolation=None)
+    installed.read(tmp_path / ".installed.cfg")
+    assert installed["buildout"]["parts"].split() == [
+        "postgresql", "instance", "client2", "uploads", "varnish", "haproxy", "stack", "logrotate",
+        "relstorage-tools"]
+    scripts = {path.name for path in (tmp_path / "bin").iterdir()}
+    assert {"postgresql", "stack", "zodbconvert", "zodbpack"} <= scripts
+    assert not scripts & {"zeoserver", "zeopack", "backup", "snapshotbackup", "restore", "snapshotrestore",
+                          "repozo"}, scripts
+    assert not (tmp_path / "parts" / "zeoserver").exists()
+    logrotate = (tmp_path / "parts" / "logrotate" / "logrotate.conf").read_text()
+    assert "pidfile=\n" in logrotate and "zeoserver.pid" not in logrotate
+    convert = (tmp_path / "parts" / "relstorage-tools" / "zodbconvert.conf").read_text()
+    assert f"    path {tmp_path}/var/filestorage/Data.fs\n" in convert
+    assert f"    blob-dir {tmp_path}/var/blobstorage\n" in convert
+    config = json.loads((tmp_path / "parts" / "stack" / "stack.json").read_text())
+    assert config["processes"][0]["name"] == "postgresql"
+    assert config["storage"] == "relstorage" and config["zeoserver"] is None  # core.running_zeo_server
+    for part in ("instance", "client2", "uploads"):
+        zope_conf = (tmp_path / "parts" / part / "etc" / "zope.conf").read_text()
+        assert "<relstorage>" in zope_conf and "<zeoclient>" not in zope_conf and "blobstorage" not in zope_conf

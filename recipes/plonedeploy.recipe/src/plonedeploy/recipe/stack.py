@@ -167,6 +167,10 @@ class Recipe:
             "run_dir": os.path.join(directory, "var", "run"),
             "log_dir": os.path.join(directory, "var", "log"),
             "processes": processes,
+            # "zeo" or "relstorage" (database set), and the ZEO server's process or null: the
+            # load-test tools that build ZEO clients of their own refuse a RelStorage stack.
+            "storage": "relstorage" if database else "zeo",
+            "zeoserver": None if database else options["zeoserver"],
             "stats_url": stats_url,
             "backend": "zeoclients",
             "servers": clients,
