@@ -124,6 +124,7 @@ import subprocess
 import zc.buildout
 
 from plonedeploy.recipe import edge, tls, varnish
+from plonedeploy.recipe.optiontables import HAPROXY, INSTANCE, DeclaredOptions
 from plonedeploy.recipe.options import (
     BALANCE_ALGORITHMS,
     check_choice,
@@ -162,20 +163,22 @@ class Recipe:
 
     def __init__(self, buildout, name, options):
         self.name, self.options = name, options
+        # Reads go through the table (an undeclared option raises); writes to options.
+        opts = DeclaredOptions(name, options, HAPROXY)
         directory = buildout["buildout"]["directory"]
-        names = options.get("backends", "").split()
+        names = opts.get("backends", "").split()
         if not names:
             raise zc.buildout.UserError(
                 f"[{name}] backends is required: the names of the ZEO client parts"
             )
         if len(set(names)) != len(names):
-            raise zc.buildout.UserError(f"[{name}] backends = {options['backends']!r} names a part twice")
-        upload_names = options.setdefault("upload-backends", "").split()
+            raise zc.buildout.UserError(f"[{name}] backends = {opts['backends']!r} names a part twice")
+        upload_names = opts.setdefault("upload-backends").split()
         if len(set(upload_names)) != len(upload_names):
             raise zc.buildout.UserError(
-                f"[{name}] upload-backends = {options['upload-backends']!r} names a part twice")
+                f"[{name}] upload-backends = {opts['upload-backends']!r} names a part twice")
         self.upload_maxconn = parse_positive_int(
-            name, options.setdefault("upload-maxconn", "8"), "upload-maxconn")
+            name, opts.setdefault("upload-maxconn"), "upload-maxconn")
         self.servers = [self.client(buildout, name, "backends", part) for part in names]
         self.upload_servers = [self.client(buildout, name, "upload-backends", part, self.upload_maxconn)
                                for part in upload_names]
@@ -185,27 +188,27 @@ class Recipe:
             f"max-body={s['max_body']}"
             for s in self.servers + self.upload_servers
         )
-        self.bind = parse_http_address(name, options.setdefault("bind", "127.0.0.1:8080"), "bind")
+        self.bind = parse_http_address(name, opts.setdefault("bind"), "bind")
         self.stats_bind = parse_http_address(
-            name, options.setdefault("stats-bind", "127.0.0.1:8404"), "stats-bind"
+            name, opts.setdefault("stats-bind"), "stats-bind"
         )
         self.balance = check_choice(
-            name, "balance", options.setdefault("balance", "leastconn"), BALANCE_ALGORITHMS
+            name, "balance", opts.setdefault("balance"), BALANCE_ALGORITHMS
         )
-        self.health_check = options.setdefault("health-check", "/Plone/@@ok")
+        self.health_check = opts.setdefault("health-check")
         if not self.health_check.startswith("/") or any(c.isspace() for c in self.health_check):
             raise zc.buildout.UserError(
                 f"[{name}] health-check = {self.health_check!r} is invalid: expected a path "
                 "starting with / and without spaces"
             )
         self.timeout_queue = parse_positive_int(
-            name, options.setdefault("timeout-queue", "60"), "timeout-queue"
+            name, opts.setdefault("timeout-queue"), "timeout-queue"
         )
         self.max_body_size = parse_positive_int(
-            name, options.setdefault("max-body-size", "1073741824"), "max-body-size"
+            name, opts.setdefault("max-body-size"), "max-body-size"
         )
         self.upload_threshold = parse_positive_int(
-            name, options.setdefault("upload-threshold", str(edge.DEFAULT_UPLOAD_THRESHOLD)),
+            name, opts.setdefault("upload-threshold"),
             "upload-threshold", f"a number of bytes, at most {edge.BUFFERABLE}")
         errors = edge.body_limit_errors(self.max_body_size, self.upload_threshold,
                                         self.servers, self.upload_servers)
@@ -219,18 +222,18 @@ class Recipe:
             raise zc.buildout.UserError(f"[{name}] two backends share one http-address")
         self.server_names = self.parse_server_names(name, options)
         self.per_source = {
-            key: parse_positive_int(name, options.setdefault(f"per-source-{key}", str(default)),
+            key: parse_positive_int(name, opts.setdefault(f"per-source-{key}"),
                                     f"per-source-{key}")
-            for key, default in edge.DEFAULT_PER_SOURCE.items()
+            for key in edge.DEFAULT_PER_SOURCE
         }
         self.per_source_exempt = [
             parse_network(name, "per-source-exempt", value)
-            for value in options.setdefault("per-source-exempt", "").split()
+            for value in opts.setdefault("per-source-exempt").split()
         ]
         self.parse_tls(buildout, name, options)
         self.parse_cache(buildout, name, options)
-        self.maxconn = parse_positive_int(name, options.setdefault("maxconn", "10000"), "maxconn")
-        self.fd_limit = parse_positive_int(name, options.setdefault("fd-limit", "20000"), "fd-limit")
+        self.maxconn = parse_positive_int(name, opts.setdefault("maxconn"), "maxconn")
+        self.fd_limit = parse_positive_int(name, opts.setdefault("fd-limit"), "fd-limit")
         needed = fd_limit_needed(self.maxconn, self.servers + self.upload_servers)
         if self.fd_limit < needed:
             raise zc.buildout.UserError(
@@ -240,15 +243,15 @@ class Recipe:
             )
         self.manage_networks = [
             parse_network(name, "manage-networks", value)
-            for value in options.setdefault("manage-networks", "").split()
+            for value in opts.setdefault("manage-networks").split()
         ]
-        options.setdefault("template", os.path.join(directory, "haproxy", "haproxy.cfg.j2"))
+        opts.setdefault("template", os.path.join(directory, "haproxy", "haproxy.cfg.j2"))
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         options["config"] = os.path.join(options["location"], "haproxy.cfg")
-        options.setdefault(
+        opts.setdefault(
             "run-directory", os.path.join(buildout["buildout"]["directory"], "var", "run")
         )
-        options["binary"] = find_haproxy(options.get("haproxy"))
+        options["binary"] = find_haproxy(opts.get("haproxy"))
 
     @staticmethod
     def client(buildout, name, option, part, maxconn=None):
@@ -259,7 +262,8 @@ class Recipe:
         """
         if part not in buildout:
             raise zc.buildout.UserError(f"[{name}] {option} names {part!r}, which is not a section")
-        client = buildout[part]
+        # The client's own options, as its recipe (instance) declares them.
+        client = DeclaredOptions(part, buildout[part], INSTANCE)
         host, port = parse_http_address(part, client.get("http-address", ""))
         server = client.get("wsgi-server", "unknown")
         max_body = client.get("max-request-body-size") or str(edge.default_body_cap(server))
@@ -274,30 +278,31 @@ class Recipe:
 
     def parse_tls(self, buildout, name, options):
         """Read the ``tls-*`` and ``hsts-max-age`` options; raises UserError."""
+        opts = DeclaredOptions(name, options, HAPROXY)
         self.tls_bind = None
         self.tls_redirect = False
         self.tls_redirect_exempt = []
         self.hsts_max_age = 0
-        text = options.setdefault("tls-bind", "").strip()
+        text = opts.setdefault("tls-bind").strip()
         if not text:
             for key in ("tls-certificate", "tls-redirect", "tls-redirect-exempt"):
-                if options.get(key, "").strip():
+                if opts.get(key, "").strip():
                     raise zc.buildout.UserError(f"[{name}] {key} is set but tls-bind is empty: set "
                                                 "tls-bind (host:port of the HTTPS listener) or remove it")
             return
         self.tls_bind = parse_http_address(name, text, "tls-bind")
         if self.tls_bind == self.bind:
             raise zc.buildout.UserError(f"[{name}] tls-bind = {text} is the same address as bind")
-        self.tls_redirect = parse_switch(name, "tls-redirect", options.setdefault("tls-redirect", "on"))
+        self.tls_redirect = parse_switch(name, "tls-redirect", opts.setdefault("tls-redirect"))
         self.tls_redirect_exempt = [parse_network(name, "tls-redirect-exempt", value)
-                                    for value in options.setdefault("tls-redirect-exempt", "").split()]
+                                    for value in opts.setdefault("tls-redirect-exempt").split()]
         if self.tls_redirect_exempt and not self.tls_redirect:
             raise zc.buildout.UserError(f"[{name}] tls-redirect-exempt is set but tls-redirect is off: "
                                         "every plain request is served already; remove it")
-        hsts = options.setdefault("hsts-max-age", str(tls.DEFAULT_HSTS_MAX_AGE)).strip()
+        hsts = opts.setdefault("hsts-max-age").strip()
         self.hsts_max_age = 0 if hsts == "0" else parse_positive_int(
             name, hsts, "hsts-max-age", "a number of seconds such as 63072000, or 0 for no header")
-        given = options.get("tls-certificate", "").strip()
+        given = opts.get("tls-certificate", "").strip()
         self.tls_generate = not given
         if given:
             if not os.path.isfile(given):
@@ -313,8 +318,9 @@ class Recipe:
 
     def parse_cache(self, buildout, name, options):
         """Read ``cache`` (a varnish part); sets ``cache_server`` and ``cache_fill_bind``."""
+        opts = DeclaredOptions(name, options, HAPROXY)
         self.cache_server = self.cache_fill_bind = ""
-        part = options.setdefault("cache", "").strip()
+        part = opts.setdefault("cache").strip()
         if not part:
             return
         if part not in buildout:
@@ -339,21 +345,22 @@ class Recipe:
     @staticmethod
     def parse_server_names(name, options):
         """The ``server-names`` list; default the host of ``bind``. Raises UserError."""
-        bind_host = options["bind"].rpartition(":")[0]
-        if "server-names" not in options:
+        opts = DeclaredOptions(name, options, HAPROXY)
+        bind_host = opts["bind"].rpartition(":")[0]
+        if "server-names" not in opts:
             if bind_host in ("0.0.0.0", "*", "[::]", "::", ""):
                 raise zc.buildout.UserError(
-                    f"[{name}] server-names is required when bind = {options['bind']} listens on "
+                    f"[{name}] server-names is required when bind = {opts['bind']} listens on "
                     "all addresses: the host names the site answers to, e.g. www.example.org")
             options["server-names"] = bind_host
-        names = options["server-names"].split()
+        names = opts["server-names"].split()
         if not names:
-            fail(name, "server-names", options["server-names"],
+            fail(name, "server-names", opts["server-names"],
                  "host names such as www.example.org 127.0.0.1 (at least one)")
         for entry in names:
             error = edge.server_name_error(entry)
             if error:
-                fail(name, "server-names", options["server-names"],
+                fail(name, "server-names", opts["server-names"],
                      f"host names, IPv4 addresses or [IPv6] addresses without ports ({error})")
         return names
 

@@ -63,6 +63,7 @@ import zc.buildout
 
 from plonedeploy.recipe import varnish as varnish_rules
 from plonedeploy.recipe.options import parse_http_address
+from plonedeploy.recipe.optiontables import STACK, DeclaredOptions
 
 
 class Recipe:
@@ -70,22 +71,24 @@ class Recipe:
 
     def __init__(self, buildout, name, options):
         self.buildout, self.name, self.options = buildout, name, options
+        # Reads go through the table (an undeclared option raises); writes to options.
+        opts = DeclaredOptions(name, options, STACK)
         directory = buildout["buildout"]["directory"]
         bin_dir = buildout["buildout"]["bin-directory"]
-        database = options.get("database", "").strip()
+        database = opts.get("database", "").strip()
         for key in ("clients", "haproxy") + (() if database else ("zeoserver",)):
-            if not options.get(key, "").split():
+            if not opts.get(key, "").split():
                 raise zc.buildout.UserError(f"[{name}] {key} is required (part names)")
         if database:
             # RelStorage clients: the database part's server takes the ZEO server's stage.
-            if options.get("zeoserver", "").strip():
+            if opts.get("zeoserver", "").strip():
                 raise zc.buildout.UserError(
                     f"[{name}] zeoserver and database are both set; keep one (database = the "
                     "plonedeploy.recipe:postgresql part for clients with storage = relstorage)")
             processes = [{"name": database, "argv": json.loads(buildout[database]["argv"]),
                           "ready": json.loads(buildout[database]["ready"]), "stage": 0}]
         else:
-            zeo_part = options["zeoserver"]
+            zeo_part = opts["zeoserver"]
             zeo = buildout[zeo_part]
             zeo_host, zeo_port = parse_http_address(zeo_part, zeo["zeo-address"], "zeo-address")
             processes = [{
@@ -94,8 +97,8 @@ class Recipe:
                 "ready": {"tcp": [zeo_host, zeo_port]},
                 "stage": 0,
             }]
-        clients = options["clients"].split()
-        upload_clients = options.get("upload-clients", "").split()
+        clients = opts["clients"].split()
+        upload_clients = opts.get("upload-clients", "").split()
         overlap = set(clients) & set(upload_clients)
         if overlap:
             raise zc.buildout.UserError(
@@ -127,7 +130,7 @@ class Recipe:
             listeners[key] = f"[{part}] metrics-address"
             metrics[part] = f"http://{key[0]}:{key[1]}/metrics"
         cache = None
-        cache_part = options.get("cache", "").strip()
+        cache_part = opts.get("cache", "").strip()
         if cache_part:
             if cache_part not in buildout:
                 raise zc.buildout.UserError(f"[{name}] cache names {cache_part!r}, which is not a section")
@@ -154,11 +157,11 @@ class Recipe:
                     "ready": {"http": varnish["metrics-url"]},
                     "stage": len(clients) + len(upload_clients) + 2,
                 })
-        hap = buildout[options["haproxy"]]
-        stats_host, stats_port = parse_http_address(options["haproxy"], hap["stats-bind"], "stats-bind")
+        hap = buildout[opts["haproxy"]]
+        stats_host, stats_port = parse_http_address(opts["haproxy"], hap["stats-bind"], "stats-bind")
         stats_url = f"http://{stats_host}:{stats_port}/stats;csv"
         processes.append({
-            "name": options["haproxy"],
+            "name": opts["haproxy"],
             "argv": [hap["binary"], "-db", "-f", hap["config"]],
             "ready": {"http": stats_url},
             "stage": len(clients) + len(upload_clients) + 2,
@@ -174,9 +177,9 @@ class Recipe:
             "upload_servers": upload_clients,
             "upload_backend": "uploads",
             # For loadtests.abtest: where to send traffic and what each server runs.
-            "frontend_url": "http://%s:%s" % parse_http_address(options["haproxy"], hap["bind"], "bind"),
+            "frontend_url": "http://%s:%s" % parse_http_address(opts["haproxy"], hap["bind"], "bind"),
             # The same frontend over TLS (HTTP/2), or null without tls-bind.
-            "tls_url": ("https://%s:%s" % parse_http_address(options["haproxy"], hap["tls-bind"], "tls-bind")
+            "tls_url": ("https://%s:%s" % parse_http_address(opts["haproxy"], hap["tls-bind"], "tls-bind")
                         if hap.get("tls-bind", "").strip() else None),
             "balance": hap["balance"],
             # HAProxy's binary and rendered config, for tools that check or copy the config.
@@ -193,7 +196,7 @@ class Recipe:
         }
         options["stack-config"] = json.dumps(self.config, sort_keys=True)
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
-        options.setdefault("eggs", "plonedeploy.recipe")
+        opts.setdefault("eggs")
 
     def install(self):
         import zc.recipe.egg  # only needed at install time, when buildout provides it
