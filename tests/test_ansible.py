@@ -202,6 +202,43 @@ print(json.dumps({{
     assert got["fd"] == rules.fd_limit_needed(100, [{"maxconn": 2}, {"maxconn": 1}])
 
 
+def test_abtest_json_is_the_stack_recipes(tmp_path):
+    """The haproxy role's abtest.json task, run by Ansible with its filter plugin, writes the
+    document that plonedeploy.recipe:stack writes into stack.json for the same stack
+    (``rules.ab_contract``), but for ``processes``, which supervisord keeps."""
+    from test_options import _fake_buildout
+    from plonedeploy.recipe import haproxy, stack
+
+    run_dir = str(tmp_path / "var" / "run")
+    buildout = _fake_buildout(tmp_path)
+    buildout["haproxy"] = {"backends": "instance", "upload-backends": "uploads", "bind": "127.0.0.1:9903",
+                           "stats-bind": "127.0.0.1:9904", "tls-bind": "127.0.0.1:9905", "balance": "roundrobin",
+                           "max-body-size": "1048576000"}
+    haproxy.Recipe(buildout, "haproxy", buildout["haproxy"])
+    recipe = stack.Recipe(buildout, "stack", {"zeoserver": "zeoserver", "clients": "instance",
+                                              "upload-clients": "uploads", "haproxy": "haproxy"})
+    tasks = _yaml("roles/haproxy/tasks/main.yml")
+    task = next(t for t in tasks if t["name"].startswith("Describe the stack for the A/B report"))
+    written = tmp_path / "abtest.json"
+    play = [{"hosts": "localhost", "gather_facts": False, "connection": "local", "vars": {
+        "haproxy_page_servers": [{"name": "instance", "wsgi_server": "pyruvate", "lane": "pages"}],
+        "haproxy_upload_servers": [{"name": "uploads", "wsgi_server": "waitress", "lane": "uploads"}],
+        "haproxy_bind": "127.0.0.1:9903", "haproxy_stats_bind": "127.0.0.1:9904",
+        "haproxy_tls_bind": "127.0.0.1:9905", "haproxy_balance": "roundrobin", "haproxy_run_directory": run_dir,
+        "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+        "tasks": [{"ansible.builtin.copy": dict(task["ansible.builtin.copy"], dest=str(written))}]}]
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    env = dict(os.environ, ANSIBLE_FILTER_PLUGINS=os.path.join(ANSIBLE, "filter_plugins"),
+               ANSIBLE_CONFIG=os.path.join(ANSIBLE, "ansible.cfg"))
+    run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", str(tmp_path / "play.yml")],
+        timeout=120, env=env)
+    document = json.loads(written.read_text())
+    assert set(document) == set(rules.ab_contract([], [], "", "", "", "", ""))
+    assert recipe.config["run_dir"] == run_dir  # the stack's var/run, given to Ansible as its own
+    assert document == dict({key: recipe.config[key] for key in document}, processes=[])
+    assert document["tls_url"] == "https://127.0.0.1:9905" and document["server_kinds"] == {"instance": "pyruvate"}
+
+
 BAD = [
     ({"zeoclient_clients": [{"name": "c1", "port": 18081, "wsgi_server": "tornado"}]},
      "value of wsgi_server must be one of: " + ", ".join(rules.SERVERS) + ", got: tornado"),

@@ -61,7 +61,7 @@ import urllib.request
 
 import zc.buildout
 
-from plonedeploy.recipe import varnish as varnish_rules
+from plonedeploy.recipe import rules, varnish as varnish_rules
 from plonedeploy.recipe.options import parse_http_address
 from plonedeploy.recipe.optiontables import STACK, DeclaredOptions
 
@@ -166,34 +166,32 @@ class Recipe:
             "ready": {"http": stats_url},
             "stage": len(clients) + len(upload_clients) + 2,
         })
-        self.config = {
-            "run_dir": os.path.join(directory, "var", "run"),
+        def address(option):
+            """HAProxy's ``host:port`` option ``option``, checked and normalised."""
+            return "%s:%s" % parse_http_address(opts["haproxy"], hap[option], option)
+
+        # What the A/B tool reads (loadtests.abtest; the Ansible role writes the same
+        # document as abtest.json), then what bin/stack itself needs.
+        self.config = rules.ab_contract(
+            [{"name": part, "wsgi_server": buildout[part].get("wsgi-server", "-")} for part in clients],
+            [{"name": part, "wsgi_server": buildout[part].get("wsgi-server", "-")} for part in upload_clients],
+            address("bind"), address("stats-bind"),
+            address("tls-bind") if hap.get("tls-bind", "").strip() else "",
+            hap["balance"], os.path.join(directory, "var", "run"))
+        self.config.update({
             "log_dir": os.path.join(directory, "var", "log"),
             "processes": processes,
-            "stats_url": stats_url,
-            "backend": "zeoclients",
-            "servers": clients,
-            # The upload lane's clients and their backend (not in the A/B pool).
-            "upload_servers": upload_clients,
-            "upload_backend": "uploads",
-            # For loadtests.abtest: where to send traffic and what each server runs.
-            "frontend_url": "http://%s:%s" % parse_http_address(opts["haproxy"], hap["bind"], "bind"),
-            # The same frontend over TLS (HTTP/2), or null without tls-bind.
-            "tls_url": ("https://%s:%s" % parse_http_address(opts["haproxy"], hap["tls-bind"], "tls-bind")
-                        if hap.get("tls-bind", "").strip() else None),
-            "balance": hap["balance"],
             # HAProxy's binary and rendered config, for tools that check or copy the config.
             "haproxy_binary": hap["binary"],
             "haproxy_config": hap["config"],
             # HAProxy's runtime API (drain/enable servers for a rolling restart).
             "haproxy_socket": os.path.join(hap["run-directory"], "haproxy.sock"),
-            "server_kinds": {part: buildout[part].get("wsgi-server", "-") for part in clients},
             # {client part: URL of its Prometheus metrics}; HAProxy's own are on stats-bind.
             "metrics": metrics,
             "haproxy_metrics_url": f"http://{stats_host}:{stats_port}/metrics",
             # The cache tier in front of the pool on the TLS listener, or null.
             "cache": cache,
-        }
+        })
         options["stack-config"] = json.dumps(self.config, sort_keys=True)
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         opts.setdefault("eggs")
@@ -500,7 +498,23 @@ def _check_names(names, known):
 
 
 def main(config_path, argv=None):
-    """Entry point of ``bin/stack``; see the module docstring."""
+    """Entry point of ``bin/stack`` (``config_path``: its stack.json; ``argv``: the
+    arguments, default ``sys.argv[1:]``); see the module docstring. Returns the exit
+    status: 0, 1 (a StackError, message on stderr), 3 (``status``: not all running), or
+    141 without a word when the reader of stdout went away (``bin/stack status | head``),
+    the status of a Unix tool killed by SIGPIPE."""
+    try:
+        status = _command(config_path, argv)
+        sys.stdout.flush()  # output to a pipe is buffered: a closed pipe shows up here
+        return status
+    except BrokenPipeError:
+        # Python would report the same error again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _command(config_path, argv):
+    """Parse ``argv`` and run one ``bin/stack`` command; returns its exit status."""
     parser = argparse.ArgumentParser(
         prog="bin/stack",
         description="Start, stop and inspect zeoserver, the ZEO clients, varnish and HAProxy "
