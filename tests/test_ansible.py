@@ -25,7 +25,7 @@ import requests
 
 from conftest import ROOT, run, while_loaded
 from loadtests import haproxy_stats
-from plonedeploy.recipe import rules, varnish
+from plonedeploy.recipe import optiontables, rules, varnish
 
 pytestmark = pytest.mark.ansible
 
@@ -146,11 +146,7 @@ def test_varnish_rules_match_the_recipe():
     defaults = text("varnish", "defaults", "main.yml")
     assert value(text("varnish", "vars", "main.yml"), "varnish_health_path") == varnish.HEALTH_PATH
     assert value(text("haproxy", "vars", "main.yml"), "haproxy_cache_health_path") == varnish.HEALTH_PATH
-    cookies = value(defaults, "varnish_cookie_allowlist").strip("[]").split(", ")
-    assert tuple(cookies) == varnish.DEFAULT_COOKIE_ALLOWLIST
-    assert value(defaults, "varnish_bind") == varnish.DEFAULT_BIND
-    assert value(defaults, "varnish_backend") == varnish.DEFAULT_BACKEND
-    assert value(defaults, "varnish_cache_size") == varnish.DEFAULT_CACHE_SIZE
+    # (the defaults of the varnish options: test_role_defaults_and_choices_are_the_recipes)
     # the monitoring role scrapes the exporter at the varnish role's default address
     prometheus = text("monitoring", "templates", "prometheus.yml.j2")
     assert prometheus.count(f"varnish_metrics_listen | default('{value(defaults, 'varnish_metrics_listen')}')") == 2
@@ -165,6 +161,54 @@ def _yaml(path):
                "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",
                os.path.join(ANSIBLE, path)], timeout=60).stdout
     return json.loads(out)
+
+
+#: Role variables named like a recipe option (``<role>_<option with _>``) whose default
+#: differs from the recipe's on purpose.
+ROLE_DEFAULTS_OF_THEIR_OWN = {
+    # a deployed site blocks the ZMI but from localhost (buildout.cfg sets the same)
+    "haproxy_manage_networks",
+    # a deployed site serves HTTPS on :443 of the frontend's address
+    "haproxy_tls_bind",
+    # a switch for the varnish role on the same host, where the recipe names a varnish part
+    "haproxy_cache",
+    # the deployment's prefix, not ${buildout:directory}
+    "haproxy_run_directory",
+}
+
+
+def _as_option(value):
+    """A role default (YAML) as the text of a buildout option: lists whitespace-separated,
+    booleans on/off."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return " ".join(str(item) for item in value)
+    return str(value)
+
+
+def test_role_defaults_and_choices_are_the_recipes():
+    """Every haproxy_*/varnish_* role default and argument_specs choice named after a recipe
+    option (optiontables) is the recipe's, but the few that differ on purpose; and the
+    zeoclient role's per-client options are the instance recipe's."""
+    compared = set()
+    for role, table in (("haproxy", optiontables.HAPROXY), ("varnish", optiontables.VARNISH)):
+        defaults = _yaml(f"roles/{role}/defaults/main.yml")
+        spec = _yaml(f"roles/{role}/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
+        for option in table:
+            variable = f"{role}_{option.name.replace('-', '_')}"
+            if "choices" in spec.get(variable, {}):
+                assert tuple(spec[variable]["choices"]) == option.allowed, variable
+                compared.add(f"{variable} choices")
+            if variable in defaults and variable not in ROLE_DEFAULTS_OF_THEIR_OWN and option.default is not None:
+                assert _as_option(defaults[variable]) == option.default, variable
+                compared.add(variable)
+    client = _yaml("roles/zeoclient/meta/argument_specs.yml")["argument_specs"]["main"]["options"][
+        "zeoclient_clients"]["options"]
+    wsgi_server = next(option for option in optiontables.INSTANCE if option.name == "wsgi-server")
+    assert (tuple(client["wsgi_server"]["choices"]), client["wsgi_server"]["default"]) == (
+        wsgi_server.allowed, wsgi_server.default)
+    assert len(compared) == 24, sorted(compared)  # a renamed variable must not drop out unseen
 
 
 def test_client_rules_are_the_recipes():
