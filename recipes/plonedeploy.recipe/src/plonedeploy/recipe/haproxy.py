@@ -3,114 +3,24 @@
 The servers come from the client parts themselves (one source of truth): for each part
 named in ``backends`` its ``http-address`` gives address and port, its ``threads`` the
 server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and its
-``wsgi-server`` a comment. Options:
+``wsgi-server`` a comment. Options: ``optiontables.HAPROXY`` (name, default, allowed
+values, one line each; docs/recipe.md's table is generated from it). The reasons behind
+some of them:
 
-``backends``
-    Required; whitespace-separated names of ``plonedeploy.recipe:instance`` parts.
-``bind``
-    Frontend ``host:port``, default ``127.0.0.1:8080``.
-``stats-bind``
-    Stats page ``host:port`` (``/stats``, CSV at ``/stats;csv``), default ``127.0.0.1:8404``.
-``balance``
-    One of ``leastconn`` (default), ``roundrobin``, ``static-rr``, ``first``, ``random``,
-    ``source``.
-``health-check``
-    Path of the HTTP health check, default ``/Plone/@@ok`` (a cheap view answering ``OK``;
-    plain TCP checks make pyruvate log ``Incomplete request``).
-``timeout-queue``
-    Seconds a request may wait for a free server slot before HAProxy answers 503,
-    default 60.
-``max-body-size``
-    Largest request body in bytes, default 1073741824 (1 GiB, Zope's own
-    ``form-disk-limit``); larger ones get 413 from HAProxy before any server sees them,
-    chunked request bodies 411. Checked with ``upload-threshold`` and each client's
-    ``max-request-body-size`` (``edge.body_limit_errors``): no server may receive a body
-    larger than its own cap.
-``maxconn``
-    Client connections the site's frontend holds at once, default 10000 (also its
-    ``bind ... backlog``; the kernel caps that at ``net.core.somaxconn``); the global
-    ``maxconn`` is 16 more, so that the stats page stays reachable when they are all
-    taken. A connection beyond it waits in the kernel's accept queue until one closes:
-    with keep-alive clients that can be never (see docs/performance.md, "Fair queueing
-    under overload"). The servers' own ``maxconn`` is their thread count.
-``fd-limit``
-    File descriptors HAProxy may use (its ``ulimit-n``), default 20000. It must not exceed
-    the hard limit (``ulimit -Hn``, systemd ``LimitNOFILE``) of whoever starts HAProxy,
-    and must be at least maxconn + 16 + the servers' maxconn summed + 64: every server
-    has ``maxconn``, so HAProxy needs one descriptor per client connection, not the two
-    it assumes (when fd-limit is below its own 2 x (maxconn + 16) + 64, the config says
-    ``no strict-limits`` and HAProxy logs "FD limit ... too low" once at start).
-``manage-networks``
-    Whitespace-separated IPv4/IPv6 networks (CIDR or address) allowed to reach Zope's
-    management screens (paths with a segment ``manage`` or ``manage_<word>``); others get 403 from
-    HAProxy. Empty (default): not blocked.
-``upload-backends``
-    Whitespace-separated ``plonedeploy.recipe:instance`` parts that form the **upload
-    lane** (backend ``uploads``): every request whose body is larger than
-    ``upload-threshold``, or does not fit in HAProxy's buffer with its headers, and every
-    plone.restapi TUS request (``/@tus-upload``), goes there instead of to ``backends``.
-    Their server must spool bodies to disk before a thread sees them (waitress;
-    ``edge.SPOOLING_SERVERS``). Empty (default): no upload lane; then ``max-body-size``
-    must fit HAProxy's buffer if any page server holds bodies in memory.
-``upload-threshold``
-    Bytes, default 8192: the largest body the page lane (``backends``) receives. HAProxy
-    waits for such a body whole (``option http-buffer-request``) for at most ``timeout
-    http-request`` (10 s) before any server is chosen, so a trickled body gets 408 and
-    never takes a Zope thread. At most 15360 (HAProxy's buffer less its rewrite reserve).
-``upload-maxconn``
-    Requests each upload server holds at once (its HAProxy ``maxconn``), default 8. An
-    upload in transit costs the spooling server a connection, not a thread, so this may
-    exceed its ``threads``; further uploads wait in HAProxy's queue.
-``server-names``
-    Whitespace-separated host names (or IPv4 addresses, or ``[IPv6]``) the site answers
-    to, any port. A request with another ``Host`` gets 421 from HAProxy, one without
-    ``Host`` 400 (RFC 9112 section 3.2); neither reaches Zope. Default: the host of
-    ``bind``; required when ``bind`` listens on all addresses.
-``per-source-connections``
-    Concurrent connections one client address may hold, default 100; the next request
-    beyond it gets 429 with ``Retry-After``. A browser opens at most 6 per host (HTTP/1.1).
-``per-source-requests``
-    Requests one client address may send per ``per-source-period`` seconds, default 1000
-    (100/s sustained); beyond it 429 with ``Retry-After``.
-``per-source-period``
-    Seconds of the request-rate window, default 10 (also the ``Retry-After`` value).
-``per-source-exempt``
-    Whitespace-separated networks (CIDR or address) not limited per source, default empty
-    (the demo exempts 127.0.0.1 so that its load tests are not throttled).
-``tls-bind``
-    ``host:port`` of the HTTPS listener of the same frontend (TLS 1.2 and 1.3 with
-    Mozilla's "intermediate" ciphers, ALPN ``h2,http/1.1``, HSTS; ``tls.py``). Requests over
-    it reach Zope through its VirtualHostMonster (``/VirtualHostBase/https/<Host>/...``), so
-    every link in the page starts with ``https://``. Empty (default): no TLS.
-``tls-certificate``
-    PEM file with the certificate (chain) and its private key, HAProxy's ``crt`` format.
-    Default: a self-signed certificate for ``server-names``, made by the build with
-    Debian's ``openssl`` into ``${buildout:directory}/var/tls/<part>.pem`` (mode 0600) and
-    made anew when the names change or it ends within 30 days.
-``tls-redirect``
-    ``on``/``off``: answer requests on the plain ``bind`` with 301 to the same URL over
-    https (the ``tls-bind`` port). Default ``on`` when ``tls-bind`` is set; buildout.cfg
-    sets ``off``, because the load tests use the plain port.
-``tls-redirect-exempt``
-    Whitespace-separated IPv4/IPv6 networks (CIDR or address) whose plain requests are
-    served, not redirected, when ``tls-redirect`` is on: the A/B test's load generators on
-    other hosts (docs/usage.md), which measure the pool without TLS and the cache. Default
-    empty: everyone is redirected.
-``hsts-max-age``
-    Seconds of ``Strict-Transport-Security`` on HTTPS answers, default 63072000 (two
-    years, Mozilla's value); ``0`` sends none.
-``cache``
-    The ``plonedeploy.recipe:varnish`` part of the cache tier, default empty (no cache).
-    Requires ``tls-bind``: over TLS, GET and HEAD requests without a body go to varnish
-    (its first ``bind``) while HAProxy's check of it passes, and HAProxy binds that part's
-    ``backend`` as the ``cache_fill`` listener through which varnish fetches misses from
-    the pool. The plain ``bind`` never uses the cache (the A/B comparison runs there).
-    PURGE and BAN from visitors get 405.
-``template``
-    Jinja2 template, default ``${buildout:directory}/haproxy/haproxy.cfg.j2``.
-``haproxy``
-    The haproxy binary used for ``haproxy -c -f`` (default: ``haproxy`` on PATH, else
-    ``/usr/sbin/haproxy``).
+- ``maxconn`` (the frontend's, also its listen backlog): a connection beyond it waits in
+  the kernel's accept queue until one closes, which with keep-alive clients can be never
+  (docs/performance.md, "Fair queueing under overload"); the global ``maxconn`` is 16
+  more so that the stats page stays reachable.
+- ``fd-limit``: every server has ``maxconn``, so HAProxy needs one descriptor per client
+  connection, not the two it assumes; below its own 2 x (maxconn + 16) + 64 the config
+  says ``no strict-limits`` and HAProxy logs "FD limit ... too low" once at start.
+- ``upload-threshold``: HAProxy waits for a page-lane body whole (``option
+  http-buffer-request``) for at most ``timeout http-request`` (10 s) before any server is
+  chosen, so a trickled body gets 408 and never takes a Zope thread; larger bodies go to
+  the upload lane, whose server must spool them to disk (``edge.SPOOLING_SERVERS``).
+- ``tls-bind``: requests over it reach Zope through its VirtualHostMonster
+  (``/VirtualHostBase/https/<Host>/...``), so every link in the page starts with
+  ``https://``; the plain ``bind`` never uses the cache (the A/B comparison runs there).
 
 Output: ``parts/<name>/haproxy.cfg`` (option ``config``); the resolved binary is in option
 ``binary``. The file is only written after

@@ -1,85 +1,24 @@
 """``plonedeploy.recipe:instance`` -- a ZEO client served by one of several WSGI servers.
 
-A thin layer over ``plone.recipe.zope2instance``: every option not listed here passes
-through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eggs``,
-``zodb-cache-size``, ``event-log``, ...). Options read here:
+A thin layer over ``plone.recipe.zope2instance``: every option it does not read passes
+through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``,
+``zodb-cache-size``, ``event-log``, ...).
 
-``wsgi-server``
-    ``pyruvate`` (default), ``waitress``, ``gunicorn``, ``cheroot``, ``granian``,
-    ``bjoern``, ``uwsgi`` or ``gevent`` (``options.SERVERS``; docs/servers.md). Adds that
-    server's eggs to ``eggs`` and renders the part's ``etc/wsgi.ini`` from
-    ``<templates-directory>/<wsgi-server>.ini.in``.
-``http-address``
-    Required; exactly one ``host:port`` (pyruvate's ``socket``, waitress' ``listen``).
-``threads``
-    Positive integer, default 2 (1 for bjoern and gevent, which allow only 1): the
-    server's worker threads (pyruvate ``workers``, waitress ``threads``, ...), and also the
-    ZODB ``pool-size`` written into ``<zodb_db main>`` of ``etc/zope.conf``, because each
-    concurrent request holds one ZODB connection with its own object cache of
-    ``zodb-cache-size`` objects (memory ~ threads x zodb-cache-size x object size).
-    ``auto``: chosen by ``rules.auto_threads`` from ``cpu-cores`` and
-    ``clients-per-host`` (docs/tuning.md); bin/buildout logs the choice and the reason.
-``cpu-cores``
-    Only read with ``threads = auto``: CPUs of the host that runs the clients; default
-    the CPUs this bin/buildout may run on (``os.sched_getaffinity``).
-``clients-per-host``
-    Only read with ``threads = auto``: ZEO clients on that host; default the number of
-    ``plonedeploy.recipe:instance`` parts in this buildout's ``parts``.
-``zodb-cache-memory``
-    Optional memory budget (bytes; ``512MB``, ``1GB``) for this client's ZODB object
-    caches together: sets plone.recipe.zope2instance's ``zodb-cache-size-bytes`` (ZODB's
-    ``cache-size-bytes``, per connection) to budget / threads, since each thread holds one
-    connection with its own cache. ZODB counts pickle sizes, so the process grows by more
-    than the budget (docs/tuning.md). Not together with ``zodb-cache-size-bytes``.
-``blob-sendfile``
-    ``on`` (default) or ``off`` (also ``true``/``false``). On: the WSGI filter
-    ``blobsendfile`` (``plonedeploy.recipe.blobfilter``) is put first in the pipeline and
-    ``plonedeploy.recipe`` is added to ``eggs``; whole-file blob downloads then reach the
-    server's ``wsgi.file_wrapper`` as a real file (pyruvate: ``sendfile(2)``). Off: the
-    stock pipeline.
-``max-request-body-size``
-    Bytes: the largest request body this client may receive. Default 1073741824 (1 GiB,
-    plone.recipe.zope2instance's own) for waitress, which spools bodies to disk and
-    enforces it itself; 1048576 (1 MiB, Zope's ``form-memory-limit``) for the other
-    servers, which hold a body in memory and have no limit of their own (pyruvate): for
-    them the balancer enforces it (``plonedeploy.recipe:haproxy`` checks that no lane
-    sends a client more than its cap; ``edge.body_limit_errors``).
-``metrics-address``
-    Optional ``host:port`` (default: none, no metrics): the client's Prometheus metrics
-    (requests by status, latency histogram, ZODB pool and caches;
-    ``plonedeploy.recipe.metrics``) are served there by a thread of the client process,
-    at ``/metrics``, never through the balancer's frontend. Adds the WSGI filter
-    ``metrics`` after ``blobsendfile`` and ``prometheus-client`` to ``eggs``. Each client
-    needs its own (``plonedeploy.recipe:stack`` refuses two clients on one address), and
-    it must differ from ``http-address``.
-``storage``
-    ``zeo`` (default) or ``relstorage`` (``options.STORAGES``; docs/storage.md). ``zeo``:
-    plone.recipe.zope2instance's own ZEO client options apply (``zeo-client``,
-    ``zeo-address``, ``shared-blob``, ``blob-storage``, ...). ``relstorage``: the client
-    is a RelStorage client of PostgreSQL instead; those ZEO options are then ignored
-    (``zeo-client`` is forced off, so a part made with ``<= instance`` switches by this
-    one option), ``RelStorage`` and ``psycopg2-binary`` are added to ``eggs``
-    (``options.RELSTORAGE_EGGS`` says why the binary wheel), and the stock recipe's
-    ``rel-storage`` option is written from the three options below (setting it yourself
-    is an error).
-``relstorage-dsn``
-    Required with ``storage = relstorage``: the libpq DSN in key=value form, e.g.
-    ``host=127.0.0.1 port=5432 dbname=plone user=plone passfile=/srv/var/postgresql/pgpass``
-    (``${postgresql:dsn}`` of a ``plonedeploy.recipe:postgresql`` part). It must name
-    ``dbname`` and must not hold a ``password``: zope.conf is world-readable, so the
-    password goes into a 0600 ``passfile`` (``options.parse_dsn``).
-``relstorage-blobs``
-    ``database`` (default) or ``shared-directory`` (``options.RELSTORAGE_BLOBS``):
-    RelStorage's ``shared-blob-dir`` false or true. ``database``: blobs are stored in
-    PostgreSQL and copied on first read into this client's cache directory, so clients on
-    other hosts need no shared file system. ``shared-directory``: blobs live only in
-    ``relstorage-blob-dir``, which every client must mount; the database holds none.
-``relstorage-blob-dir``
-    RelStorage's ``blob-dir``. Default: ``${buildout:directory}/var/blobcache/<part>``
-    with ``database`` (one cache per client), ``${buildout:directory}/var/relstorage-blobs``
-    with ``shared-directory`` (one directory for every client of this buildout).
-``templates-directory``
-    Where ``<server>.ini.in`` live; default ``${buildout:directory}/templates``.
+Options read here: ``optiontables.INSTANCE`` (name, default, allowed values, one line
+each; docs/recipe.md's table is generated from it). The reasons behind them:
+
+- ``threads`` is also the ZODB ``pool-size`` written into ``<zodb_db main>`` of
+  ``etc/zope.conf``: each concurrent request holds one ZODB connection with its own object
+  cache of ``zodb-cache-size`` objects (memory ~ threads x zodb-cache-size x object size).
+  ``auto`` is ``rules.auto_threads`` (docs/tuning.md); ``zodb-cache-memory`` is divided by
+  the threads for the same reason.
+- ``max-request-body-size`` defaults to 1 GiB (plone.recipe.zope2instance's own) for
+  waitress, which spools bodies to disk and enforces it itself, and to 1 MiB (Zope's
+  ``form-memory-limit``) for the servers that hold a body in memory with no limit of their
+  own (pyruvate): the balancer enforces theirs (``edge.body_limit_errors``).
+- ``storage = relstorage`` forces ``zeo-client`` off (the stock recipe refuses both), so a
+  part made with ``<= instance`` switches by this one option; ``relstorage-dsn`` must not
+  hold a password because zope.conf is world-readable (``options.parse_dsn``).
 
 The server template is rendered in two stages: Jinja2 fills ``{{ ... }}`` (server, address,
 threads), then plone.recipe.zope2instance fills ``%(...)s`` (log files, pipeline, zope.conf

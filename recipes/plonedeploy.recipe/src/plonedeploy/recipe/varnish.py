@@ -6,34 +6,8 @@ listener** (this part's ``backend``), which hands them to the same ZEO client po
 haproxy part that names this part in its ``cache`` option binds that listener. The plain
 frontend (the load tests' :8080) never goes through the cache.
 
-Options:
-
-``bind``
-    Whitespace-separated ``host:port`` addresses varnish listens on, default
-    ``127.0.0.1:6081``. HAProxy sends visitors' requests to the first; the ZEO clients send
-    their PURGE requests to any of them.
-``backend``
-    ``host:port`` of HAProxy's cache-fill listener, default ``127.0.0.1:6088``.
-``clients``
-    Whitespace-separated ``plonedeploy.recipe:instance`` parts whose hosts (``http-address``)
-    may PURGE and BAN (plone.cachepurging runs in the ZEO clients). Required.
-``purge-networks``
-    Further networks (CIDR or address) allowed to PURGE and BAN, default none.
-``cache-size``
-    Memory for cached objects (``-s malloc,<size>``): a number with ``K``, ``M`` or ``G``,
-    default ``256M``.
-``cookie-allowlist``
-    Cookie names kept on requests to Plone, default ``__ac _ZopeId __cp statusmessages
-    auth_token I18N_LANGUAGE``; every other cookie (``_ga``, ``_pk_id`` ...) is dropped before
-    the cache looks the request up. A request that still carries one of them is passed.
-``metrics-address``
-    ``host:port`` where Debian's ``prometheus-varnish-exporter`` serves varnish's counters
-    (``/metrics``; it runs ``varnishstat -n <workdir>`` on each scrape); ``bin/stack`` starts
-    it with varnish. Default empty: no exporter. Keep it on a local or admin address.
-``template``
-    Jinja2 template, default ``${buildout:directory}/templates/varnish.vcl.j2``.
-``varnishd``
-    The varnishd binary (default ``varnishd`` on PATH, else ``/usr/sbin/varnishd``).
+Options: ``optiontables.VARNISH`` (name, default, allowed values, one line each;
+docs/recipe.md's table is generated from it).
 
 Output: ``parts/<name>/varnish.vcl``, written only after ``varnishd -C`` compiled it (a
 rejected VCL raises ``zc.buildout.UserError`` with varnish's message), and the option
