@@ -43,7 +43,9 @@ processes (default: every ZEO client) one at a time; a client is first drained t
 HAProxy's runtime API (no new requests; in-flight ones finish), restarted, waited for
 until HAProxy's health check has it UP, and only then is the next one touched, so a pool of
 two or more clients never stops serving. Exit status: 0 on success, 1 with a message on
-stderr otherwise.
+stderr otherwise, 3 from ``status`` when not every process runs, and 141 without a message
+when the reader of stdout went away (``bin/stack status | head``), as for a Unix tool
+killed by SIGPIPE.
 """
 import argparse
 import csv
