@@ -25,7 +25,7 @@ import requests
 
 from conftest import ROOT, run, while_loaded
 from loadtests import haproxy_stats
-from plonedeploy.recipe import rules, varnish
+from plonedeploy.recipe import optiontables, rules, varnish
 
 pytestmark = pytest.mark.ansible
 
@@ -146,11 +146,7 @@ def test_varnish_rules_match_the_recipe():
     defaults = text("varnish", "defaults", "main.yml")
     assert value(text("varnish", "vars", "main.yml"), "varnish_health_path") == varnish.HEALTH_PATH
     assert value(text("haproxy", "vars", "main.yml"), "haproxy_cache_health_path") == varnish.HEALTH_PATH
-    cookies = value(defaults, "varnish_cookie_allowlist").strip("[]").split(", ")
-    assert tuple(cookies) == varnish.DEFAULT_COOKIE_ALLOWLIST
-    assert value(defaults, "varnish_bind") == varnish.DEFAULT_BIND
-    assert value(defaults, "varnish_backend") == varnish.DEFAULT_BACKEND
-    assert value(defaults, "varnish_cache_size") == varnish.DEFAULT_CACHE_SIZE
+    # (the defaults of the varnish options: test_role_defaults_and_choices_are_the_recipes)
     # the monitoring role scrapes the exporter at the varnish role's default address
     prometheus = text("monitoring", "templates", "prometheus.yml.j2")
     assert prometheus.count(f"varnish_metrics_listen | default('{value(defaults, 'varnish_metrics_listen')}')") == 2
@@ -165,6 +161,54 @@ def _yaml(path):
                "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",
                os.path.join(ANSIBLE, path)], timeout=60).stdout
     return json.loads(out)
+
+
+#: Role variables named like a recipe option (``<role>_<option with _>``) whose default
+#: differs from the recipe's on purpose.
+ROLE_DEFAULTS_OF_THEIR_OWN = {
+    # a deployed site blocks the ZMI but from localhost (buildout.cfg sets the same)
+    "haproxy_manage_networks",
+    # a deployed site serves HTTPS on :443 of the frontend's address
+    "haproxy_tls_bind",
+    # a switch for the varnish role on the same host, where the recipe names a varnish part
+    "haproxy_cache",
+    # the deployment's prefix, not ${buildout:directory}
+    "haproxy_run_directory",
+}
+
+
+def _as_option(value):
+    """A role default (YAML) as the text of a buildout option: lists whitespace-separated,
+    booleans on/off."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return " ".join(str(item) for item in value)
+    return str(value)
+
+
+def test_role_defaults_and_choices_are_the_recipes():
+    """Every haproxy_*/varnish_* role default and argument_specs choice named after a recipe
+    option (optiontables) is the recipe's, but the few that differ on purpose; and the
+    zeoclient role's per-client options are the instance recipe's."""
+    compared = set()
+    for role, table in (("haproxy", optiontables.HAPROXY), ("varnish", optiontables.VARNISH)):
+        defaults = _yaml(f"roles/{role}/defaults/main.yml")
+        spec = _yaml(f"roles/{role}/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
+        for option in table:
+            variable = f"{role}_{option.name.replace('-', '_')}"
+            if "choices" in spec.get(variable, {}):
+                assert tuple(spec[variable]["choices"]) == option.allowed, variable
+                compared.add(f"{variable} choices")
+            if variable in defaults and variable not in ROLE_DEFAULTS_OF_THEIR_OWN and option.default is not None:
+                assert _as_option(defaults[variable]) == option.default, variable
+                compared.add(variable)
+    client = _yaml("roles/zeoclient/meta/argument_specs.yml")["argument_specs"]["main"]["options"][
+        "zeoclient_clients"]["options"]
+    wsgi_server = next(option for option in optiontables.INSTANCE if option.name == "wsgi-server")
+    assert (tuple(client["wsgi_server"]["choices"]), client["wsgi_server"]["default"]) == (
+        wsgi_server.allowed, wsgi_server.default)
+    assert len(compared) == 24, sorted(compared)  # a renamed variable must not drop out unseen
 
 
 def test_client_rules_are_the_recipes():
@@ -200,6 +244,43 @@ print(json.dumps({{
     assert got["defaults"] == {s: rules.default_threads(s) for s in rules.SERVERS}
     assert {s for s, errors in got["errors"].items() if errors} == set(rules.SINGLE_THREADED)
     assert got["fd"] == rules.fd_limit_needed(100, [{"maxconn": 2}, {"maxconn": 1}])
+
+
+def test_abtest_json_is_the_stack_recipes(tmp_path):
+    """The haproxy role's abtest.json task, run by Ansible with its filter plugin, writes the
+    document that plonedeploy.recipe:stack writes into stack.json for the same stack
+    (``rules.ab_contract``), but for ``processes``, which supervisord keeps."""
+    from test_options import _fake_buildout
+    from plonedeploy.recipe import haproxy, stack
+
+    run_dir = str(tmp_path / "var" / "run")
+    buildout = _fake_buildout(tmp_path)
+    buildout["haproxy"] = {"backends": "instance", "upload-backends": "uploads", "bind": "127.0.0.1:9903",
+                           "stats-bind": "127.0.0.1:9904", "tls-bind": "127.0.0.1:9905", "balance": "roundrobin",
+                           "max-body-size": "1048576000"}
+    haproxy.Recipe(buildout, "haproxy", buildout["haproxy"])
+    recipe = stack.Recipe(buildout, "stack", {"zeoserver": "zeoserver", "clients": "instance",
+                                              "upload-clients": "uploads", "haproxy": "haproxy"})
+    tasks = _yaml("roles/haproxy/tasks/main.yml")
+    task = next(t for t in tasks if t["name"].startswith("Describe the stack for the A/B report"))
+    written = tmp_path / "abtest.json"
+    play = [{"hosts": "localhost", "gather_facts": False, "connection": "local", "vars": {
+        "haproxy_page_servers": [{"name": "instance", "wsgi_server": "pyruvate", "lane": "pages"}],
+        "haproxy_upload_servers": [{"name": "uploads", "wsgi_server": "waitress", "lane": "uploads"}],
+        "haproxy_bind": "127.0.0.1:9903", "haproxy_stats_bind": "127.0.0.1:9904",
+        "haproxy_tls_bind": "127.0.0.1:9905", "haproxy_balance": "roundrobin", "haproxy_run_directory": run_dir,
+        "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+        "tasks": [{"ansible.builtin.copy": dict(task["ansible.builtin.copy"], dest=str(written))}]}]
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    env = dict(os.environ, ANSIBLE_FILTER_PLUGINS=os.path.join(ANSIBLE, "filter_plugins"),
+               ANSIBLE_CONFIG=os.path.join(ANSIBLE, "ansible.cfg"))
+    run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", str(tmp_path / "play.yml")],
+        timeout=120, env=env)
+    document = json.loads(written.read_text())
+    assert set(document) == set(rules.ab_contract([], [], "", "", "", "", ""))
+    assert recipe.config["run_dir"] == run_dir  # the stack's var/run, given to Ansible as its own
+    assert document == dict({key: recipe.config[key] for key in document}, processes=[])
+    assert document["tls_url"] == "https://127.0.0.1:9905" and document["server_kinds"] == {"instance": "pyruvate"}
 
 
 BAD = [

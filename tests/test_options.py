@@ -9,7 +9,7 @@ import pytest
 import zc.buildout
 
 from conftest import ROOT
-from plonedeploy.recipe import edge, options, rules, tls
+from plonedeploy.recipe import edge, options, optiontables, rules, tls
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -421,3 +421,99 @@ def test_write_checked_replaces_only_what_the_check_accepts(tmp_path):
         options.write_checked(str(path), "bad\n", refuse)
     assert path.read_text() == "good\n"  # the file in use is untouched
     assert os.listdir(path.parent) == ["site.cfg"]  # no temporary file left
+
+
+# --------------------------------------------------------------- the option tables
+
+
+def test_option_reference_is_generated_from_the_tables():
+    """docs/recipe.md's option tables are what ``python -m plonedeploy.recipe.optionsdoc``
+    writes from ``optiontables`` (run it after changing a table)."""
+    from plonedeploy.recipe import optionsdoc
+
+    path = os.path.join(ROOT, "docs", "recipe.md")
+    with open(path, encoding="utf-8") as fp:
+        text = fp.read()
+    assert optionsdoc.render(text) == text
+    assert optionsdoc.main(["--check", path]) == 0
+
+
+def test_optionsdoc_check_fails_on_a_stale_page(tmp_path, capsys):
+    from plonedeploy.recipe import optionsdoc
+
+    with open(os.path.join(ROOT, "docs", "recipe.md"), encoding="utf-8") as fp:
+        text = fp.read()
+    page = tmp_path / "recipe.md"
+    page.write_text(text.replace("| `bind` | `127.0.0.1:8080` |", "| `bind` | `0.0.0.0:80` |"))
+    assert optionsdoc.main(["--check", str(page)]) == 1
+    assert "differs from the recipes' option tables" in capsys.readouterr().err
+    assert optionsdoc.main([str(page)]) == 0
+    assert page.read_text() == text
+    page.write_text(text.replace("<!-- options: stack -->", "<!-- options: stak -->"))
+    assert optionsdoc.main(["--check", str(page)]) == 2
+    assert "unknown ['stak'], missing ['stack']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", sorted(optiontables.TABLES))
+def test_option_table_is_consistent(recipe):
+    table = optiontables.TABLES[recipe]
+    names = [option.name for option in table]
+    assert len(names) == len(set(names))
+    for option in table:
+        assert option.doc and "|" not in option.doc + str(option.allowed), option
+        # a computed or required default says what it is
+        assert option.default is not None or option.shown_default, option
+        if isinstance(option.allowed, tuple) and option.default:
+            assert option.default in option.allowed, option
+
+
+def test_undeclared_option_read_raises():
+    raw = {"bind": "127.0.0.1:9900", "secret": "x"}
+    opts = optiontables.DeclaredOptions("lb", raw, optiontables.HAPROXY)
+    assert (opts["bind"], opts.get("balance"), "bind" in opts) == ("127.0.0.1:9900", None, True)
+    assert opts.setdefault("balance") == "leastconn" and raw["balance"] == "leastconn"
+    assert opts.setdefault("template", "/t.j2") == "/t.j2"
+    for read in (lambda: opts["secret"], lambda: opts.get("secret"), lambda: "secret" in opts,
+                 lambda: opts.setdefault("secret", "y")):
+        with pytest.raises(optiontables.UndeclaredOption, match=r"\[lb\] option 'secret' is read but not declared"):
+            read()
+    with pytest.raises(ValueError, match="no declared default"):
+        opts.setdefault("backends")
+
+
+def _fake_buildout(tmp_path):
+    """A buildout as the recipes see it (sections as dicts), with resolved client parts."""
+    return {
+        "buildout": {"directory": str(tmp_path), "parts-directory": str(tmp_path / "parts"),
+                     "bin-directory": str(tmp_path / "bin")},
+        "zeoserver": {"zeo-address": "127.0.0.1:9900"},
+        "instance": {"http-address": "127.0.0.1:9901", "threads": "2", "wsgi-server": "pyruvate",
+                     "metrics-address": "127.0.0.1:9911"},
+        "uploads": {"http-address": "127.0.0.1:9902", "threads": "2", "wsgi-server": "waitress",
+                    "max-request-body-size": "1073741824"},
+    }
+
+
+def test_recipes_read_only_declared_options(tmp_path):
+    """The varnish, haproxy and stack recipes, every optional feature on, read their parts'
+    options only through their tables (a slip raises UndeclaredOption here) and store every
+    declared non-empty default in the part (where other parts and buildout's records read it)."""
+    from plonedeploy.recipe import haproxy, stack, varnish
+
+    buildout = _fake_buildout(tmp_path)
+    buildout["varnish"] = {"clients": "instance uploads", "metrics-address": "127.0.0.1:9912",
+                           "purge-networks": "10.0.0.0/8"}
+    varnish.Recipe(buildout, "varnish", buildout["varnish"])
+    buildout["haproxy"] = {"backends": "instance", "upload-backends": "uploads", "bind": "127.0.0.1:9903",
+                           "stats-bind": "127.0.0.1:9904", "tls-bind": "127.0.0.1:9905", "cache": "varnish",
+                           "manage-networks": "127.0.0.1/32", "max-body-size": "1048576000"}
+    haproxy.Recipe(buildout, "haproxy", buildout["haproxy"])
+    buildout["stack"] = {"zeoserver": "zeoserver", "clients": "instance", "upload-clients": "uploads",
+                         "haproxy": "haproxy", "cache": "varnish"}
+    stack.Recipe(buildout, "stack", buildout["stack"])
+    for recipe in ("varnish", "haproxy", "stack"):
+        for option in optiontables.TABLES[recipe]:
+            if option.default:
+                assert option.name in buildout[recipe], (recipe, option.name)
+    assert buildout["haproxy"]["balance"] == optiontables.default_of(optiontables.HAPROXY, "balance")
+    assert varnish.DEFAULT_COOKIE_ALLOWLIST == tuple(buildout["varnish"]["cookie-allowlist"].split())

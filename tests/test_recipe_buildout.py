@@ -207,6 +207,21 @@ def test_stack_script_and_config(built):
     assert "start" in help_text and "stop" in help_text
 
 
+def test_stack_status_into_a_closed_pipe_exits_quietly(built):
+    """``bin/stack status | head`` when head has gone: no BrokenPipeError traceback, and the
+    status of a tool killed by SIGPIPE (141), like other Unix tools. The pipe has no reader
+    at all, so every write fails, however fast the reader would have been."""
+    directory, _ = built
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([str(directory / "bin" / "stack"), "status"], stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")
+
+
 def test_manage_networks_block_the_zmi(tmp_path):
     result = buildout(tmp_path, "[haproxy]\nmanage-networks = 127.0.0.1 10.1.0.0/16\nmaxconn = 9000\n")
     assert result.returncode == 0, result.stdout + result.stderr

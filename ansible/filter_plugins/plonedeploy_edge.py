@@ -28,6 +28,10 @@ And the ZEO clients' rules of ``recipes/.../rules.py`` (the recipe's ``instance`
   bound for the fd-limit check.
 - ``maxconn | plonedeploy_fd_limit_needed(servers)``: HAProxy's smallest fd limit for a
   frontend maxconn and servers (dicts with ``maxconn``).
+- ``page_servers | plonedeploy_ab_contract(upload_servers, bind, stats_bind, tls_bind,
+  balance, run_dir)``: the content of ``abtest.json`` (a dict; servers are dicts with
+  ``name`` and ``wsgi_server``), ``rules.ab_contract``: the same document the stack recipe
+  writes into ``stack.json`` for the A/B tool.
 """
 import os
 import sys
@@ -88,4 +92,5 @@ class FilterModule:
             "plonedeploy_threads_errors": threads_errors,
             "plonedeploy_client_threads": client_threads,
             "plonedeploy_fd_limit_needed": lambda maxconn, servers: rules.fd_limit_needed(int(maxconn), servers),
+            "plonedeploy_ab_contract": rules.ab_contract,
         }

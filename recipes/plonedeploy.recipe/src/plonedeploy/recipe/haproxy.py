@@ -3,114 +3,24 @@
 The servers come from the client parts themselves (one source of truth): for each part
 named in ``backends`` its ``http-address`` gives address and port, its ``threads`` the
 server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and its
-``wsgi-server`` a comment. Options:
+``wsgi-server`` a comment. Options: ``optiontables.HAPROXY`` (name, default, allowed
+values, one line each; docs/recipe.md's table is generated from it). The reasons behind
+some of them:
 
-``backends``
-    Required; whitespace-separated names of ``plonedeploy.recipe:instance`` parts.
-``bind``
-    Frontend ``host:port``, default ``127.0.0.1:8080``.
-``stats-bind``
-    Stats page ``host:port`` (``/stats``, CSV at ``/stats;csv``), default ``127.0.0.1:8404``.
-``balance``
-    One of ``leastconn`` (default), ``roundrobin``, ``static-rr``, ``first``, ``random``,
-    ``source``.
-``health-check``
-    Path of the HTTP health check, default ``/Plone/@@ok`` (a cheap view answering ``OK``;
-    plain TCP checks make pyruvate log ``Incomplete request``).
-``timeout-queue``
-    Seconds a request may wait for a free server slot before HAProxy answers 503,
-    default 60.
-``max-body-size``
-    Largest request body in bytes, default 1073741824 (1 GiB, Zope's own
-    ``form-disk-limit``); larger ones get 413 from HAProxy before any server sees them,
-    chunked request bodies 411. Checked with ``upload-threshold`` and each client's
-    ``max-request-body-size`` (``edge.body_limit_errors``): no server may receive a body
-    larger than its own cap.
-``maxconn``
-    Client connections the site's frontend holds at once, default 10000 (also its
-    ``bind ... backlog``; the kernel caps that at ``net.core.somaxconn``); the global
-    ``maxconn`` is 16 more, so that the stats page stays reachable when they are all
-    taken. A connection beyond it waits in the kernel's accept queue until one closes:
-    with keep-alive clients that can be never (see docs/performance.md, "Fair queueing
-    under overload"). The servers' own ``maxconn`` is their thread count.
-``fd-limit``
-    File descriptors HAProxy may use (its ``ulimit-n``), default 20000. It must not exceed
-    the hard limit (``ulimit -Hn``, systemd ``LimitNOFILE``) of whoever starts HAProxy,
-    and must be at least maxconn + 16 + the servers' maxconn summed + 64: every server
-    has ``maxconn``, so HAProxy needs one descriptor per client connection, not the two
-    it assumes (when fd-limit is below its own 2 x (maxconn + 16) + 64, the config says
-    ``no strict-limits`` and HAProxy logs "FD limit ... too low" once at start).
-``manage-networks``
-    Whitespace-separated IPv4/IPv6 networks (CIDR or address) allowed to reach Zope's
-    management screens (paths with a segment ``manage`` or ``manage_<word>``); others get 403 from
-    HAProxy. Empty (default): not blocked.
-``upload-backends``
-    Whitespace-separated ``plonedeploy.recipe:instance`` parts that form the **upload
-    lane** (backend ``uploads``): every request whose body is larger than
-    ``upload-threshold``, or does not fit in HAProxy's buffer with its headers, and every
-    plone.restapi TUS request (``/@tus-upload``), goes there instead of to ``backends``.
-    Their server must spool bodies to disk before a thread sees them (waitress;
-    ``edge.SPOOLING_SERVERS``). Empty (default): no upload lane; then ``max-body-size``
-    must fit HAProxy's buffer if any page server holds bodies in memory.
-``upload-threshold``
-    Bytes, default 8192: the largest body the page lane (``backends``) receives. HAProxy
-    waits for such a body whole (``option http-buffer-request``) for at most ``timeout
-    http-request`` (10 s) before any server is chosen, so a trickled body gets 408 and
-    never takes a Zope thread. At most 15360 (HAProxy's buffer less its rewrite reserve).
-``upload-maxconn``
-    Requests each upload server holds at once (its HAProxy ``maxconn``), default 8. An
-    upload in transit costs the spooling server a connection, not a thread, so this may
-    exceed its ``threads``; further uploads wait in HAProxy's queue.
-``server-names``
-    Whitespace-separated host names (or IPv4 addresses, or ``[IPv6]``) the site answers
-    to, any port. A request with another ``Host`` gets 421 from HAProxy, one without
-    ``Host`` 400 (RFC 9112 section 3.2); neither reaches Zope. Default: the host of
-    ``bind``; required when ``bind`` listens on all addresses.
-``per-source-connections``
-    Concurrent connections one client address may hold, default 100; the next request
-    beyond it gets 429 with ``Retry-After``. A browser opens at most 6 per host (HTTP/1.1).
-``per-source-requests``
-    Requests one client address may send per ``per-source-period`` seconds, default 1000
-    (100/s sustained); beyond it 429 with ``Retry-After``.
-``per-source-period``
-    Seconds of the request-rate window, default 10 (also the ``Retry-After`` value).
-``per-source-exempt``
-    Whitespace-separated networks (CIDR or address) not limited per source, default empty
-    (the demo exempts 127.0.0.1 so that its load tests are not throttled).
-``tls-bind``
-    ``host:port`` of the HTTPS listener of the same frontend (TLS 1.2 and 1.3 with
-    Mozilla's "intermediate" ciphers, ALPN ``h2,http/1.1``, HSTS; ``tls.py``). Requests over
-    it reach Zope through its VirtualHostMonster (``/VirtualHostBase/https/<Host>/...``), so
-    every link in the page starts with ``https://``. Empty (default): no TLS.
-``tls-certificate``
-    PEM file with the certificate (chain) and its private key, HAProxy's ``crt`` format.
-    Default: a self-signed certificate for ``server-names``, made by the build with
-    Debian's ``openssl`` into ``${buildout:directory}/var/tls/<part>.pem`` (mode 0600) and
-    made anew when the names change or it ends within 30 days.
-``tls-redirect``
-    ``on``/``off``: answer requests on the plain ``bind`` with 301 to the same URL over
-    https (the ``tls-bind`` port). Default ``on`` when ``tls-bind`` is set; buildout.cfg
-    sets ``off``, because the load tests use the plain port.
-``tls-redirect-exempt``
-    Whitespace-separated IPv4/IPv6 networks (CIDR or address) whose plain requests are
-    served, not redirected, when ``tls-redirect`` is on: the A/B test's load generators on
-    other hosts (docs/usage.md), which measure the pool without TLS and the cache. Default
-    empty: everyone is redirected.
-``hsts-max-age``
-    Seconds of ``Strict-Transport-Security`` on HTTPS answers, default 63072000 (two
-    years, Mozilla's value); ``0`` sends none.
-``cache``
-    The ``plonedeploy.recipe:varnish`` part of the cache tier, default empty (no cache).
-    Requires ``tls-bind``: over TLS, GET and HEAD requests without a body go to varnish
-    (its first ``bind``) while HAProxy's check of it passes, and HAProxy binds that part's
-    ``backend`` as the ``cache_fill`` listener through which varnish fetches misses from
-    the pool. The plain ``bind`` never uses the cache (the A/B comparison runs there).
-    PURGE and BAN from visitors get 405.
-``template``
-    Jinja2 template, default ``${buildout:directory}/haproxy/haproxy.cfg.j2``.
-``haproxy``
-    The haproxy binary used for ``haproxy -c -f`` (default: ``haproxy`` on PATH, else
-    ``/usr/sbin/haproxy``).
+- ``maxconn`` (the frontend's, also its listen backlog): a connection beyond it waits in
+  the kernel's accept queue until one closes, which with keep-alive clients can be never
+  (docs/performance.md, "Fair queueing under overload"); the global ``maxconn`` is 16
+  more so that the stats page stays reachable.
+- ``fd-limit``: every server has ``maxconn``, so HAProxy needs one descriptor per client
+  connection, not the two it assumes; below its own 2 x (maxconn + 16) + 64 the config
+  says ``no strict-limits`` and HAProxy logs "FD limit ... too low" once at start.
+- ``upload-threshold``: HAProxy waits for a page-lane body whole (``option
+  http-buffer-request``) for at most ``timeout http-request`` (10 s) before any server is
+  chosen, so a trickled body gets 408 and never takes a Zope thread; larger bodies go to
+  the upload lane, whose server must spool them to disk (``edge.SPOOLING_SERVERS``).
+- ``tls-bind``: requests over it reach Zope through its VirtualHostMonster
+  (``/VirtualHostBase/https/<Host>/...``), so every link in the page starts with
+  ``https://``; the plain ``bind`` never uses the cache (the A/B comparison runs there).
 
 Output: ``parts/<name>/haproxy.cfg`` (option ``config``); the resolved binary is in option
 ``binary``. The file is only written after
@@ -124,6 +34,7 @@ import subprocess
 import zc.buildout
 
 from plonedeploy.recipe import edge, tls, varnish
+from plonedeploy.recipe.optiontables import HAPROXY, INSTANCE, DeclaredOptions
 from plonedeploy.recipe.options import (
     BALANCE_ALGORITHMS,
     check_choice,
@@ -162,20 +73,22 @@ class Recipe:
 
     def __init__(self, buildout, name, options):
         self.name, self.options = name, options
+        # Reads go through the table (an undeclared option raises); writes to options.
+        opts = DeclaredOptions(name, options, HAPROXY)
         directory = buildout["buildout"]["directory"]
-        names = options.get("backends", "").split()
+        names = opts.get("backends", "").split()
         if not names:
             raise zc.buildout.UserError(
                 f"[{name}] backends is required: the names of the ZEO client parts"
             )
         if len(set(names)) != len(names):
-            raise zc.buildout.UserError(f"[{name}] backends = {options['backends']!r} names a part twice")
-        upload_names = options.setdefault("upload-backends", "").split()
+            raise zc.buildout.UserError(f"[{name}] backends = {opts['backends']!r} names a part twice")
+        upload_names = opts.setdefault("upload-backends").split()
         if len(set(upload_names)) != len(upload_names):
             raise zc.buildout.UserError(
-                f"[{name}] upload-backends = {options['upload-backends']!r} names a part twice")
+                f"[{name}] upload-backends = {opts['upload-backends']!r} names a part twice")
         self.upload_maxconn = parse_positive_int(
-            name, options.setdefault("upload-maxconn", "8"), "upload-maxconn")
+            name, opts.setdefault("upload-maxconn"), "upload-maxconn")
         self.servers = [self.client(buildout, name, "backends", part) for part in names]
         self.upload_servers = [self.client(buildout, name, "upload-backends", part, self.upload_maxconn)
                                for part in upload_names]
@@ -185,27 +98,27 @@ class Recipe:
             f"max-body={s['max_body']}"
             for s in self.servers + self.upload_servers
         )
-        self.bind = parse_http_address(name, options.setdefault("bind", "127.0.0.1:8080"), "bind")
+        self.bind = parse_http_address(name, opts.setdefault("bind"), "bind")
         self.stats_bind = parse_http_address(
-            name, options.setdefault("stats-bind", "127.0.0.1:8404"), "stats-bind"
+            name, opts.setdefault("stats-bind"), "stats-bind"
         )
         self.balance = check_choice(
-            name, "balance", options.setdefault("balance", "leastconn"), BALANCE_ALGORITHMS
+            name, "balance", opts.setdefault("balance"), BALANCE_ALGORITHMS
         )
-        self.health_check = options.setdefault("health-check", "/Plone/@@ok")
+        self.health_check = opts.setdefault("health-check")
         if not self.health_check.startswith("/") or any(c.isspace() for c in self.health_check):
             raise zc.buildout.UserError(
                 f"[{name}] health-check = {self.health_check!r} is invalid: expected a path "
                 "starting with / and without spaces"
             )
         self.timeout_queue = parse_positive_int(
-            name, options.setdefault("timeout-queue", "60"), "timeout-queue"
+            name, opts.setdefault("timeout-queue"), "timeout-queue"
         )
         self.max_body_size = parse_positive_int(
-            name, options.setdefault("max-body-size", "1073741824"), "max-body-size"
+            name, opts.setdefault("max-body-size"), "max-body-size"
         )
         self.upload_threshold = parse_positive_int(
-            name, options.setdefault("upload-threshold", str(edge.DEFAULT_UPLOAD_THRESHOLD)),
+            name, opts.setdefault("upload-threshold"),
             "upload-threshold", f"a number of bytes, at most {edge.BUFFERABLE}")
         errors = edge.body_limit_errors(self.max_body_size, self.upload_threshold,
                                         self.servers, self.upload_servers)
@@ -219,18 +132,18 @@ class Recipe:
             raise zc.buildout.UserError(f"[{name}] two backends share one http-address")
         self.server_names = self.parse_server_names(name, options)
         self.per_source = {
-            key: parse_positive_int(name, options.setdefault(f"per-source-{key}", str(default)),
+            key: parse_positive_int(name, opts.setdefault(f"per-source-{key}"),
                                     f"per-source-{key}")
-            for key, default in edge.DEFAULT_PER_SOURCE.items()
+            for key in edge.DEFAULT_PER_SOURCE
         }
         self.per_source_exempt = [
             parse_network(name, "per-source-exempt", value)
-            for value in options.setdefault("per-source-exempt", "").split()
+            for value in opts.setdefault("per-source-exempt").split()
         ]
         self.parse_tls(buildout, name, options)
         self.parse_cache(buildout, name, options)
-        self.maxconn = parse_positive_int(name, options.setdefault("maxconn", "10000"), "maxconn")
-        self.fd_limit = parse_positive_int(name, options.setdefault("fd-limit", "20000"), "fd-limit")
+        self.maxconn = parse_positive_int(name, opts.setdefault("maxconn"), "maxconn")
+        self.fd_limit = parse_positive_int(name, opts.setdefault("fd-limit"), "fd-limit")
         needed = fd_limit_needed(self.maxconn, self.servers + self.upload_servers)
         if self.fd_limit < needed:
             raise zc.buildout.UserError(
@@ -240,15 +153,15 @@ class Recipe:
             )
         self.manage_networks = [
             parse_network(name, "manage-networks", value)
-            for value in options.setdefault("manage-networks", "").split()
+            for value in opts.setdefault("manage-networks").split()
         ]
-        options.setdefault("template", os.path.join(directory, "haproxy", "haproxy.cfg.j2"))
+        opts.setdefault("template", os.path.join(directory, "haproxy", "haproxy.cfg.j2"))
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         options["config"] = os.path.join(options["location"], "haproxy.cfg")
-        options.setdefault(
+        opts.setdefault(
             "run-directory", os.path.join(buildout["buildout"]["directory"], "var", "run")
         )
-        options["binary"] = find_haproxy(options.get("haproxy"))
+        options["binary"] = find_haproxy(opts.get("haproxy"))
 
     @staticmethod
     def client(buildout, name, option, part, maxconn=None):
@@ -259,7 +172,8 @@ class Recipe:
         """
         if part not in buildout:
             raise zc.buildout.UserError(f"[{name}] {option} names {part!r}, which is not a section")
-        client = buildout[part]
+        # The client's own options, as its recipe (instance) declares them.
+        client = DeclaredOptions(part, buildout[part], INSTANCE)
         host, port = parse_http_address(part, client.get("http-address", ""))
         server = client.get("wsgi-server", "unknown")
         max_body = client.get("max-request-body-size") or str(edge.default_body_cap(server))
@@ -274,30 +188,31 @@ class Recipe:
 
     def parse_tls(self, buildout, name, options):
         """Read the ``tls-*`` and ``hsts-max-age`` options; raises UserError."""
+        opts = DeclaredOptions(name, options, HAPROXY)
         self.tls_bind = None
         self.tls_redirect = False
         self.tls_redirect_exempt = []
         self.hsts_max_age = 0
-        text = options.setdefault("tls-bind", "").strip()
+        text = opts.setdefault("tls-bind").strip()
         if not text:
             for key in ("tls-certificate", "tls-redirect", "tls-redirect-exempt"):
-                if options.get(key, "").strip():
+                if opts.get(key, "").strip():
                     raise zc.buildout.UserError(f"[{name}] {key} is set but tls-bind is empty: set "
                                                 "tls-bind (host:port of the HTTPS listener) or remove it")
             return
         self.tls_bind = parse_http_address(name, text, "tls-bind")
         if self.tls_bind == self.bind:
             raise zc.buildout.UserError(f"[{name}] tls-bind = {text} is the same address as bind")
-        self.tls_redirect = parse_switch(name, "tls-redirect", options.setdefault("tls-redirect", "on"))
+        self.tls_redirect = parse_switch(name, "tls-redirect", opts.setdefault("tls-redirect"))
         self.tls_redirect_exempt = [parse_network(name, "tls-redirect-exempt", value)
-                                    for value in options.setdefault("tls-redirect-exempt", "").split()]
+                                    for value in opts.setdefault("tls-redirect-exempt").split()]
         if self.tls_redirect_exempt and not self.tls_redirect:
             raise zc.buildout.UserError(f"[{name}] tls-redirect-exempt is set but tls-redirect is off: "
                                         "every plain request is served already; remove it")
-        hsts = options.setdefault("hsts-max-age", str(tls.DEFAULT_HSTS_MAX_AGE)).strip()
+        hsts = opts.setdefault("hsts-max-age").strip()
         self.hsts_max_age = 0 if hsts == "0" else parse_positive_int(
             name, hsts, "hsts-max-age", "a number of seconds such as 63072000, or 0 for no header")
-        given = options.get("tls-certificate", "").strip()
+        given = opts.get("tls-certificate", "").strip()
         self.tls_generate = not given
         if given:
             if not os.path.isfile(given):
@@ -313,8 +228,9 @@ class Recipe:
 
     def parse_cache(self, buildout, name, options):
         """Read ``cache`` (a varnish part); sets ``cache_server`` and ``cache_fill_bind``."""
+        opts = DeclaredOptions(name, options, HAPROXY)
         self.cache_server = self.cache_fill_bind = ""
-        part = options.setdefault("cache", "").strip()
+        part = opts.setdefault("cache").strip()
         if not part:
             return
         if part not in buildout:
@@ -339,21 +255,22 @@ class Recipe:
     @staticmethod
     def parse_server_names(name, options):
         """The ``server-names`` list; default the host of ``bind``. Raises UserError."""
-        bind_host = options["bind"].rpartition(":")[0]
-        if "server-names" not in options:
+        opts = DeclaredOptions(name, options, HAPROXY)
+        bind_host = opts["bind"].rpartition(":")[0]
+        if "server-names" not in opts:
             if bind_host in ("0.0.0.0", "*", "[::]", "::", ""):
                 raise zc.buildout.UserError(
-                    f"[{name}] server-names is required when bind = {options['bind']} listens on "
+                    f"[{name}] server-names is required when bind = {opts['bind']} listens on "
                     "all addresses: the host names the site answers to, e.g. www.example.org")
             options["server-names"] = bind_host
-        names = options["server-names"].split()
+        names = opts["server-names"].split()
         if not names:
-            fail(name, "server-names", options["server-names"],
+            fail(name, "server-names", opts["server-names"],
                  "host names such as www.example.org 127.0.0.1 (at least one)")
         for entry in names:
             error = edge.server_name_error(entry)
             if error:
-                fail(name, "server-names", options["server-names"],
+                fail(name, "server-names", opts["server-names"],
                      f"host names, IPv4 addresses or [IPv6] addresses without ports ({error})")
         return names
 

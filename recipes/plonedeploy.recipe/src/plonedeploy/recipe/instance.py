@@ -1,85 +1,24 @@
 """``plonedeploy.recipe:instance`` -- a ZEO client served by one of several WSGI servers.
 
-A thin layer over ``plone.recipe.zope2instance``: every option not listed here passes
-through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eggs``,
-``zodb-cache-size``, ``event-log``, ...). Options read here:
+A thin layer over ``plone.recipe.zope2instance``: every option it does not read passes
+through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``,
+``zodb-cache-size``, ``event-log``, ...).
 
-``wsgi-server``
-    ``pyruvate`` (default), ``waitress``, ``gunicorn``, ``cheroot``, ``granian``,
-    ``bjoern``, ``uwsgi`` or ``gevent`` (``options.SERVERS``; docs/servers.md). Adds that
-    server's eggs to ``eggs`` and renders the part's ``etc/wsgi.ini`` from
-    ``<templates-directory>/<wsgi-server>.ini.in``.
-``http-address``
-    Required; exactly one ``host:port`` (pyruvate's ``socket``, waitress' ``listen``).
-``threads``
-    Positive integer, default 2 (1 for bjoern and gevent, which allow only 1): the
-    server's worker threads (pyruvate ``workers``, waitress ``threads``, ...), and also the
-    ZODB ``pool-size`` written into ``<zodb_db main>`` of ``etc/zope.conf``, because each
-    concurrent request holds one ZODB connection with its own object cache of
-    ``zodb-cache-size`` objects (memory ~ threads x zodb-cache-size x object size).
-    ``auto``: chosen by ``rules.auto_threads`` from ``cpu-cores`` and
-    ``clients-per-host`` (docs/tuning.md); bin/buildout logs the choice and the reason.
-``cpu-cores``
-    Only read with ``threads = auto``: CPUs of the host that runs the clients; default
-    the CPUs this bin/buildout may run on (``os.sched_getaffinity``).
-``clients-per-host``
-    Only read with ``threads = auto``: ZEO clients on that host; default the number of
-    ``plonedeploy.recipe:instance`` parts in this buildout's ``parts``.
-``zodb-cache-memory``
-    Optional memory budget (bytes; ``512MB``, ``1GB``) for this client's ZODB object
-    caches together: sets plone.recipe.zope2instance's ``zodb-cache-size-bytes`` (ZODB's
-    ``cache-size-bytes``, per connection) to budget / threads, since each thread holds one
-    connection with its own cache. ZODB counts pickle sizes, so the process grows by more
-    than the budget (docs/tuning.md). Not together with ``zodb-cache-size-bytes``.
-``blob-sendfile``
-    ``on`` (default) or ``off`` (also ``true``/``false``). On: the WSGI filter
-    ``blobsendfile`` (``plonedeploy.recipe.blobfilter``) is put first in the pipeline and
-    ``plonedeploy.recipe`` is added to ``eggs``; whole-file blob downloads then reach the
-    server's ``wsgi.file_wrapper`` as a real file (pyruvate: ``sendfile(2)``). Off: the
-    stock pipeline.
-``max-request-body-size``
-    Bytes: the largest request body this client may receive. Default 1073741824 (1 GiB,
-    plone.recipe.zope2instance's own) for waitress, which spools bodies to disk and
-    enforces it itself; 1048576 (1 MiB, Zope's ``form-memory-limit``) for the other
-    servers, which hold a body in memory and have no limit of their own (pyruvate): for
-    them the balancer enforces it (``plonedeploy.recipe:haproxy`` checks that no lane
-    sends a client more than its cap; ``edge.body_limit_errors``).
-``metrics-address``
-    Optional ``host:port`` (default: none, no metrics): the client's Prometheus metrics
-    (requests by status, latency histogram, ZODB pool and caches;
-    ``plonedeploy.recipe.metrics``) are served there by a thread of the client process,
-    at ``/metrics``, never through the balancer's frontend. Adds the WSGI filter
-    ``metrics`` after ``blobsendfile`` and ``prometheus-client`` to ``eggs``. Each client
-    needs its own (``plonedeploy.recipe:stack`` refuses two clients on one address), and
-    it must differ from ``http-address``.
-``storage``
-    ``zeo`` (default) or ``relstorage`` (``options.STORAGES``; docs/storage.md). ``zeo``:
-    plone.recipe.zope2instance's own ZEO client options apply (``zeo-client``,
-    ``zeo-address``, ``shared-blob``, ``blob-storage``, ...). ``relstorage``: the client
-    is a RelStorage client of PostgreSQL instead; those ZEO options are then ignored
-    (``zeo-client`` is forced off, so a part made with ``<= instance`` switches by this
-    one option), ``RelStorage`` and ``psycopg2-binary`` are added to ``eggs``
-    (``options.RELSTORAGE_EGGS`` says why the binary wheel), and the stock recipe's
-    ``rel-storage`` option is written from the three options below (setting it yourself
-    is an error).
-``relstorage-dsn``
-    Required with ``storage = relstorage``: the libpq DSN in key=value form, e.g.
-    ``host=127.0.0.1 port=5432 dbname=plone user=plone passfile=/srv/var/postgresql/pgpass``
-    (``${postgresql:dsn}`` of a ``plonedeploy.recipe:postgresql`` part). It must name
-    ``dbname`` and must not hold a ``password``: zope.conf is world-readable, so the
-    password goes into a 0600 ``passfile`` (``options.parse_dsn``).
-``relstorage-blobs``
-    ``database`` (default) or ``shared-directory`` (``options.RELSTORAGE_BLOBS``):
-    RelStorage's ``shared-blob-dir`` false or true. ``database``: blobs are stored in
-    PostgreSQL and copied on first read into this client's cache directory, so clients on
-    other hosts need no shared file system. ``shared-directory``: blobs live only in
-    ``relstorage-blob-dir``, which every client must mount; the database holds none.
-``relstorage-blob-dir``
-    RelStorage's ``blob-dir``. Default: ``${buildout:directory}/var/blobcache/<part>``
-    with ``database`` (one cache per client), ``${buildout:directory}/var/relstorage-blobs``
-    with ``shared-directory`` (one directory for every client of this buildout).
-``templates-directory``
-    Where ``<server>.ini.in`` live; default ``${buildout:directory}/templates``.
+Options read here: ``optiontables.INSTANCE`` (name, default, allowed values, one line
+each; docs/recipe.md's table is generated from it). The reasons behind them:
+
+- ``threads`` is also the ZODB ``pool-size`` written into ``<zodb_db main>`` of
+  ``etc/zope.conf``: each concurrent request holds one ZODB connection with its own object
+  cache of ``zodb-cache-size`` objects (memory ~ threads x zodb-cache-size x object size).
+  ``auto`` is ``rules.auto_threads`` (docs/tuning.md); ``zodb-cache-memory`` is divided by
+  the threads for the same reason.
+- ``max-request-body-size`` defaults to 1 GiB (plone.recipe.zope2instance's own) for
+  waitress, which spools bodies to disk and enforces it itself, and to 1 MiB (Zope's
+  ``form-memory-limit``) for the servers that hold a body in memory with no limit of their
+  own (pyruvate): the balancer enforces theirs (``edge.body_limit_errors``).
+- ``storage = relstorage`` forces ``zeo-client`` off (the stock recipe refuses both), so a
+  part made with ``<= instance`` switches by this one option; ``relstorage-dsn`` must not
+  hold a password because zope.conf is world-readable (``options.parse_dsn``).
 
 The server template is rendered in two stages: Jinja2 fills ``{{ ... }}`` (server, address,
 threads), then plone.recipe.zope2instance fills ``%(...)s`` (log files, pipeline, zope.conf
@@ -99,11 +38,9 @@ from plone.recipe.zope2instance import make
 from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
 
 from plonedeploy.recipe.edge import default_body_cap
+from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
-    DEFAULT_RELSTORAGE_BLOBS,
-    DEFAULT_SERVER,
-    DEFAULT_STORAGE,
     METRICS_EGG,
     METRICS_FILTER,
     RELSTORAGE_BLOBS,
@@ -158,52 +95,54 @@ class Recipe(Zope2InstanceRecipe):
 
     def __init__(self, buildout, name, options):
         self.name = name  # the stock __init__ sets it too, but context() is needed before
+        # Reads go through the table (an undeclared option raises); writes to options.
+        self.opts = opts = DeclaredOptions(name, options, INSTANCE)
         self.server = check_choice(
-            name, "wsgi-server", options.get("wsgi-server", DEFAULT_SERVER), tuple(SERVERS)
+            name, "wsgi-server", opts.setdefault("wsgi-server"), tuple(SERVERS)
         )
         options["wsgi-server"] = self.server
-        if "http-address" not in options:
+        if "http-address" not in opts:
             raise zc.buildout.UserError(
                 f"[{name}] http-address is required: one host:port such as 127.0.0.1:8081"
             )
-        self.host, self.port = parse_http_address(name, options["http-address"])
-        threads = options.get("threads")
+        self.host, self.port = parse_http_address(name, opts["http-address"])
+        threads = opts.get("threads")
         if threads is not None and threads.strip() == "auto":
             threads = self.auto_threads(buildout, name, options)
         self.threads = parse_threads(name, self.server, threads)
         options["threads"] = str(self.threads)
         options["pool-size"] = str(self.threads)
-        if "zodb-cache-memory" in options:
-            if options.get("zodb-cache-size-bytes"):
+        if "zodb-cache-memory" in opts:
+            if opts.get("zodb-cache-size-bytes"):
                 raise zc.buildout.UserError(
                     f"[{name}] zodb-cache-memory and zodb-cache-size-bytes are both set; "
                     "keep one (zodb-cache-memory = the budget of all threads together)"
                 )
-            budget = parse_byte_size(name, "zodb-cache-memory", options["zodb-cache-memory"])
+            budget = parse_byte_size(name, "zodb-cache-memory", opts["zodb-cache-memory"])
             options["zodb-cache-size-bytes"] = str(budget // self.threads)
             logger.info("[%s] zodb-cache-memory %s -> zodb-cache-size-bytes %s per connection "
                         "(%s threads, one ZODB connection cache each)",
-                        name, options["zodb-cache-memory"].strip(), budget // self.threads, self.threads)
-        cap = options.get("max-request-body-size", "").strip() or str(default_body_cap(self.server))
+                        name, opts["zodb-cache-memory"].strip(), budget // self.threads, self.threads)
+        cap = opts.get("max-request-body-size", "").strip() or str(default_body_cap(self.server))
         options["max-request-body-size"] = str(parse_positive_int(
             name, cap, "max-request-body-size", "a number of bytes such as 1048576"))
-        self.blob_sendfile = parse_switch(name, "blob-sendfile", options.get("blob-sendfile", "on"))
+        self.blob_sendfile = parse_switch(name, "blob-sendfile", opts.setdefault("blob-sendfile"))
         options["blob-sendfile"] = "on" if self.blob_sendfile else "off"
-        if not self.blob_sendfile and BLOB_FILTER in options.get("pipeline", "").split():
+        if not self.blob_sendfile and BLOB_FILTER in opts.get("pipeline", "").split():
             raise zc.buildout.UserError(
                 f"[{name}] pipeline names {BLOB_FILTER} but blob-sendfile = off; "
                 f"remove it from pipeline or set blob-sendfile = on"
             )
         self.metrics_address = None
-        if options.get("metrics-address", "").strip():
+        if opts.get("metrics-address", "").strip():
             metrics_host, metrics_port = parse_http_address(
-                name, options["metrics-address"], "metrics-address")
+                name, opts["metrics-address"], "metrics-address")
             if (metrics_host, metrics_port) == (self.host, self.port):
-                fail(name, "metrics-address", options["metrics-address"],
+                fail(name, "metrics-address", opts["metrics-address"],
                      f"a host:port other than http-address = {options['http-address'].strip()}")
             self.metrics_address = f"{metrics_host}:{metrics_port}"
             options["metrics-address"] = self.metrics_address
-        elif METRICS_FILTER in options.get("pipeline", "").split():
+        elif METRICS_FILTER in opts.get("pipeline", "").split():
             raise zc.buildout.UserError(
                 f"[{name}] pipeline names {METRICS_FILTER} but metrics-address is not set; "
                 "set metrics-address = host:port or remove it from pipeline"
@@ -211,12 +150,12 @@ class Recipe(Zope2InstanceRecipe):
 
         self.storage = self.configure_storage(buildout, name, options)
 
-        if "wsgi-ini-template" in options:
+        if "wsgi-ini-template" in opts:
             raise zc.buildout.UserError(
                 f"[{name}] wsgi-ini-template is set by plonedeploy.recipe from "
                 "templates-directory/<wsgi-server>.ini.in; remove it and edit that template"
             )
-        templates = options.setdefault(
+        templates = opts.setdefault(
             "templates-directory",
             os.path.join(buildout["buildout"]["directory"], "templates"),
         )
@@ -238,7 +177,7 @@ class Recipe(Zope2InstanceRecipe):
                 "(see templates/_common.ini.in); add it or remove metrics-address"
             )
 
-        eggs = options.get("eggs", "").split()
+        eggs = opts.get("eggs", "").split()
         eggs += [egg for egg in SERVERS[self.server] if egg not in eggs]
         if self.blob_sendfile and "plonedeploy.recipe" not in eggs:
             eggs.append("plonedeploy.recipe")  # egg:plonedeploy.recipe#blobsendfile
@@ -256,11 +195,11 @@ class Recipe(Zope2InstanceRecipe):
         super().__init__(buildout, name, options)
         if self.blob_sendfile:
             # After the stock __init__, which sets the default pipeline.
-            options["pipeline"] = add_pipeline_filter(options["pipeline"])
+            options["pipeline"] = add_pipeline_filter(opts["pipeline"])
         if self.metrics_address:
             # After blobsendfile, which must stay outermost; the metrics filter never wraps
             # the response body, so anything it sees is still the application's own.
-            options["pipeline"] = insert_pipeline_filter_after(options["pipeline"], METRICS_FILTER, BLOB_FILTER)
+            options["pipeline"] = insert_pipeline_filter_after(opts["pipeline"], METRICS_FILTER, BLOB_FILTER)
 
     def configure_storage(self, buildout, name, options):
         """Check ``storage`` and the ``relstorage-*`` options; return the storage.
@@ -269,27 +208,28 @@ class Recipe(Zope2InstanceRecipe):
         and turns ``zeo-client`` off, which the stock recipe requires (it refuses both).
         Raises ``zc.buildout.UserError`` naming the option and the allowed values.
         """
-        storage = check_choice(name, "storage", options.get("storage", DEFAULT_STORAGE).strip(), STORAGES)
+        opts = DeclaredOptions(name, options, INSTANCE)
+        storage = check_choice(name, "storage", opts.setdefault("storage").strip(), STORAGES)
         options["storage"] = storage
         if storage != "relstorage":
             return storage
-        if options.get("rel-storage", "").strip():
+        if opts.get("rel-storage", "").strip():
             raise zc.buildout.UserError(
                 f"[{name}] rel-storage is written by plonedeploy.recipe from storage = relstorage, "
                 "relstorage-dsn, relstorage-blobs and relstorage-blob-dir; remove it")
-        if not options.get("relstorage-dsn", "").strip():
+        if not opts.get("relstorage-dsn", "").strip():
             raise zc.buildout.UserError(
                 f"[{name}] relstorage-dsn is required with storage = relstorage: a libpq DSN such as "
                 "'host=127.0.0.1 port=5432 dbname=plone user=plone passfile=/path/pgpass'")
-        parse_dsn(name, "relstorage-dsn", options["relstorage-dsn"])
-        dsn = " ".join(options["relstorage-dsn"].split("\n")).strip()
+        parse_dsn(name, "relstorage-dsn", opts["relstorage-dsn"])
+        dsn = " ".join(opts["relstorage-dsn"].split("\n")).strip()
         blobs = check_choice(name, "relstorage-blobs",
-                             options.get("relstorage-blobs", DEFAULT_RELSTORAGE_BLOBS).strip(),
+                             opts.setdefault("relstorage-blobs").strip(),
                              tuple(RELSTORAGE_BLOBS))
         var = os.path.join(buildout["buildout"]["directory"], "var")
         default_dir = (os.path.join(var, "blobcache", name) if blobs == "database"
                        else os.path.join(var, "relstorage-blobs"))
-        blob_dir = options.get("relstorage-blob-dir", "").strip() or default_dir
+        blob_dir = opts.get("relstorage-blob-dir", "").strip() or default_dir
         if not os.path.isabs(blob_dir):
             fail(name, "relstorage-blob-dir", blob_dir, "an absolute path")
         options["relstorage-blobs"] = blobs
@@ -300,10 +240,11 @@ class Recipe(Zope2InstanceRecipe):
 
     def auto_threads(self, buildout, name, options):
         """Resolve ``threads = auto`` (``rules.auto_threads``); log the choice; return it as text."""
-        cores = options.get("cpu-cores", "").strip()
+        opts = DeclaredOptions(name, options, INSTANCE)
+        cores = opts.get("cpu-cores", "").strip()
         cores = (parse_positive_int(name, cores, "cpu-cores") if cores
                  else len(os.sched_getaffinity(0)))
-        clients = options.get("clients-per-host", "").strip()
+        clients = opts.get("clients-per-host", "").strip()
         if clients:
             clients = parse_positive_int(name, clients, "clients-per-host")
         else:
@@ -314,7 +255,7 @@ class Recipe(Zope2InstanceRecipe):
         return str(threads)
 
     def install(self, update=False):
-        if self.options.get("user"):
+        if self.opts.get("user"):
             return super().install(update)
         # The stock recipe asks for an initial user on stdin when none is given, which
         # hangs or fails unattended; the admin user is made by scripts/create_site.py.
@@ -355,7 +296,7 @@ class Recipe(Zope2InstanceRecipe):
 
     def build_zope_conf(self):
         super().build_zope_conf()
-        if self.options.get("zope-conf"):
+        if self.opts.get("zope-conf"):
             logger.warning(
                 "%s: zope-conf is the operator's own file; set 'pool-size %s' in its "
                 "<zodb_db main> yourself", self.name, self.threads,

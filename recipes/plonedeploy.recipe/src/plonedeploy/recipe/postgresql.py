@@ -96,9 +96,8 @@ import time
 import zc.buildout
 
 from plonedeploy.recipe.options import fail, parse_http_address
+from plonedeploy.recipe.optiontables import POSTGRESQL, DeclaredOptions
 
-DEFAULT_BIN_DIRECTORY = "/usr/lib/postgresql/15/bin"
-DEFAULT_RUN_AS = "postgres"
 _IDENTIFIER_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 #: The kernel's limit for a Unix socket path (sun_path) minus its terminating NUL.
 _SOCKET_PATH_MAX = 107
@@ -111,29 +110,31 @@ class Recipe:
 
     def __init__(self, buildout, name, options):
         self.buildout, self.name, self.options = buildout, name, options
-        host, port = parse_http_address(name, options.get("address", ""), "address")
+        # Reads go through the table (an undeclared option raises); writes to options.
+        opts = DeclaredOptions(name, options, POSTGRESQL)
+        host, port = parse_http_address(name, opts.get("address", ""), "address")
         try:
             loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
         except ValueError:
             loopback = False
         if not loopback:
-            fail(name, "address", options["address"],
+            fail(name, "address", opts["address"],
                  "a loopback host:port such as 127.0.0.1:5432 (the buildout stack's database "
                  "listens on this host only)")
         host = "127.0.0.1" if host == "localhost" else host.strip("[]")
         for key in ("database", "user"):
-            value = options.setdefault(key, "plone").strip()
+            value = opts.setdefault(key).strip()
             if not _IDENTIFIER_RE.match(value):
                 fail(name, key, value, "a lower-case identifier such as plone ([a-z_][a-z0-9_]*)")
-        bin_dir = options.setdefault("bin-directory", DEFAULT_BIN_DIRECTORY)
-        run_as = options.setdefault("run-as", DEFAULT_RUN_AS).strip()
+        bin_dir = opts.setdefault("bin-directory")
+        run_as = opts.setdefault("run-as").strip()
         directory = os.path.join(buildout["buildout"]["directory"], "var", name)
         self.config = {
             "name": name,
             "host": host,
             "port": port,
-            "database": options["database"].strip(),
-            "user": options["user"].strip(),
+            "database": opts["database"].strip(),
+            "user": opts["user"].strip(),
             "bin_directory": bin_dir,
             "run_as": run_as,
             "directory": directory,
@@ -161,7 +162,7 @@ class Recipe:
             # A TCP connect succeeds while PostgreSQL still answers "starting up".
             "command": [os.path.join(bin_dir, "pg_isready"), "-q", "-h", host, "-p", str(port)],
         })
-        options.setdefault("eggs", "plonedeploy.recipe")
+        opts.setdefault("eggs")
 
     def install(self):
         """Check the binaries, write ``parts/<part>/postgresql.json`` and ``bin/<part>``."""

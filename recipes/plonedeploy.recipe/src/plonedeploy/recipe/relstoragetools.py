@@ -45,8 +45,8 @@ import os
 import zc.buildout
 
 from plonedeploy.recipe.options import RELSTORAGE_BLOBS, fail, parse_dsn
+from plonedeploy.recipe.optiontables import INSTANCE, RELSTORAGE_TOOLS, DeclaredOptions
 
-DEFAULT_CLIENT = "instance"
 
 
 def relstorage_section(name, dsn, blob_dir, shared_blob_dir, extra=()):
@@ -83,23 +83,25 @@ class Recipe:
 
     def __init__(self, buildout, name, options):
         self.buildout, self.name, self.options = buildout, name, options
-        client = options.setdefault("client", DEFAULT_CLIENT).strip()
+        # Reads go through the table (an undeclared option raises); writes to options.
+        opts = DeclaredOptions(name, options, RELSTORAGE_TOOLS)
+        client = opts.setdefault("client").strip()
         try:
-            client_options = buildout[client]
+            client_options = DeclaredOptions(client, buildout[client], INSTANCE)
         except KeyError:  # zc.buildout's MissingSection
             client_options = None
         if client_options is None or client_options.get("storage", "").strip() != "relstorage":
             fail(name, "client", client,
                  "a plonedeploy.recipe:instance part with storage = relstorage")
-        dsn = options.setdefault("relstorage-dsn", client_options["relstorage-dsn"])
+        dsn = opts.setdefault("relstorage-dsn", client_options["relstorage-dsn"])
         parse_dsn(name, "relstorage-dsn", dsn)
         self.dsn = " ".join(dsn.split())
-        self.file_storage = options.get("file-storage", "").strip()
+        self.file_storage = opts.get("file-storage", "").strip()
         if not self.file_storage:
             raise zc.buildout.UserError(
                 f"[{name}] file-storage is required: the Data.fs zodbconvert reads, e.g. "
                 "${zeoserver:file-storage}")
-        self.blob_storage = options.get("blob-storage", "").strip()
+        self.blob_storage = opts.get("blob-storage", "").strip()
         for key, value in (("file-storage", self.file_storage), ("blob-storage", self.blob_storage)):
             if value and not os.path.isabs(value):
                 fail(name, key, value, "an absolute path")

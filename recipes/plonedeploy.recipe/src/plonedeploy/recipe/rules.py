@@ -72,3 +72,39 @@ def fd_limit_needed(maxconn, servers):
     server's ``maxconn``; ``servers`` is a list of dicts with ``maxconn``), plus 64 for
     listeners, health checks, the stats socket and logs."""
     return maxconn + 16 + sum(int(s["maxconn"]) for s in servers) + 64
+
+
+#: HAProxy backends of the page pool and the upload lane (haproxy/haproxy.cfg.j2), by which
+#: the A/B tool and ``bin/stack restart`` find the clients in HAProxy's stats.
+POOL_BACKEND = "zeoclients"
+UPLOAD_BACKEND = "uploads"
+
+
+def ab_contract(page_servers, upload_servers, bind, stats_bind, tls_bind, balance, run_dir):
+    """The A/B tool's facts about a deployed stack (``loadtests.abtest --stack-config``), a dict.
+
+    The one source of ``abtest.json`` (the Ansible haproxy role, through the filter
+    ``plonedeploy_ab_contract``) and of those keys in ``parts/<stack>/stack.json`` (the
+    ``plonedeploy.recipe:stack`` recipe, which adds its processes and paths).
+    ``page_servers`` / ``upload_servers``: lists of dicts with ``name`` and ``wsgi_server``
+    (HAProxy's server names, in HAProxy's order); ``bind``, ``stats_bind``: HAProxy's
+    ``host:port``; ``tls_bind``: ``host:port`` or empty (no TLS); ``balance``: HAProxy's
+    algorithm; ``run_dir``: the directory of pidfiles and HAProxy's admin socket.
+    Returns ``frontend_url``, ``tls_url`` (None without TLS), ``stats_url``, ``backend``,
+    ``balance``, ``servers``, ``server_kinds`` ({name: wsgi_server} of the page pool),
+    ``upload_servers``, ``upload_backend``, ``processes`` (empty: the stack recipe lists
+    its own) and ``run_dir``.
+    """
+    return {
+        "frontend_url": f"http://{bind}",
+        "tls_url": f"https://{tls_bind}" if tls_bind else None,
+        "stats_url": f"http://{stats_bind}/stats;csv",
+        "backend": POOL_BACKEND,
+        "balance": balance,
+        "servers": [server["name"] for server in page_servers],
+        "server_kinds": {server["name"]: server["wsgi_server"] for server in page_servers},
+        "upload_servers": [server["name"] for server in upload_servers],
+        "upload_backend": UPLOAD_BACKEND,
+        "processes": [],
+        "run_dir": run_dir,
+    }

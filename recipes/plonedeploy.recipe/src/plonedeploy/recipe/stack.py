@@ -43,7 +43,9 @@ processes (default: every ZEO client) one at a time; a client is first drained t
 HAProxy's runtime API (no new requests; in-flight ones finish), restarted, waited for
 until HAProxy's health check has it UP, and only then is the next one touched, so a pool of
 two or more clients never stops serving. Exit status: 0 on success, 1 with a message on
-stderr otherwise.
+stderr otherwise, 3 from ``status`` when not every process runs, and 141 without a message
+when the reader of stdout went away (``bin/stack status | head``), as for a Unix tool
+killed by SIGPIPE.
 """
 import argparse
 import csv
@@ -61,8 +63,9 @@ import urllib.request
 
 import zc.buildout
 
-from plonedeploy.recipe import varnish as varnish_rules
+from plonedeploy.recipe import rules, varnish as varnish_rules
 from plonedeploy.recipe.options import parse_http_address
+from plonedeploy.recipe.optiontables import STACK, DeclaredOptions
 
 
 class Recipe:
@@ -70,22 +73,24 @@ class Recipe:
 
     def __init__(self, buildout, name, options):
         self.buildout, self.name, self.options = buildout, name, options
+        # Reads go through the table (an undeclared option raises); writes to options.
+        opts = DeclaredOptions(name, options, STACK)
         directory = buildout["buildout"]["directory"]
         bin_dir = buildout["buildout"]["bin-directory"]
-        database = options.get("database", "").strip()
+        database = opts.get("database", "").strip()
         for key in ("clients", "haproxy") + (() if database else ("zeoserver",)):
-            if not options.get(key, "").split():
+            if not opts.get(key, "").split():
                 raise zc.buildout.UserError(f"[{name}] {key} is required (part names)")
         if database:
             # RelStorage clients: the database part's server takes the ZEO server's stage.
-            if options.get("zeoserver", "").strip():
+            if opts.get("zeoserver", "").strip():
                 raise zc.buildout.UserError(
                     f"[{name}] zeoserver and database are both set; keep one (database = the "
                     "plonedeploy.recipe:postgresql part for clients with storage = relstorage)")
             processes = [{"name": database, "argv": json.loads(buildout[database]["argv"]),
                           "ready": json.loads(buildout[database]["ready"]), "stage": 0}]
         else:
-            zeo_part = options["zeoserver"]
+            zeo_part = opts["zeoserver"]
             zeo = buildout[zeo_part]
             zeo_host, zeo_port = parse_http_address(zeo_part, zeo["zeo-address"], "zeo-address")
             processes = [{
@@ -94,8 +99,8 @@ class Recipe:
                 "ready": {"tcp": [zeo_host, zeo_port]},
                 "stage": 0,
             }]
-        clients = options["clients"].split()
-        upload_clients = options.get("upload-clients", "").split()
+        clients = opts["clients"].split()
+        upload_clients = opts.get("upload-clients", "").split()
         overlap = set(clients) & set(upload_clients)
         if overlap:
             raise zc.buildout.UserError(
@@ -127,7 +132,7 @@ class Recipe:
             listeners[key] = f"[{part}] metrics-address"
             metrics[part] = f"http://{key[0]}:{key[1]}/metrics"
         cache = None
-        cache_part = options.get("cache", "").strip()
+        cache_part = opts.get("cache", "").strip()
         if cache_part:
             if cache_part not in buildout:
                 raise zc.buildout.UserError(f"[{name}] cache names {cache_part!r}, which is not a section")
@@ -154,50 +159,48 @@ class Recipe:
                     "ready": {"http": varnish["metrics-url"]},
                     "stage": len(clients) + len(upload_clients) + 2,
                 })
-        hap = buildout[options["haproxy"]]
-        stats_host, stats_port = parse_http_address(options["haproxy"], hap["stats-bind"], "stats-bind")
+        hap = buildout[opts["haproxy"]]
+        stats_host, stats_port = parse_http_address(opts["haproxy"], hap["stats-bind"], "stats-bind")
         stats_url = f"http://{stats_host}:{stats_port}/stats;csv"
         processes.append({
-            "name": options["haproxy"],
+            "name": opts["haproxy"],
             "argv": [hap["binary"], "-db", "-f", hap["config"]],
             "ready": {"http": stats_url},
             "stage": len(clients) + len(upload_clients) + 2,
         })
-        self.config = {
-            "run_dir": os.path.join(directory, "var", "run"),
+        def address(option):
+            """HAProxy's ``host:port`` option ``option``, checked and normalised."""
+            return "%s:%s" % parse_http_address(opts["haproxy"], hap[option], option)
+
+        # What the A/B tool reads (loadtests.abtest; the Ansible role writes the same
+        # document as abtest.json), then what bin/stack itself needs.
+        self.config = rules.ab_contract(
+            [{"name": part, "wsgi_server": buildout[part].get("wsgi-server", "-")} for part in clients],
+            [{"name": part, "wsgi_server": buildout[part].get("wsgi-server", "-")} for part in upload_clients],
+            address("bind"), address("stats-bind"),
+            address("tls-bind") if hap.get("tls-bind", "").strip() else "",
+            hap["balance"], os.path.join(directory, "var", "run"))
+        self.config.update({
             "log_dir": os.path.join(directory, "var", "log"),
             "processes": processes,
             # "zeo" or "relstorage" (database set), and the ZEO server's process or null: the
             # load-test tools that build ZEO clients of their own refuse a RelStorage stack.
             "storage": "relstorage" if database else "zeo",
-            "zeoserver": None if database else options["zeoserver"],
-            "stats_url": stats_url,
-            "backend": "zeoclients",
-            "servers": clients,
-            # The upload lane's clients and their backend (not in the A/B pool).
-            "upload_servers": upload_clients,
-            "upload_backend": "uploads",
-            # For loadtests.abtest: where to send traffic and what each server runs.
-            "frontend_url": "http://%s:%s" % parse_http_address(options["haproxy"], hap["bind"], "bind"),
-            # The same frontend over TLS (HTTP/2), or null without tls-bind.
-            "tls_url": ("https://%s:%s" % parse_http_address(options["haproxy"], hap["tls-bind"], "tls-bind")
-                        if hap.get("tls-bind", "").strip() else None),
-            "balance": hap["balance"],
+            "zeoserver": None if database else opts["zeoserver"],
             # HAProxy's binary and rendered config, for tools that check or copy the config.
             "haproxy_binary": hap["binary"],
             "haproxy_config": hap["config"],
             # HAProxy's runtime API (drain/enable servers for a rolling restart).
             "haproxy_socket": os.path.join(hap["run-directory"], "haproxy.sock"),
-            "server_kinds": {part: buildout[part].get("wsgi-server", "-") for part in clients},
             # {client part: URL of its Prometheus metrics}; HAProxy's own are on stats-bind.
             "metrics": metrics,
             "haproxy_metrics_url": f"http://{stats_host}:{stats_port}/metrics",
             # The cache tier in front of the pool on the TLS listener, or null.
             "cache": cache,
-        }
+        })
         options["stack-config"] = json.dumps(self.config, sort_keys=True)
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
-        options.setdefault("eggs", "plonedeploy.recipe")
+        opts.setdefault("eggs")
 
     def install(self):
         import zc.recipe.egg  # only needed at install time, when buildout provides it
@@ -501,7 +504,23 @@ def _check_names(names, known):
 
 
 def main(config_path, argv=None):
-    """Entry point of ``bin/stack``; see the module docstring."""
+    """Entry point of ``bin/stack`` (``config_path``: its stack.json; ``argv``: the
+    arguments, default ``sys.argv[1:]``); see the module docstring. Returns the exit
+    status: 0, 1 (a StackError, message on stderr), 3 (``status``: not all running), or
+    141 without a word when the reader of stdout went away (``bin/stack status | head``),
+    the status of a Unix tool killed by SIGPIPE."""
+    try:
+        status = _command(config_path, argv)
+        sys.stdout.flush()  # output to a pipe is buffered: a closed pipe shows up here
+        return status
+    except BrokenPipeError:
+        # Python would report the same error again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _command(config_path, argv):
+    """Parse ``argv`` and run one ``bin/stack`` command; returns its exit status."""
     parser = argparse.ArgumentParser(
         prog="bin/stack",
         description="Start, stop and inspect zeoserver, the ZEO clients, varnish and HAProxy "

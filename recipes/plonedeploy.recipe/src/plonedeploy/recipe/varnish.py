@@ -6,34 +6,8 @@ listener** (this part's ``backend``), which hands them to the same ZEO client po
 haproxy part that names this part in its ``cache`` option binds that listener. The plain
 frontend (the load tests' :8080) never goes through the cache.
 
-Options:
-
-``bind``
-    Whitespace-separated ``host:port`` addresses varnish listens on, default
-    ``127.0.0.1:6081``. HAProxy sends visitors' requests to the first; the ZEO clients send
-    their PURGE requests to any of them.
-``backend``
-    ``host:port`` of HAProxy's cache-fill listener, default ``127.0.0.1:6088``.
-``clients``
-    Whitespace-separated ``plonedeploy.recipe:instance`` parts whose hosts (``http-address``)
-    may PURGE and BAN (plone.cachepurging runs in the ZEO clients). Required.
-``purge-networks``
-    Further networks (CIDR or address) allowed to PURGE and BAN, default none.
-``cache-size``
-    Memory for cached objects (``-s malloc,<size>``): a number with ``K``, ``M`` or ``G``,
-    default ``256M``.
-``cookie-allowlist``
-    Cookie names kept on requests to Plone, default ``__ac _ZopeId __cp statusmessages
-    auth_token I18N_LANGUAGE``; every other cookie (``_ga``, ``_pk_id`` ...) is dropped before
-    the cache looks the request up. A request that still carries one of them is passed.
-``metrics-address``
-    ``host:port`` where Debian's ``prometheus-varnish-exporter`` serves varnish's counters
-    (``/metrics``; it runs ``varnishstat -n <workdir>`` on each scrape); ``bin/stack`` starts
-    it with varnish. Default empty: no exporter. Keep it on a local or admin address.
-``template``
-    Jinja2 template, default ``${buildout:directory}/templates/varnish.vcl.j2``.
-``varnishd``
-    The varnishd binary (default ``varnishd`` on PATH, else ``/usr/sbin/varnishd``).
+Options: ``optiontables.VARNISH`` (name, default, allowed values, one line each;
+docs/recipe.md's table is generated from it).
 
 Output: ``parts/<name>/varnish.vcl``, written only after ``varnishd -C`` compiled it (a
 rejected VCL raises ``zc.buildout.UserError`` with varnish's message), and the option
@@ -51,6 +25,7 @@ import tempfile
 
 import zc.buildout
 
+from plonedeploy.recipe.optiontables import INSTANCE, VARNISH, DeclaredOptions, default_of
 from plonedeploy.recipe.options import (
     fail,
     find_program,
@@ -60,12 +35,12 @@ from plonedeploy.recipe.options import (
     write_checked,
 )
 
-DEFAULT_BIND = "127.0.0.1:6081"
-DEFAULT_BACKEND = "127.0.0.1:6088"
-DEFAULT_CACHE_SIZE = "256M"
-# The cookies Plone itself reads (plone.recipe.varnish's "cookie-whitelist" and
-# plone.restapi's auth_token); all others are tracking cookies as far as the cache knows.
-DEFAULT_COOKIE_ALLOWLIST = ("__ac", "_ZopeId", "__cp", "statusmessages", "auth_token", "I18N_LANGUAGE")
+# The defaults of the part's options (declared in optiontables.VARNISH), for the template
+# context and the Ansible role's comparison.
+DEFAULT_BIND = default_of(VARNISH, "bind")
+DEFAULT_BACKEND = default_of(VARNISH, "backend")
+DEFAULT_CACHE_SIZE = default_of(VARNISH, "cache-size")
+DEFAULT_COOKIE_ALLOWLIST = tuple(default_of(VARNISH, "cookie-allowlist").split())
 # Answered by varnish itself (no backend): HAProxy's health check of the cache.
 HEALTH_PATH = "/_varnish/ok"
 _COOKIE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -121,15 +96,17 @@ class Recipe:
 
     def __init__(self, buildout, name, options):
         self.name, self.options = name, options
+        # Reads go through the table (an undeclared option raises); writes to options.
+        opts = DeclaredOptions(name, options, VARNISH)
         directory = buildout["buildout"]["directory"]
         self.binds = [parse_http_address(name, value, "bind")
-                      for value in options.setdefault("bind", DEFAULT_BIND).split()]
+                      for value in opts.setdefault("bind").split()]
         if not self.binds:
-            fail(name, "bind", options["bind"], f"host:port addresses such as {DEFAULT_BIND}")
-        self.backend = parse_http_address(name, options.setdefault("backend", DEFAULT_BACKEND), "backend")
+            fail(name, "bind", opts["bind"], f"host:port addresses such as {DEFAULT_BIND}")
+        self.backend = parse_http_address(name, opts.setdefault("backend"), "backend")
         if self.backend in self.binds:
-            fail(name, "backend", options["backend"], "HAProxy's cache-fill listener, not varnish's own bind")
-        clients = options.get("clients", "").split()
+            fail(name, "backend", opts["backend"], "HAProxy's cache-fill listener, not varnish's own bind")
+        clients = opts.get("clients", "").split()
         if not clients:
             raise zc.buildout.UserError(
                 f"[{name}] clients is required: the ZEO client parts that may PURGE (plone.cachepurging)")
@@ -137,37 +114,37 @@ class Recipe:
         for part in clients:
             if part not in buildout:
                 raise zc.buildout.UserError(f"[{name}] clients names {part!r}, which is not a section")
-            host, _ = parse_http_address(part, buildout[part].get("http-address", ""))
+            host, _ = parse_http_address(part, DeclaredOptions(part, buildout[part], INSTANCE).get("http-address", ""))
             networks.append(parse_network(part, "http-address", host.strip("[]")))
         networks += [parse_network(name, "purge-networks", value)
-                     for value in options.setdefault("purge-networks", "").split()]
-        size = options.setdefault("cache-size", DEFAULT_CACHE_SIZE).strip()
+                     for value in opts.setdefault("purge-networks").split()]
+        size = opts.setdefault("cache-size").strip()
         if not _SIZE_RE.match(size):
             fail(name, "cache-size", size, "a size such as 256M or 2G (K, M or G)")
-        cookies = options.setdefault("cookie-allowlist", " ".join(DEFAULT_COOKIE_ALLOWLIST)).split()
+        cookies = opts.setdefault("cookie-allowlist").split()
         try:
             self.context = template_context(name, self.backend, networks, cookies)
         except ValueError as exc:
-            fail(name, "cookie-allowlist", options["cookie-allowlist"], f"cookie names ({exc})")
+            fail(name, "cookie-allowlist", opts["cookie-allowlist"], f"cookie names ({exc})")
         options["purge-acl"] = " ".join(self.context["purge_networks"])
-        options.setdefault("template", os.path.join(directory, "templates", "varnish.vcl.j2"))
+        opts.setdefault("template", os.path.join(directory, "templates", "varnish.vcl.j2"))
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         options["vcl"] = os.path.join(options["location"], "varnish.vcl")
         options["workdir"] = os.path.join(directory, "var", name)
-        options["binary"] = find_varnishd(options.get("varnishd"))
+        options["binary"] = find_varnishd(opts.get("varnishd"))
         options["url"] = "http://%s:%s" % self.binds[0]
         argv = [options["binary"], "-F", "-j", "none", "-n", options["workdir"], "-f", options["vcl"],
                 "-s", f"malloc,{size}"]
         for host, port in self.binds:
             argv += ["-a", f"{host}:{port}"]
         options["argv"] = shlex.join(argv)
-        metrics = options.setdefault("metrics-address", "").strip()
+        metrics = opts.setdefault("metrics-address").strip()
         options["exporter-argv"] = ""
         if metrics:
             host, port = parse_http_address(name, metrics, "metrics-address")
             if (host, port) in self.binds or (host, port) == self.backend:
                 fail(name, "metrics-address", metrics, "a host:port other than bind and backend")
-            exporter = shutil.which(options.get("exporter", "prometheus-varnish-exporter"))
+            exporter = shutil.which(opts.setdefault("exporter"))
             if not exporter:
                 raise zc.buildout.UserError(
                     f"[{name}] metrics-address is set but prometheus-varnish-exporter is not installed: "

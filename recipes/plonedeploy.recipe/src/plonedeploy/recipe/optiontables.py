@@ -1,0 +1,331 @@
+"""The options each plonedeploy recipe reads: name, default, allowed values, one line of doc.
+
+One table per recipe (``TABLES``, keyed by entry point), the single source of the option
+reference: the recipes read their part's options only through :class:`DeclaredOptions`
+over their table (an undeclared name raises :class:`UndeclaredOption`, so a new option
+cannot be read without being declared), ``python -m plonedeploy.recipe.optionsdoc``
+writes docs/recipe.md's option tables from them (``tests/test_options.py`` fails when the
+committed page differs), and ``tests/test_ansible.py`` compares the Ansible roles'
+defaults and choices with them.
+
+The tables live here rather than in each recipe module so that they import without
+plone.recipe.zope2instance (which ``instance.py`` subclasses): the doc generator and the
+tests run in the project's ``.venv``, which has no Zope eggs. The varnish, postgresql and
+relstorage-tools modules take their ``DEFAULT_*`` constants from these tables.
+"""
+from typing import NamedTuple, Tuple, Union
+
+from plonedeploy.recipe import edge, rules, tls
+from plonedeploy.recipe.options import (
+    BALANCE_ALGORITHMS, DEFAULT_RELSTORAGE_BLOBS, DEFAULT_STORAGE, RELSTORAGE_BLOBS, STORAGES, SWITCH_VALUES)
+
+
+class Option(NamedTuple):
+    """One option a recipe reads.
+
+    ``default``: the text used when the part does not set the option (``""``: empty),
+    or None when the recipe computes it or the option is required; ``shown_default`` then
+    says which (Markdown, for the reference). ``allowed``: a tuple of the exact values
+    allowed, or a description (Markdown). ``doc``: one line of Markdown.
+    """
+    name: str
+    default: Union[str, None]
+    allowed: Union[Tuple[str, ...], str]
+    doc: str
+    shown_default: str = ""
+
+
+class UndeclaredOption(KeyError):
+    """A recipe read an option its table does not declare (a bug in the recipe)."""
+
+
+class DeclaredOptions:
+    """A part's options as its recipe reads them: only the names in ``table``.
+
+    ``options``: the zc.buildout options of part ``part`` (any mapping); ``table``: a
+    tuple of :class:`Option`. Reads (``[]``, ``get``, ``in``, ``setdefault``) of a name not
+    in ``table`` raise :class:`UndeclaredOption`; writes go to ``options`` directly (the
+    recipe's outputs for other parts, its resolved values).
+    """
+
+    def __init__(self, part, options, table):
+        self.part, self.options = part, options
+        self.table = {option.name: option for option in table}
+
+    def declared(self, key):
+        """The :class:`Option` ``key``; raises :class:`UndeclaredOption` if there is none."""
+        if key not in self.table:
+            raise UndeclaredOption(
+                f"[{self.part}] option {key!r} is read but not declared in its recipe's table "
+                "(plonedeploy/recipe/optiontables.py)")
+        return self.table[key]
+
+    def __contains__(self, key):
+        self.declared(key)
+        return key in self.options
+
+    def __getitem__(self, key):
+        self.declared(key)
+        return self.options[key]
+
+    def get(self, key, default=None):
+        """The option's text, or ``default`` when the part does not set it."""
+        self.declared(key)
+        return self.options.get(key, default)
+
+    def setdefault(self, key, default=None):
+        """The option's text; when unset, ``default`` (else the declared default) is stored
+        in the part's options first, so zc.buildout records it (a changed default then
+        updates the part) and other parts read the resolved value."""
+        option = self.declared(key)
+        if default is None:
+            default = option.default
+        if default is None:
+            raise ValueError(f"option {key!r} has no declared default: pass one")
+        return self.options.setdefault(key, default)
+
+
+def default_of(table, name):
+    """The declared default (text) of option ``name`` in ``table``; KeyError if undeclared."""
+    return next(option.default for option in table if option.name == name)
+
+
+_HOST_PORT = "one `host:port`"
+_BYTES = "a positive number of bytes"
+_SECONDS = "a positive number of seconds"
+_POSITIVE = "a positive integer"
+_NETWORKS = "IPv4/IPv6 networks (CIDR or address), whitespace-separated"
+_PARTS = "part names, whitespace-separated"
+_SWITCH = tuple(SWITCH_VALUES)
+_STOCK = "plone.recipe.zope2instance's option, passed on; "
+
+#: ``plonedeploy.recipe:instance`` (instance.py): a ZEO client. Every option not listed
+#: passes through to plone.recipe.zope2instance unread.
+INSTANCE = (
+    Option("wsgi-server", rules.DEFAULT_SERVER, tuple(rules.SERVERS),
+           "the WSGI server ([servers.md](servers.md)); adds its eggs to `eggs` and renders "
+           "`etc/wsgi.ini` from `<templates-directory>/<server>.ini.in`"),
+    Option("http-address", None, _HOST_PORT + " (a bare port is taken by pyruvate as a Unix socket path)",
+           "where the server listens (pyruvate `socket`, waitress `listen`, the others `host` and `port`)",
+           "required"),
+    Option("threads", None, _POSITIVE + ", or `auto`; only `1` for bjoern and gevent",
+           "the server's concurrency (pyruvate `workers`, waitress/cheroot/uWSGI/gunicorn-gthread "
+           "`threads`, granian `blocking_threads`) **and** ZODB `pool-size` in `<zodb_db main>` of "
+           "`etc/zope.conf`; `auto`: chosen from `cpu-cores` and `clients-per-host` by the rule in "
+           "[tuning.md](tuning.md), logged as `[part] threads = auto -> 2: <reason>`",
+           f"`{rules.DEFAULT_THREADS}`; `1` for {' and '.join(rules.SINGLE_THREADED)}"),
+    Option("cpu-cores", None, _POSITIVE,
+           "only with `threads = auto`: cores of the host that runs the clients",
+           "CPUs `bin/buildout` may run on"),
+    Option("clients-per-host", None, _POSITIVE,
+           "only with `threads = auto`: ZEO clients on that host",
+           "`plonedeploy.recipe:instance` parts in `parts`"),
+    Option("zodb-cache-memory", "", "bytes such as `512MB`, `1GB`, `65536` (KB/MB/GB: powers of 1024)",
+           "memory budget of the client's ZODB object caches together: sets `zodb-cache-size-bytes` "
+           "= budget / threads (one connection cache per thread); ZODB counts pickle sizes, so RSS "
+           "grows by more ([tuning.md](tuning.md))", "unset"),
+    Option("zodb-cache-size-bytes", "", "bytes",
+           _STOCK + "read here only to refuse it together with `zodb-cache-memory`", "unset"),
+    Option("blob-sendfile", "on", _SWITCH,
+           "the `blobsendfile` WSGI filter first in the pipeline (whole-file blob downloads reach "
+           "the server's `wsgi.file_wrapper` as a real file), see below"),
+    Option("pipeline", None, "PasteDeploy filter names",
+           _STOCK + "`blobsendfile` is put first and `metrics` after it unless it names them; "
+           "naming one whose option is off is an error", "plone.recipe.zope2instance's"),
+    Option("metrics-address", "", _HOST_PORT + ", not `http-address`, one per client",
+           "the client's Prometheus metrics (`/metrics`): the WSGI filter `metrics` "
+           "(`plonedeploy.recipe.metrics`) and prometheus-client's HTTP server in a thread of the "
+           "client; adds `prometheus-client` to `eggs`. A part made with `<= instance` inherits it: "
+           "set it per client ([operations.md, Metrics](operations.md#metrics))",
+           "unset (buildout.cfg: `127.0.0.1:8071`, `:8072`, `:8073`)"),
+    Option("max-request-body-size", None, _BYTES,
+           "the largest request body this client may receive: waitress spools bodies to disk and "
+           "enforces it itself; the others hold a body in memory, so `[haproxy]` refuses a build in "
+           "which a lane could send a client more (1 MiB is Zope's own `form-memory-limit`)",
+           f"`{edge.SPOOLING_BODY_CAP}` ({', '.join(edge.SPOOLING_SERVERS)}); "
+           f"`{edge.MEMORY_BODY_CAP}` (all others)"),
+    Option("storage", DEFAULT_STORAGE, STORAGES,
+           "`zeo`: plone.recipe.zope2instance's ZEO options apply; `relstorage`: a RelStorage "
+           "client of PostgreSQL, `zeo-client` forced off, `RelStorage` and `psycopg2-binary` "
+           "added to `eggs` ([storage.md](storage.md))"),
+    Option("relstorage-dsn", None, "libpq `key=value` pairs with `dbname`, without `password` (use `passfile`)",
+           "the database of a `storage = relstorage` client (`${postgresql:dsn}`)",
+           "required with `storage = relstorage`"),
+    Option("relstorage-blobs", DEFAULT_RELSTORAGE_BLOBS, tuple(RELSTORAGE_BLOBS),
+           "RelStorage's `shared-blob-dir` false (blobs in PostgreSQL, a cache per client) or "
+           "true (blobs only in `relstorage-blob-dir`, which every client mounts)"),
+    Option("relstorage-blob-dir", None, "an absolute path",
+           "RelStorage's `blob-dir`",
+           "`var/blobcache/<part>` (database); `var/relstorage-blobs` (shared-directory)"),
+    Option("rel-storage", "", "nothing",
+           "plone.recipe.zope2instance's option, refused here: written from `storage = relstorage` and the `relstorage-*` options",
+           "unset"),
+    Option("templates-directory", None, "a directory with `<server>.ini.in`",
+           "where the server templates are", "`${buildout:directory}/templates`"),
+    Option("wsgi-ini-template", "", "nothing",
+           "plone.recipe.zope2instance's option, refused here: written from `templates-directory`", "unset"),
+    Option("eggs", "", "egg names",
+           _STOCK + "the server's eggs (and `plonedeploy.recipe`, `prometheus-client`, RelStorage's) "
+           "are added to it", "empty"),
+    Option("zope-conf", "", "a path",
+           _STOCK + "with an own zope.conf the recipe cannot add `pool-size` and logs so", "unset"),
+    Option("user", "", "`name:password`",
+           _STOCK + "without it no `inituser` is written (the stock recipe would prompt on stdin)",
+           "unset"),
+)
+
+#: ``plonedeploy.recipe:haproxy`` (haproxy.py): the balancer config.
+HAPROXY = (
+    Option("backends", None, _PARTS + " of `plonedeploy.recipe:instance`",
+           "the page pool; each client's `http-address`, `threads` (its `maxconn`) and "
+           "`wsgi-server` are read from the part itself", "required"),
+    Option("bind", "127.0.0.1:8080", _HOST_PORT, "the frontend"),
+    Option("stats-bind", "127.0.0.1:8404", _HOST_PORT, "stats page `/stats`, CSV at `/stats;csv`, "
+           "Prometheus at `/metrics`"),
+    Option("balance", "leastconn", BALANCE_ALGORITHMS, "HAProxy's `balance` algorithm"),
+    Option("health-check", "/Plone/@@ok", "a path starting with `/`, without spaces",
+           "HTTP check path (plain TCP probes make pyruvate log `Incomplete request`)"),
+    Option("timeout-queue", "60", _SECONDS, "how long a request may wait for a free server slot (then 503)"),
+    Option("max-body-size", str(edge.SPOOLING_BODY_CAP), _BYTES,
+           "largest request body: larger → 413 at once; chunked request bodies → 411. Checked with "
+           "`upload-threshold` and every client's `max-request-body-size` (`edge.body_limit_errors`)"),
+    Option("maxconn", "10000", _POSITIVE,
+           "client connections the frontend holds, also its bind `backlog`; global `maxconn` is 16 "
+           "more, for the stats page ([fair queueing](performance.md#fair-queueing-under-overload))"),
+    Option("fd-limit", "20000", "a positive integer, at least maxconn + 16 + the servers' maxconn + 64",
+           "HAProxy's `ulimit-n`, at most the hard limit (`ulimit -Hn`, systemd `LimitNOFILE`) of "
+           "whoever starts HAProxy; below HAProxy's own 2 × (maxconn + 16) + 64 the config adds "
+           "`no strict-limits`"),
+    Option("manage-networks", "", _NETWORKS,
+           "networks allowed to reach Zope's `manage`/`manage_*` screens; others get 403; empty: "
+           "not blocked (buildout.cfg: `127.0.0.1/32`)", "empty"),
+    Option("upload-backends", "", _PARTS + ", waitress clients",
+           "the **upload lane** (backend `uploads`): bodies above `upload-threshold` or too large for "
+           "HAProxy's buffer, and TUS requests (`/@tus-upload`); each needs `max-request-body-size` "
+           "≥ `max-body-size` (buildout.cfg: `uploads`)", "empty"),
+    Option("upload-threshold", str(edge.DEFAULT_UPLOAD_THRESHOLD), f"bytes, at most {edge.BUFFERABLE}",
+           "the largest body the page pool receives, held whole by HAProxy before a server is "
+           f"chosen (`tune.bufsize` {edge.HAPROXY_BUFSIZE} − `tune.maxrewrite` {edge.HAPROXY_MAXREWRITE})"),
+    Option("upload-maxconn", "8", _POSITIVE,
+           "uploads in transit at once per upload client (its `maxconn`; costs waitress a "
+           "connection, not a thread)"),
+    Option("server-names", None, "host names, IPv4 addresses or `[IPv6]`, without port",
+           "the `Host` values the site answers to; another → 421, none → 400 "
+           "(buildout.cfg: `127.0.0.1 localhost`)",
+           "the host of `bind`; required when `bind` is `0.0.0.0`"),
+    Option("per-source-connections", str(edge.DEFAULT_PER_SOURCE["connections"]), _POSITIVE,
+           "concurrent connections per client address; the request on the next one → 429 with `Retry-After`"),
+    Option("per-source-requests", str(edge.DEFAULT_PER_SOURCE["requests"]), _POSITIVE,
+           "requests per `per-source-period` per client address; beyond → 429 with `Retry-After`"),
+    Option("per-source-period", str(edge.DEFAULT_PER_SOURCE["period"]), _SECONDS,
+           "the request-rate window, also the `Retry-After` value"),
+    Option("per-source-exempt", "", _NETWORKS,
+           "networks not limited per source (buildout.cfg: `127.0.0.1/32`, the kit's load tests)", "empty"),
+    Option("tls-bind", "", _HOST_PORT + ", not `bind`",
+           "the HTTPS listener of the same frontend: TLS 1.2+ (Mozilla \"intermediate\"), ALPN "
+           "`h2,http/1.1`, HSTS; requests reach Zope through the VirtualHostMonster, so links are "
+           "`https://` (buildout.cfg: `127.0.0.1:8443`)", "empty (no TLS)"),
+    Option("tls-certificate", "", "a PEM file with certificate chain and key",
+           "the build makes the self-signed one with `openssl` and renews it when the names change "
+           "or < 30 days remain", "a self-signed one for `server-names` in `var/tls/<part>.pem` (0600)"),
+    Option("tls-redirect", "on", _SWITCH,
+           "with `tls-bind`: 301 from the plain `bind` to the same URL over https (buildout.cfg: "
+           "`off`, load tests use the plain port)"),
+    Option("tls-redirect-exempt", "", _NETWORKS,
+           "with `tls-redirect`: networks whose plain requests are served, not redirected (remote "
+           "A/B load generators, [usage.md](usage.md))", "empty"),
+    Option("hsts-max-age", str(tls.DEFAULT_HSTS_MAX_AGE), "seconds, or `0` for no header",
+           "`Strict-Transport-Security` on HTTPS answers"),
+    Option("cache", "", "a `plonedeploy.recipe:varnish` part",
+           "over TLS, GET and HEAD without a body go to it (backend `cache`) while HAProxy's check "
+           "of it passes; HAProxy binds its `backend` as the `cache_fill` listener. Needs `tls-bind` "
+           "(buildout.cfg: `varnish`, [Cache](operations.md#cache))", "empty (no cache)"),
+    Option("template", None, "a Jinja2 template", "the config template",
+           "`${buildout:directory}/haproxy/haproxy.cfg.j2`"),
+    Option("haproxy", "", "a program", "the binary for `haproxy -c -f` and `bin/stack`",
+           "`haproxy` on PATH, else `/usr/sbin/haproxy`"),
+    Option("run-directory", None, "a directory", "where the admin socket `haproxy.sock` is "
+           "(`bin/stack restart` drains clients through it)", "`${buildout:directory}/var/run`"),
+)
+
+#: ``plonedeploy.recipe:varnish`` (varnish.py): the cache tier.
+VARNISH = (
+    Option("bind", "127.0.0.1:6081", "`host:port` addresses, whitespace-separated",
+           "where varnish listens; HAProxy sends visitors' requests to the first, the ZEO clients "
+           "their PURGE requests to any"),
+    Option("backend", "127.0.0.1:6088", _HOST_PORT + ", not one of `bind`",
+           "HAProxy's cache-fill listener, through which varnish fetches misses from the pool"),
+    Option("clients", None, _PARTS + " of `plonedeploy.recipe:instance`",
+           "the ZEO clients whose hosts (`http-address`) may PURGE and BAN", "required"),
+    Option("purge-networks", "", _NETWORKS, "further networks allowed to PURGE and BAN", "empty"),
+    Option("cache-size", "256M", "a number with `K`, `M` or `G`", "memory for cached objects (`-s malloc,<size>`)"),
+    # The cookies Plone itself reads (plone.recipe.varnish's "cookie-whitelist" and
+    # plone.restapi's auth_token); all others are tracking cookies as far as the cache knows.
+    Option("cookie-allowlist", "__ac _ZopeId __cp statusmessages auth_token I18N_LANGUAGE",
+           "cookie names (letters, digits, `_`, `-`), whitespace-separated",
+           "cookies kept on requests to Plone; every other one is dropped before the lookup, and a "
+           "request still carrying one of these is passed"),
+    Option("metrics-address", "", _HOST_PORT,
+           "where Debian's `prometheus-varnish-exporter` serves varnish's counters (`bin/stack` "
+           "starts it with varnish); keep it on a local or admin address", "empty (no exporter)"),
+    Option("exporter", "prometheus-varnish-exporter", "a program",
+           "the exporter binary, with `metrics-address`"),
+    Option("template", None, "a Jinja2 template", "the VCL template (the Ansible role renders it too)",
+           "`${buildout:directory}/templates/varnish.vcl.j2`"),
+    Option("varnishd", "", "a program", "the binary for `varnishd -C` and `bin/stack`",
+           "`varnishd` on PATH, else `/usr/sbin/varnishd`"),
+)
+
+#: ``plonedeploy.recipe:stack`` (stack.py): ``parts/<part>/stack.json`` and ``bin/<part>``.
+STACK = (
+    Option("zeoserver", "", "a plone.recipe.zeoserver part",
+           "its `zeo-address` and `parts/<name>/bin/runzeo`; empty with `database`",
+           "required without `database`"),
+    Option("database", "", "a `plonedeploy.recipe:postgresql` part",
+           "for `storage = relstorage` clients: its server starts in the ZEO server's place "
+           "(relstorage.cfg)", "empty"),
+    Option("clients", None, _PARTS + " of `plonedeploy.recipe:instance`",
+           "the A/B pool, started one after the other as `bin/<part> console`", "required"),
+    Option("upload-clients", "", _PARTS + " of `plonedeploy.recipe:instance`",
+           "the upload lane's clients: started and restarted like the others, not in the A/B pool",
+           "empty"),
+    Option("haproxy", None, "a `plonedeploy.recipe:haproxy` part", "the balancer, started last", "required"),
+    Option("cache", "", "a `plonedeploy.recipe:varnish` part",
+           "started after the clients and before HAProxy", "empty"),
+    Option("eggs", "plonedeploy.recipe", "egg names", "zc.recipe.egg's: the eggs `bin/<part>` runs with"),
+)
+
+#: ``plonedeploy.recipe:postgresql`` (postgresql.py): the buildout stack's database.
+POSTGRESQL = (
+    Option("address", None, "a loopback `host:port`", "where the server listens (TCP, this host only)",
+           "required"),
+    Option("database", "plone", "a lower-case identifier (`[a-z_][a-z0-9_]*`)", "the site's database"),
+    Option("user", "plone", "a lower-case identifier (`[a-z_][a-z0-9_]*`)",
+           "the role that owns the database and that the clients log in as"),
+    Option("bin-directory", "/usr/lib/postgresql/15/bin", "a directory",
+           "where `initdb`, `postgres` and `pg_isready` are (checked at install)"),
+    Option("run-as", "postgres", "a system user",
+           "who runs `initdb` and `postgres` when `bin/<part>` runs as root (PostgreSQL refuses root)"),
+    Option("eggs", "plonedeploy.recipe", "egg names", "zc.recipe.egg's: the eggs `bin/<part>` runs with"),
+)
+
+#: ``plonedeploy.recipe:relstorage-tools`` (relstoragetools.py): zodbconvert's and zodbpack's configs.
+RELSTORAGE_TOOLS = (
+    Option("client", "instance", "a `plonedeploy.recipe:instance` part with `storage = relstorage`",
+           "whose `relstorage-dsn`, `relstorage-blobs` and `relstorage-blob-dir` the files use"),
+    Option("relstorage-dsn", None, "libpq `key=value` pairs with `dbname`, without `password`",
+           "the database to convert into and to pack", "the client's"),
+    Option("file-storage", None, "an absolute path",
+           "the Data.fs `zodbconvert` reads (read-only, no lock: stop the ZEO server first)", "required"),
+    Option("blob-storage", "", "an absolute path", "that FileStorage's blob directory", "empty (no blobs)"),
+)
+
+#: Every recipe's table by its entry point name (``recipe = plonedeploy.recipe:<name>``).
+TABLES = {
+    "instance": INSTANCE,
+    "haproxy": HAPROXY,
+    "varnish": VARNISH,
+    "stack": STACK,
+    "postgresql": POSTGRESQL,
+    "relstorage-tools": RELSTORAGE_TOOLS,
+}
