@@ -483,6 +483,25 @@ def save_figure(fig, path, dpi=100):
 _FIGURE = re.compile(r"(-|-?[\d,]*\.?\d+%?)?")  # blank cells count as figures
 
 
+def spread_bars(ax, labels, series, capsize=3):
+    """Grouped bars on the matplotlib axes ``ax``: one group per x label of ``labels``, one
+    bar per entry of ``series`` (``[(legend name, {label: spread or None})]``, spreads as
+    :func:`spread` returns) at its median with a min–max whisker; a missing spread leaves a
+    gap. Sets the x ticks to ``labels``; scale, titles and legend are the caller's."""
+    width = 0.8 / max(len(series), 1)
+    for i, (name, values) in enumerate(series):
+        xs, ys, low, high = [], [], [], []
+        for j, label in enumerate(labels):
+            value = values.get(label)
+            if value:
+                xs.append(j + (i - (len(series) - 1) / 2) * width)
+                ys.append(value["median"])
+                low.append(value["median"] - value["min"])
+                high.append(value["max"] - value["median"])
+        ax.bar(xs, ys, width, yerr=[low, high], capsize=capsize, label=name)
+    ax.set_xticks(range(len(labels)), list(labels))
+
+
 def markdown_table(headers, rows):
     """Markdown table text (no trailing newline): ``headers`` the column titles, ``rows``
     lists of cells, one per header.
@@ -537,3 +556,15 @@ def write_report(folder, data, markdown, plots=()):
         paths.append(os.path.join(folder, name))
         draw(paths[-1])
     return paths
+
+
+def finish_report(folder, data, markdown, plots=(), problems=()):
+    """End of a subcommand's run: :func:`write_report` into ``folder``, then print the
+    Markdown, one ``problem: ...`` line per entry of ``problems`` (str) and the folder.
+    Returns the exit status: 1 when there were problems, else 0."""
+    write_report(folder, data, markdown, plots)
+    print(markdown)
+    for problem in problems:
+        print(f"problem: {problem}")
+    print(f"report: {folder}")
+    return 1 if problems else 0

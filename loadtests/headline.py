@@ -40,9 +40,9 @@ import psutil
 
 from loadtests import offclients
 from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, check_servers_up,
-                            default_buildout_config, exits_2_when_not_ready, format_spread, load_stack,
-                            markdown_table, new_figure, report_folder, require_wrk, run_wrk, save_figure,
-                            spread, write_report)
+                            default_buildout_config, exits_2_when_not_ready, finish_report, format_spread,
+                            load_stack, markdown_table, new_figure, report_folder, require_wrk, run_wrk,
+                            save_figure, spread, spread_bars)
 
 WORK_DIR = os.path.join(ROOT, "var", "headline")
 #: The servers compared directly; the recipe's A/B pair.
@@ -192,19 +192,8 @@ def plot(cells, path):
     """Grouped bars of req/s (log scale) per path, one bar per target, min-max whiskers."""
     columns = _columns(cells)
     fig, ax = new_figure(figsize=(9, 4.5))
-    width = 0.8 / len(columns)
-    for i, target in enumerate(columns):
-        xs, ys, low, high = [], [], [], []
-        for j, label in enumerate(PATHS):
-            rps = cells.get(f"{target} {label}", {}).get("rps")
-            if rps:
-                xs.append(j + (i - (len(columns) - 1) / 2) * width)
-                ys.append(rps["median"])
-                low.append(rps["median"] - rps["min"])
-                high.append(rps["max"] - rps["median"])
-        ax.bar(xs, ys, width, yerr=[low, high], capsize=3, label=target)
+    spread_bars(ax, list(PATHS), [(t, {p: cells.get(f"{t} {p}", {}).get("rps") for p in PATHS}) for t in columns])
     ax.set_yscale("log")
-    ax.set_xticks(range(len(PATHS)), list(PATHS))
     ax.set_ylabel("requests/s (median, min-max; log scale)")
     ax.set_title("Headline: each server directly and through HAProxy")
     ax.grid(axis="y", alpha=0.3)
@@ -269,13 +258,8 @@ def main(argv=None):
             "problems": problems}
     folder = report_folder(args.out, "headline")
     text = to_markdown(meta, cells, ratios)
-    write_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "runs": runs}, text,
-                 [("headline.png", lambda path: plot(cells, path))] if cells else [])
-    print(text)
-    for problem in problems:
-        print(f"problem: {problem}")
-    print(f"report: {folder}")
-    return 1 if problems else 0
+    return finish_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "runs": runs}, text,
+                         [("headline.png", lambda path: plot(cells, path))] if cells else [], problems)
 
 
 if __name__ == "__main__":

@@ -74,10 +74,10 @@ import requests
 
 from loadtests import extrabuild
 from loadtests.core import (BLOB_SIZE, PATHS, ROOT, WRK_POST_SCRIPT, NotReady, add_run_arguments,
-                            add_stack_arguments, exits_2_when_not_ready, format_spread, load_stack,
-                            machine_busy_seconds, markdown_table, new_figure, parse_counts, report_folder,
-                            require_wrk, run_wrk, save_figure, spread, tree_cpu_seconds, wait_tree_idle,
-                            write_report)
+                            add_stack_arguments, exits_2_when_not_ready, finish_report, format_spread,
+                            load_stack, machine_busy_seconds, markdown_table, new_figure, parse_counts,
+                            report_folder, require_wrk, run_wrk, save_figure, spread, spread_bars,
+                            tree_cpu_seconds, wait_tree_idle)
 
 #: The variants: name -> (config extended, extra lines of [instance]).
 VARIANTS = {
@@ -546,20 +546,10 @@ def plot(cells, meta, path):
     variants, labels, counts = meta["variants"], meta["paths"], meta["connections"]
     fig, axes = new_figure(1, len(counts), figsize=(4.5 * len(counts), 4.2))
     axes = np.atleast_1d(axes)
-    width = 0.8 / len(variants)
     for ax, n in zip(axes, counts):
-        for i, variant in enumerate(variants):
-            xs, ys, low, high = [], [], [], []
-            for j, label in enumerate(labels):
-                rps = cells.get(cell_key(variant, label, n), {}).get("rps")
-                if rps:
-                    xs.append(j + (i - (len(variants) - 1) / 2) * width)
-                    ys.append(rps["median"])
-                    low.append(rps["median"] - rps["min"])
-                    high.append(rps["max"] - rps["median"])
-            ax.bar(xs, ys, width, yerr=[low, high], capsize=2, label=variant)
+        spread_bars(ax, labels, [(v, {label: cells.get(cell_key(v, label, n), {}).get("rps") for label in labels})
+                                 for v in variants], capsize=2)
         ax.set_yscale("log")
-        ax.set_xticks(range(len(labels)), labels, fontsize="small")
         ax.set_title(f"{n} connection{'s' if n > 1 else ''}")
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("requests/s (median, min-max; log)")
@@ -636,13 +626,8 @@ def main(argv=None):
     cells, ratios = summarize(runs, args.variants)
     folder = report_folder(args.out, "storage")
     text = to_markdown(meta, cells, ratios, sizes)
-    write_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "sizes": sizes, "runs": runs}, text,
-                 [("storage.png", lambda path: plot(cells, meta, path))] if cells else [])
-    print(text)
-    for problem in problems:
-        print(f"problem: {problem}")
-    print(f"report: {folder}")
-    return 1 if problems else 0
+    return finish_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "sizes": sizes, "runs": runs},
+                         text, [("storage.png", lambda path: plot(cells, meta, path))] if cells else [], problems)
 
 
 if __name__ == "__main__":
