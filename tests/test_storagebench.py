@@ -130,12 +130,13 @@ def test_plot_draws_a_panel_per_connection_count(tmp_path):
 @pytest.mark.skipif(os.environ.get("PLONEDEPLOY_STORAGEBENCH") != "1",
                     reason="optional (3-4 min): set PLONEDEPLOY_STORAGEBENCH=1")
 def test_one_short_round_on_real_stacks(tmp_path):
-    """ZEO and RelStorage built and started side by side on ports 9750 and up, 1 round of 1 s
-    runs of /Plone and the write path at 2 connections: every cell has requests and no
-    errors, the sizes are measured, the report written, and no process is left."""
+    """ZEO and RelStorage built and started side by side on ports 9750 and up, 1 round of 3 s
+    runs of /Plone and the write path at 1 connection (a POST takes 0.3-0.6 s on a busy
+    2-core machine: 1 s runs could end with none): every cell has requests and no errors,
+    the sizes are measured, the report written, and no process is left."""
     work = os.path.join(ROOT, "var", "storagebench-test")
     result = run([sys.executable, "-m", "loadtests", "storage", "--variants", "zeo,relstorage", "--paths",
-                  "/Plone,write", "--connections", "2", "--rounds", "1", "--duration", "1", "--warmup", "1",
+                  "/Plone,write", "--connections", "1", "--rounds", "1", "--duration", "3", "--warmup", "1",
                   "--base-port", "9750", "--work-dir", work, "--out", str(tmp_path)], timeout=900, check=False)
     print(result.stdout[-4000:], result.stderr[-2000:])
     (folder,) = list(tmp_path.iterdir())
@@ -144,7 +145,7 @@ def test_one_short_round_on_real_stacks(tmp_path):
     assert sorted((r["variant"], r["path"]) for r in data["runs"]) == [
         ("relstorage", "/Plone"), ("relstorage", "write"), ("zeo", "/Plone"), ("zeo", "write")]
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in data["runs"]), data["runs"]
-    assert {"relstorage/zeo /Plone 2", "relstorage/zeo write 2"} == set(data["ratios"])
+    assert {"relstorage/zeo /Plone 1", "relstorage/zeo write 1"} == set(data["ratios"])
     written = {r["variant"]: r["requests"] for r in data["runs"] if r["path"] == "write"}
     for variant in ("zeo", "relstorage"):
         # warm-up writes count too: at least the measured ones are in the folder
