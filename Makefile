@@ -117,7 +117,7 @@ matrix:
 	$(VENV)/bin/python -m loadtests matrix $(MATRIX_ARGS)
 
 # ZEO vs RelStorage on stacks of its own (var/storagebench, ports 9700-9744; no running
-# stack needed; docs/storage.md "Measured"): about 25-35 minutes on 2 cores.
+# stack needed; docs/storage.md "Measured"): about 30 minutes on 2 cores, 53 on a busy machine.
 storagebench: build
 	$(VENV)/bin/python -m loadtests storage $(STORAGEBENCH_ARGS)
 

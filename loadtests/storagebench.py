@@ -54,7 +54,10 @@ step failed (the report then has what was measured); 2 when wrk or PostgreSQL 15
 a port is taken, or an option is invalid.
 
 The default run (3 variants, 5 paths, 3 connection counts, 3 rounds: 135 runs of 2 + 5 s)
-takes about 20 minutes on 2 cores, 3 of them the builds, starts and sites.
+took 53 minutes on 2 cores shared with other work (25 Nov 2026): 10 the builds, starts and
+sites, and at 100 connections the waits (up to 60 s) until a client finished the POSTs wrk
+left queued. Writes at 100 connections mostly complete none within 5 s (2 workers, ~2
+POSTs/s): measure them with longer runs.
 """
 import argparse
 import base64

@@ -5,6 +5,7 @@ about 3-4 minutes on 2 cores, most of it two builds, two sites and two Zope star
 runs only with PLONEDEPLOY_STORAGEBENCH=1 (CI is near its time limit)."""
 import json
 import os
+import shutil
 import sys
 
 import psutil
@@ -155,3 +156,4 @@ def test_one_short_round_on_real_stacks(tmp_path):
     assert (folder / "storage.png").stat().st_size > 0
     assert data["meta"]["leftovers"] == []
     assert not [p.info for p in psutil.process_iter(["cmdline"]) if work in " ".join(p.info["cmdline"] or [])]
+    shutil.rmtree(work)  # two builds and databases, ~250 MB; kept above when something failed
