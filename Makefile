@@ -5,7 +5,8 @@
 #
 # Other targets: multihost (Ansible over SSH into three network namespaces), blobbench (blob
 # downloads with/without the blobsendfile filter, needs wrk), matrix (benchmark matrix of the
-# WSGI servers, needs wrk and the running stack; docs/servers.md), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
+# WSGI servers, needs wrk and the running stack; docs/servers.md), storagebench (ZEO vs RelStorage
+# on stacks of its own, needs wrk and PostgreSQL 15; docs/storage.md), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
 # Load tools: python -m loadtests <subcommand> (python -m loadtests --help; docs/bench.md).
 # Variables: AB_ARGS (passed to python -m loadtests ab, e.g. AB_ARGS="--rounds 6 --duration 30 --control";
 #            make demo uses DEMO_AB_ARGS unless AB_ARGS is given;
@@ -13,6 +14,7 @@
 #            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'"),
 #            BLOBBENCH_ARGS (passed to python -m loadtests blob, e.g. BLOBBENCH_ARGS="--rounds 1 --fd-downloads 1000"),
 #            MATRIX_ARGS (passed to python -m loadtests matrix, e.g. MATRIX_ARGS="--quick" or "--resume var/reports/matrix-<ts>").
+#            STORAGEBENCH_ARGS (passed to python -m loadtests storage, e.g. STORAGEBENCH_ARGS="--rounds 1 --paths /Plone,write").
 #            STORAGE (zeo or relstorage: the config make build uses, buildout.cfg or relstorage.cfg).
 
 PYTHON ?= python3
@@ -26,6 +28,7 @@ DEMO_AB_ARGS ?= --rounds 2 --duration 20 --warmup 10 --control --users 10 --spaw
 PYTEST_ARGS ?=
 BLOBBENCH_ARGS ?=
 MATRIX_ARGS ?=
+STORAGEBENCH_ARGS ?=
 # Buildout's download cache: scripts/fetch_eggs.py fills DOWNLOAD_CACHE/dist with every pin
 # of versions.cfg (pip download, in parallel) and installs the wheels into eggs/v5 (buildout's
 # installer, in parallel); bin/buildout then installs only from there (install-from-cache).
@@ -39,7 +42,7 @@ BUILDOUT_CFG_zeo := buildout.cfg
 BUILDOUT_CFG_relstorage := relstorage.cfg
 BUILDOUT_CFG = $(or $(BUILDOUT_CFG_$(STORAGE)),$(error STORAGE=$(STORAGE) is invalid: expected zeo or relstorage))
 
-.PHONY: demo test multihost blobbench headline matrix system venv ansible-venv build start site status ab stop pins clean
+.PHONY: demo test multihost blobbench headline matrix storagebench system venv ansible-venv build start site status ab stop pins clean
 
 demo: system build
 	@# Whatever happens, stop what was started (by PID).
@@ -112,6 +115,11 @@ headline:
 
 matrix:
 	$(VENV)/bin/python -m loadtests matrix $(MATRIX_ARGS)
+
+# ZEO vs RelStorage on stacks of its own (var/storagebench, ports 9700-9744; no running
+# stack needed; docs/storage.md "Measured"): about 30 minutes on 2 cores, 53 on a busy machine.
+storagebench: build
+	$(VENV)/bin/python -m loadtests storage $(STORAGEBENCH_ARGS)
 
 pins: venv $(BUILDOUT_VENV)/.installed
 	$(VENV)/bin/python scripts/update_pins.py

@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "attacks": Subcommand("loadtests.attacks", "slow bodies, big POSTs, rate limits, uploads"),
     "servers-wrk": Subcommand("loadtests.servers_wrk", "quick wrk figure per WSGI server vs pyruvate"),
     "headline": Subcommand("loadtests.headline", "the docs' headline figures in one run, with spread (wrk)"),
+    "storage": Subcommand("loadtests.storagebench", "ZEO vs RelStorage on PostgreSQL, stacks of its own (wrk)"),
 }
 
 

@@ -28,6 +28,8 @@ ROOT = os.path.dirname(HERE)
 STACK_JSON = os.path.join(ROOT, "parts", "stack", "stack.json")
 #: wrk script: optional Accept header from the environment, one-line JSON summary at the end.
 WRK_SCRIPT = os.path.join(HERE, "wrk_summary.lua")
+#: wrk script of the write path: plone.restapi POSTs of Documents (wrk_post.lua's header).
+WRK_POST_SCRIPT = os.path.join(HERE, "wrk_post.lua")
 
 #: path label -> (URL path, Accept header); the labels of the Locust tests.
 PATHS = {
@@ -42,11 +44,13 @@ BLOB_SIZE = 5 * 1024 * 1024
 
 # ----------------------------------------------------------------------------- arguments
 
-def add_stack_arguments(parser):
+def add_stack_arguments(parser, stack_config=True):
     """Add the options every tool shares to an ``argparse`` parser: ``--stack-config`` (the
-    stack's contract, default parts/stack/stack.json) and ``--out`` (default var/reports)."""
-    parser.add_argument("--stack-config", default=STACK_JSON,
-                        help="stack.json written by bin/buildout (default parts/stack/stack.json)")
+    stack's contract, default parts/stack/stack.json; left out with ``stack_config=False``,
+    for tools that build stacks of their own) and ``--out`` (default var/reports)."""
+    if stack_config:
+        parser.add_argument("--stack-config", default=STACK_JSON,
+                            help="stack.json written by bin/buildout (default parts/stack/stack.json)")
     parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
                         help="folder for the report folder (default var/reports)")
 
@@ -379,13 +383,17 @@ def wait_tree_idle(root_pid, max_seconds=60.0, window=0.3, idle_cores=0.1):
 _WRK_SUMMARY = re.compile(r"^PLONEDEPLOY_WRK (\{.*\})$", re.MULTILINE)
 
 
-def run_wrk(url, connections, duration, *, threads=1, timeout=30, accept="", wrk="wrk", progress=None):
-    """Run wrk once against ``url`` with ``wrk_summary.lua``; return its summary.
+def run_wrk(url, connections, duration, *, threads=1, timeout=30, accept="", wrk="wrk", progress=None,
+            script=WRK_SCRIPT, env=None):
+    """Run wrk once against ``url`` with ``script`` (default ``wrk_summary.lua``); return its summary.
 
     ``connections``: wrk ``-c``; ``duration``: seconds (``-d``); ``threads``: wrk ``-t``
     (at most ``connections``); ``timeout``: seconds wrk waits for one response before it
     counts a timeout error; ``accept``: Accept header ('' for none); ``wrk``: the binary;
-    ``progress``: called every 5 s with the elapsed seconds while wrk runs.
+    ``progress``: called every 5 s with the elapsed seconds while wrk runs; ``script``: a wrk
+    Lua script that prints the ``PLONEDEPLOY_WRK`` summary line (``wrk_summary.lua`` or one
+    that loads it, such as :data:`WRK_POST_SCRIPT`); ``env``: extra environment variables
+    for wrk (``{name: str}``), read by the script, so secrets stay off the command line.
 
     Returns ``{"requests", "duration_us", "bytes", "errors": {"connect", "read", "write",
     "status", "timeout"}, "latency_us": {"mean", "stdev", "max", "p50", "p90", "p95",
@@ -395,8 +403,8 @@ def run_wrk(url, connections, duration, *, threads=1, timeout=30, accept="", wrk
     than 120 s past ``duration`` (it is killed then).
     """
     cmd = [wrk, f"-t{max(1, min(threads, connections))}", f"-c{connections}", f"-d{duration}s",
-           f"--timeout={timeout}s", "-s", WRK_SCRIPT, url]
-    env = dict(os.environ, PLONEDEPLOY_ACCEPT=accept)
+           f"--timeout={timeout}s", "-s", script, url]
+    env = dict(os.environ, PLONEDEPLOY_ACCEPT=accept, **(env or {}))
     cpu_before = children_cpu_seconds()
     started = time.monotonic()
     deadline = started + duration + 120
@@ -455,6 +463,24 @@ def histogram_percentile(histogram, fraction):
 
 # ----------------------------------------------------------------------------- reports
 
+def spread(values):
+    """``{"median", "min", "max"}`` of ``values`` (numbers, rounded to 2 places), or None
+    when empty: how a figure measured once per round is reported."""
+    if not values:
+        return None
+    return {"median": round(float(np.median(values)), 2), "min": round(float(min(values)), 2),
+            "max": round(float(max(values)), 2)}
+
+
+def format_spread(value, digits=0):
+    """``"median (min–max)"`` of a :func:`spread` with ``digits`` decimals and thousands
+    separators, or ``"-"`` for None."""
+    if value is None:
+        return "-"
+    fmt = f"{{:,.{digits}f}}"
+    return f"{fmt.format(value['median'])} ({fmt.format(value['min'])}–{fmt.format(value['max'])})"
+
+
 def new_figure(rows=1, cols=1, figsize=(6, 4)):
     """``(fig, axes)`` of ``matplotlib.pyplot.subplots(rows, cols, figsize=figsize)`` (inches)
     on the Agg backend: files only, no display. matplotlib is imported here, on the first
@@ -478,6 +504,25 @@ def save_figure(fig, path, dpi=100):
 
 
 _FIGURE = re.compile(r"(-|-?[\d,]*\.?\d+%?)?")  # blank cells count as figures
+
+
+def spread_bars(ax, labels, series, capsize=3):
+    """Grouped bars on the matplotlib axes ``ax``: one group per x label of ``labels``, one
+    bar per entry of ``series`` (``[(legend name, {label: spread or None})]``, spreads as
+    :func:`spread` returns) at its median with a min–max whisker; a missing spread leaves a
+    gap. Sets the x ticks to ``labels``; scale, titles and legend are the caller's."""
+    width = 0.8 / max(len(series), 1)
+    for i, (name, values) in enumerate(series):
+        xs, ys, low, high = [], [], [], []
+        for j, label in enumerate(labels):
+            value = values.get(label)
+            if value:
+                xs.append(j + (i - (len(series) - 1) / 2) * width)
+                ys.append(value["median"])
+                low.append(value["median"] - value["min"])
+                high.append(value["max"] - value["median"])
+        ax.bar(xs, ys, width, yerr=[low, high], capsize=capsize, label=name)
+    ax.set_xticks(range(len(labels)), list(labels))
 
 
 def markdown_table(headers, rows):
@@ -534,3 +579,15 @@ def write_report(folder, data, markdown, plots=()):
         paths.append(os.path.join(folder, name))
         draw(paths[-1])
     return paths
+
+
+def finish_report(folder, data, markdown, plots=(), problems=()):
+    """End of a subcommand's run: :func:`write_report` into ``folder``, then print the
+    Markdown, one ``problem: ...`` line per entry of ``problems`` (str) and the folder.
+    Returns the exit status: 1 when there were problems, else 0."""
+    write_report(folder, data, markdown, plots)
+    print(markdown)
+    for problem in problems:
+        print(f"problem: {problem}")
+    print(f"report: {folder}")
+    return 1 if problems else 0

@@ -40,8 +40,9 @@ import psutil
 
 from loadtests import offclients
 from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, check_servers_up,
-                            default_buildout_config, exits_2_when_not_ready, load_stack, markdown_table,
-                            new_figure, report_folder, require_wrk, run_wrk, save_figure, write_report)
+                            default_buildout_config, exits_2_when_not_ready, finish_report, format_spread,
+                            load_stack, markdown_table, new_figure, report_folder, require_wrk, run_wrk,
+                            save_figure, spread, spread_bars)
 
 WORK_DIR = os.path.join(ROOT, "var", "headline")
 #: The servers compared directly; the recipe's A/B pair.
@@ -117,14 +118,6 @@ def measure(url, label, connections, duration):
     return row
 
 
-def _spread(values):
-    """``{"median", "min", "max"}`` of ``values`` (rounded to 2 places), or None when empty."""
-    if not values:
-        return None
-    return {"median": round(float(np.median(values)), 2), "min": round(float(min(values)), 2),
-            "max": round(float(max(values)), 2)}
-
-
 def summarize(runs):
     """``(cells, ratios)`` from the run rows (each with round, target, path, rps, p50_ms,
     p99_ms, errors). ``cells``: ``{"target path": {"rps": spread, "p50_ms", "p99_ms"
@@ -138,15 +131,15 @@ def summarize(runs):
     for (target, path), rows in by.items():
         rows = list(rows.values())
         cells[f"{target} {path}"] = {
-            "rps": _spread([r["rps"] for r in rows]),
+            "rps": spread([r["rps"] for r in rows]),
             "p50_ms": round(float(np.median([r["p50_ms"] for r in rows])), 1),
             "p99_ms": round(float(np.median([r["p99_ms"] for r in rows])), 1),
             "errors": sum(r["errors"] for r in rows), "runs": len(rows)}
 
     def ratio(a, b):
         first, second = by.get(a, {}), by.get(b, {})
-        return _spread([first[n]["rps"] / second[n]["rps"] for n in first
-                        if n in second and second[n]["rps"] > 0])
+        return spread([first[n]["rps"] / second[n]["rps"] for n in first
+                       if n in second and second[n]["rps"] > 0])
 
     ratios = {f"pyruvate/waitress {p}": ratio(("pyruvate", p), ("waitress", p)) for p in PATHS}
     for server in SERVERS:
@@ -158,13 +151,6 @@ def summarize(runs):
 def _columns(cells):
     """The targets measured, in table order (keys of ``cells`` are ``"<target> <path>"``)."""
     return [t for t in TARGETS + OFF if any(c.startswith(t + " ") for c in cells)]
-
-
-def _figure(spread, digits=0):
-    if spread is None:
-        return "-"
-    fmt = f"{{:,.{digits}f}}"
-    return f"{fmt.format(spread['median'])} ({fmt.format(spread['min'])}–{fmt.format(spread['max'])})"
 
 
 def to_markdown(meta, cells, ratios):
@@ -181,12 +167,12 @@ def to_markdown(meta, cells, ratios):
         "",
         "Requests/s, median over the rounds (min–max):",
         "",
-        markdown_table(["path"] + columns, [[path] + [_figure(cells.get(f"{t} {path}", {}).get("rps"))
-                                                    for t in columns] for path in PATHS]),
+        markdown_table(["path"] + columns, [[path] + [format_spread(cells.get(f"{t} {path}", {}).get("rps"))
+                                                          for t in columns] for path in PATHS]),
         "",
         "Ratios of req/s in the same round, median (min–max); above 1: the first is faster:",
         "",
-        markdown_table(["ratio", "median (min–max)"], [[name, _figure(value, 2)] for name, value in ratios.items()]),
+        markdown_table(["ratio", "median (min–max)"], [[name, format_spread(value, 2)] for name, value in ratios.items()]),
         "",
         "p50 / p99 latency in ms (medians over the rounds); errors summed over the rounds:",
         "",
@@ -206,19 +192,8 @@ def plot(cells, path):
     """Grouped bars of req/s (log scale) per path, one bar per target, min-max whiskers."""
     columns = _columns(cells)
     fig, ax = new_figure(figsize=(9, 4.5))
-    width = 0.8 / len(columns)
-    for i, target in enumerate(columns):
-        xs, ys, low, high = [], [], [], []
-        for j, label in enumerate(PATHS):
-            spread = cells.get(f"{target} {label}", {}).get("rps")
-            if spread:
-                xs.append(j + (i - (len(columns) - 1) / 2) * width)
-                ys.append(spread["median"])
-                low.append(spread["median"] - spread["min"])
-                high.append(spread["max"] - spread["median"])
-        ax.bar(xs, ys, width, yerr=[low, high], capsize=3, label=target)
+    spread_bars(ax, list(PATHS), [(t, {p: cells.get(f"{t} {p}", {}).get("rps") for p in PATHS}) for t in columns])
     ax.set_yscale("log")
-    ax.set_xticks(range(len(PATHS)), list(PATHS))
     ax.set_ylabel("requests/s (median, min-max; log scale)")
     ax.set_title("Headline: each server directly and through HAProxy")
     ax.grid(axis="y", alpha=0.3)
@@ -283,13 +258,8 @@ def main(argv=None):
             "problems": problems}
     folder = report_folder(args.out, "headline")
     text = to_markdown(meta, cells, ratios)
-    write_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "runs": runs}, text,
-                 [("headline.png", lambda path: plot(cells, path))] if cells else [])
-    print(text)
-    for problem in problems:
-        print(f"problem: {problem}")
-    print(f"report: {folder}")
-    return 1 if problems else 0
+    return finish_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "runs": runs}, text,
+                         [("headline.png", lambda path: plot(cells, path))] if cells else [], problems)
 
 
 if __name__ == "__main__":

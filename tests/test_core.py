@@ -306,3 +306,48 @@ def test_new_and_saved_figure_is_a_png(tmp_path):
     import matplotlib.pyplot as plt
 
     assert fig.number not in plt.get_fignums()  # closed
+
+
+def test_run_wrk_with_another_script_and_environment(tmp_path, monkeypatch):
+    """A script of its own (the write path's) and variables for it: on wrk's command line
+    the script only, the variables in its environment (a password stays off argv)."""
+    script = tmp_path / "bin" / "wrk"
+    script.parent.mkdir()
+    script.write_text(f'#!/bin/sh\necho "$* auth=$PLONEDEPLOY_AUTH" > {tmp_path}/wrk.args\n'
+                      f"echo 'PLONEDEPLOY_WRK {json.dumps(SUMMARY)}'\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    core.run_wrk("http://127.0.0.1:1/f", 1, 1, script=core.WRK_POST_SCRIPT, env={"PLONEDEPLOY_AUTH": "Basic s3cret"})
+    argv, environment = (tmp_path / "wrk.args").read_text().strip().split(" auth=")
+    assert argv.split()[argv.split().index("-s") + 1] == core.WRK_POST_SCRIPT
+    assert environment == "Basic s3cret" and "s3cret" not in argv
+
+
+def test_add_stack_arguments_without_the_stack_config():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    core.add_stack_arguments(parser, stack_config=False)
+    args = parser.parse_args([])
+    assert not hasattr(args, "stack_config") and args.out.endswith(os.path.join("var", "reports"))
+
+
+def test_spread_format_and_bars(tmp_path):
+    assert core.spread([3, 1, 2.5]) == {"median": 2.5, "min": 1.0, "max": 3.0} and core.spread([]) is None
+    assert core.format_spread({"median": 1234.5, "min": 1000, "max": 2000.25}, 1) == "1,234.5 (1,000.0–2,000.2)"
+    assert core.format_spread(None) == "-"
+    fig, ax = core.new_figure()
+    core.spread_bars(ax, ["/", "blob"], [("a", {"/": core.spread([1, 2, 3]), "blob": None}),
+                                         ("b", {"/": core.spread([4]), "blob": core.spread([5, 6])})])
+    heights = sorted(bar.get_height() for bar in ax.patches)
+    assert heights == [2.0, 4.0, 5.5]  # the medians; the missing one a gap
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["/", "blob"]
+    core.save_figure(fig, str(tmp_path / "b.png"))
+
+
+def test_finish_report_writes_prints_and_gives_the_status(tmp_path, capsys):
+    assert core.finish_report(str(tmp_path), {"a": 1}, "# t\n") == 0
+    assert capsys.readouterr().out == f"# t\n\nreport: {tmp_path}\n"
+    assert core.finish_report(str(tmp_path), {"a": 1}, "# t\n", problems=["run 3: 2 errors"]) == 1
+    assert "problem: run 3: 2 errors\n" in capsys.readouterr().out
+    assert json.loads((tmp_path / "report.json").read_text()) == {"a": 1}

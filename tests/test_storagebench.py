@@ -1,0 +1,159 @@
+"""loadtests.storagebench (``python -m loadtests storage``): options, plan, ports, the
+variants' configs, summary, ratios and report without measuring; then one short run on real
+stacks (a ZEO server and a PostgreSQL 15 of its own, ports 9750-9779), which is optional:
+about 3-4 minutes on 2 cores, most of it two builds, two sites and two Zope start-ups, so it
+runs only with PLONEDEPLOY_STORAGEBENCH=1 (CI is near its time limit)."""
+import json
+import os
+import shutil
+import sys
+
+import psutil
+import pytest
+
+from conftest import ROOT, run
+from loadtests import storagebench
+from loadtests.core import BLOB_SIZE
+
+
+def test_options_fail_naming_the_option_and_allowed_values(capsys):
+    for argv, message in ((["--variants", "relstorage"], "--variants: expected zeo and at least one of"),
+                          (["--variants", "zeo,nfs"], "--variants: nfs is invalid; expected comma-separated "
+                                                      "values of: zeo, relstorage, relstorage-shared"),
+                          (["--paths", "/,put"], "--paths: put is invalid"),
+                          (["--connections", "0"], "--connections: expected comma-separated integers >= 1"),
+                          (["--server", "apache"], "--server: invalid choice: 'apache'"),
+                          (["--base-port", "80"], "--base-port: expected 1024..")):
+        with pytest.raises(SystemExit) as exited:
+            storagebench.parse_args(argv)
+        assert exited.value.code == 2
+        assert message in capsys.readouterr().err, argv
+    args = storagebench.parse_args(["--variants", "relstorage,zeo", "--paths", "write,/"])
+    assert args.variants == ["zeo", "relstorage"]  # zeo first: the baseline of every ratio
+    assert args.paths == ["/", "write"] and args.connections == [1, 10, 100]
+    assert not hasattr(args, "stack_config")  # it builds its own stacks
+
+
+def test_plan_runs_every_cell_once_per_round_variants_adjacent_and_rotated():
+    variants = ["zeo", "relstorage", "relstorage-shared"]
+    todo = storagebench.plan(3, ["/", "blob", "write"], [1, 10], variants)
+    assert len(todo) == 3 * 3 * 2 * 3
+    for number in (1, 2, 3):
+        cells = [(label, n, v) for r, label, n, v in todo if r == number]
+        assert sorted(cells) == sorted((label, n, v) for label in ["/", "blob", "write"] for n in [1, 10]
+                                       for v in variants)
+    # the variants of one group run right after each other ...
+    for start in range(0, len(todo), 3):
+        group = todo[start:start + 3]
+        assert len({(r, label, n) for r, label, n, _ in group}) == 1
+        assert {v for *_, v in group} == set(variants)
+    # ... none always first, and the groups start elsewhere from round to round
+    assert {todo[start][3] for start in range(0, len(todo), 3)} == set(variants)
+    assert len({todo[i][1:3] for i in (0, 18, 36)}) == 3
+
+
+def test_ports_give_each_variant_its_own_block_and_move_every_port():
+    first, second = storagebench.ports(9700, 0), storagebench.ports(9700, 1)
+    assert first["zeoserver"] == first["postgresql"] == 9700 and first["instance"] == 9701
+    assert second["zeoserver"] == 9715 and max(second.values()) < 9730
+    assert not set(first.values()) & set(second.values())
+    buildout_ports = {"zeoserver", "instance", "client2", "uploads", "haproxy", "stats", "tls", "varnish",
+                      "cache-fill", "instance-metrics", "client2-metrics", "uploads-metrics", "varnish-metrics"}
+    assert buildout_ports <= set(first)  # buildout.cfg's [ports]: none stays on the demo's
+
+
+def test_buildout_text_per_variant(tmp_path):
+    zeo = storagebench.buildout_text("zeo", str(tmp_path), storagebench.ports(9700, 0), "waitress")
+    assert f"extends = {ROOT}/buildout.cfg" in zeo
+    assert "parts = zeoserver instance haproxy stack" in zeo
+    assert "wsgi-server = waitress" in zeo and "instance = 9701" in zeo and "relstorage" not in zeo
+    shared = storagebench.buildout_text("relstorage-shared", str(tmp_path), storagebench.ports(9700, 2), "pyruvate")
+    assert f"extends = {ROOT}/relstorage.cfg" in shared
+    assert "parts = postgresql instance haproxy stack" in shared
+    assert "relstorage-blobs = shared-directory" in shared and "postgresql = 9730" in shared
+
+
+def _row(number, variant, path, n, rps, errors=0):
+    return {"round": number, "variant": variant, "path": path, "connections": n, "rps": rps,
+            "p50_ms": 10.0 * number, "p99_ms": 50.0, "client_cpu_ms": 20.0, "database_cpu_ms": 2.0 * number,
+            "errors": errors}
+
+
+def test_summary_ratios_per_round_and_the_reads_goal():
+    runs = [_row(1, "zeo", "/Plone", 10, 100), _row(2, "zeo", "/Plone", 10, 200), _row(3, "zeo", "/Plone", 10, 100),
+            _row(1, "relstorage", "/Plone", 10, 95), _row(2, "relstorage", "/Plone", 10, 100),
+            _row(3, "relstorage", "/Plone", 10, 120),
+            _row(1, "zeo", "write", 1, 20), _row(1, "relstorage", "write", 1, 10, errors=3)]
+    cells, ratios = storagebench.summarize(runs, ["zeo", "relstorage"])
+    assert cells["zeo /Plone 10"]["rps"] == {"median": 100.0, "min": 100.0, "max": 200.0}
+    assert cells["relstorage /Plone 10"]["p50_ms"] == 20.0 and cells["relstorage /Plone 10"]["runs"] == 3
+    assert cells["relstorage write 1"]["errors"] == 3
+    # per round 0.95, 0.5, 1.2: the ratio of the medians (1.0) would hide the spread
+    assert ratios["relstorage/zeo /Plone 10"] == {"median": 0.95, "min": 0.5, "max": 1.2}
+    assert ratios["relstorage/zeo write 1"]["median"] == 0.5
+    assert "zeo/zeo /Plone 10" not in ratios
+    assert storagebench.reads_within(ratios) == {"relstorage": True}  # the write ratio does not count
+    ratios["relstorage/zeo / 1"] = {"median": 0.89, "min": 0.8, "max": 0.9}
+    assert storagebench.reads_within(ratios) == {"relstorage": False}
+
+
+def test_markdown_has_every_cell_ratio_and_size():
+    runs = [_row(1, "zeo", "/", 1, 50), _row(1, "relstorage", "/", 1, 45), _row(1, "zeo", "write", 1, 10),
+            _row(1, "relstorage", "write", 1, 5)]
+    cells, ratios = storagebench.summarize(runs, ["zeo", "relstorage"])
+    meta = {"started": "s", "command": "python -m loadtests storage", "rounds": 1, "warmup_s": 2, "duration_s": 5,
+            "server": "pyruvate", "cores": 2, "load_before": [1.0], "load_during": [2.0], "load_after": [1.5],
+            "minutes": 3.0, "variants": ["zeo", "relstorage"], "paths": ["/", "write"], "connections": [1],
+            "setup": {"zeo": {"first_blob_s": 0.5}, "relstorage": {"first_blob_s": 1.8}}}
+    sizes = {"zeo": {"documents": 40, "data_bytes": 3 * 2**20, "blob_bytes": 5 * 2**20, "total_bytes": 8 * 2**20,
+                     "what": "Data.fs + var/blobstorage"},
+             "relstorage": {"documents": 30, "data_bytes": 20 * 2**20, "blob_bytes": 5 * 2**20,
+                            "total_bytes": 25 * 2**20, "what": "pg_database_size + blob cache"}}
+    text = storagebench.to_markdown(meta, cells, ratios, sizes)
+    assert "| / | 1 | 50.0 (50.0–50.0) | 45.0 (45.0–45.0) |" in text
+    assert "| / | 1 | 0.90 (0.90–0.90) |" in text and "| write | 1 | 0.50 (0.50–0.50) |" in text
+    assert "relstorage yes" in text
+    assert "| relstorage | 30 | 20.0 | 5.0 | 25.0 | pg_database_size + blob cache | 1.8 |" in text
+    assert "10.0 / 50.0 ms; cpu 20.0 / 2.0" in text
+
+
+def test_plot_draws_a_panel_per_connection_count(tmp_path):
+    runs = [_row(r, v, p, n, 10 * r + n) for r in (1, 2) for v in ("zeo", "relstorage") for p in ("/", "blob")
+            for n in (1, 10)]
+    cells, _ = storagebench.summarize(runs, ["zeo", "relstorage"])
+    path = tmp_path / "storage.png"
+    storagebench.plot(cells, {"variants": ["zeo", "relstorage"], "paths": ["/", "blob"], "connections": [1, 10]},
+                      str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.environ.get("PLONEDEPLOY_STORAGEBENCH") != "1",
+                    reason="optional (3-4 min): set PLONEDEPLOY_STORAGEBENCH=1")
+def test_one_short_round_on_real_stacks(tmp_path):
+    """ZEO and RelStorage built and started side by side on ports 9750 and up, 1 round of 3 s
+    runs of /Plone and the write path at 1 connection (a POST takes 0.3-0.6 s on a busy
+    2-core machine: 1 s runs could end with none): every cell has requests and no errors,
+    the sizes are measured, the report written, and no process is left."""
+    work = os.path.join(ROOT, "var", "storagebench-test")
+    result = run([sys.executable, "-m", "loadtests", "storage", "--variants", "zeo,relstorage", "--paths",
+                  "/Plone,write", "--connections", "1", "--rounds", "1", "--duration", "3", "--warmup", "1",
+                  "--base-port", "9750", "--work-dir", work, "--out", str(tmp_path)], timeout=900, check=False)
+    print(result.stdout[-4000:], result.stderr[-2000:])
+    (folder,) = list(tmp_path.iterdir())
+    data = json.loads((folder / "report.json").read_text())
+    assert data["meta"]["problems"] == [] and result.returncode == 0
+    assert sorted((r["variant"], r["path"]) for r in data["runs"]) == [
+        ("relstorage", "/Plone"), ("relstorage", "write"), ("zeo", "/Plone"), ("zeo", "write")]
+    assert all(r["requests"] > 0 and r["errors"] == 0 for r in data["runs"]), data["runs"]
+    assert {"relstorage/zeo /Plone 1", "relstorage/zeo write 1"} == set(data["ratios"])
+    written = {r["variant"]: r["requests"] for r in data["runs"] if r["path"] == "write"}
+    for variant in ("zeo", "relstorage"):
+        # warm-up writes count too: at least the measured ones are in the folder
+        assert data["sizes"][variant]["documents"] >= written[variant]
+        assert data["sizes"][variant]["blob_bytes"] >= BLOB_SIZE  # the 5 MiB blob, in a file
+    assert data["sizes"]["relstorage"]["data_bytes"] > BLOB_SIZE  # the blob is in PostgreSQL too
+    assert (folder / "storage.png").stat().st_size > 0
+    assert data["meta"]["leftovers"] == []
+    assert not [p.info for p in psutil.process_iter(["cmdline"]) if work in " ".join(p.info["cmdline"] or [])]
+    shutil.rmtree(work)  # two builds and databases, ~250 MB; kept above when something failed
