@@ -13,7 +13,8 @@
 #            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'"),
 #            BLOBBENCH_ARGS (passed to python -m loadtests blob, e.g. BLOBBENCH_ARGS="--rounds 1 --fd-downloads 1000"),
 #            MATRIX_ARGS (passed to python -m loadtests matrix, e.g. MATRIX_ARGS="--quick" or "--resume var/reports/matrix-<ts>").
-#            STORAGE (zeo or relstorage: the config make build uses, buildout.cfg or relstorage.cfg).
+#            STORAGE (zeo or relstorage: the config make build uses, buildout.cfg or relstorage.cfg),
+#            MULTIHOST_STORAGE (zeo or relstorage: the storage make multihost deploys).
 
 PYTHON ?= python3
 # .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/pins.md)
@@ -35,6 +36,9 @@ DOWNLOAD_CACHE ?= var/download-cache
 # (relstorage.cfg: PostgreSQL in var/postgresql instead of the ZEO server; docs/storage.md),
 # e.g. make demo STORAGE=relstorage. The other targets use whatever the last build made.
 STORAGE ?= zeo
+# make multihost: zeo (inventories/multihost) or relstorage (inventories/multihost-relstorage:
+# PostgreSQL on its own host). Not STORAGE: that would build this checkout for relstorage too.
+MULTIHOST_STORAGE ?= zeo
 BUILDOUT_CFG_zeo := buildout.cfg
 BUILDOUT_CFG_relstorage := relstorage.cfg
 BUILDOUT_CFG = $(or $(BUILDOUT_CFG_$(STORAGE)),$(error STORAGE=$(STORAGE) is invalid: expected zeo or relstorage))
@@ -102,7 +106,7 @@ stop:
 	@if [ -x bin/stack ]; then bin/stack stop; fi
 
 multihost: build ansible-venv
-	$(VENV)/bin/python tests/multihost.py
+	$(VENV)/bin/python tests/multihost.py --storage $(MULTIHOST_STORAGE)
 
 blobbench:
 	$(VENV)/bin/python -m loadtests blob $(BLOBBENCH_ARGS)
