@@ -382,24 +382,11 @@ def test_loadgenerator_locust_is_the_projects():
     assert f"\nlocust=={pinned}\n" in requirements
 
 
-@pytest.mark.parametrize("bad, message", LOADGENERATOR_BAD, ids=[str(i) for i in range(len(LOADGENERATOR_BAD))])
-def test_bad_loadgenerator_variables_fail_before_any_change(tmp_path, bad, message):
-    inventory = tmp_path / "loadgenerators.yml"
-    inventory.write_text("all:\n  children:\n    loadgenerators:\n      hosts:\n        localhost:\n")
-    extra = {"plonedeploy_prefix": str(tmp_path / "srv"), **bad}
-    result = playbook("-i", "inventories/local/hosts.yml", "-i", str(inventory), "site.yml", extra=extra, timeout=300,
-                      check=False)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", output), output[-3000:]
-    assert "changed=0" in output
-    assert not (tmp_path / "srv").exists()
-
-
-@pytest.mark.parametrize("bad, message", DATABASE_BAD, ids=[str(i) for i in range(len(DATABASE_BAD))])
-def test_bad_postgresql_variables_fail_before_any_change(tmp_path, bad, message):
-    inventory = tmp_path / "databases.yml"
-    inventory.write_text("all:\n  children:\n    databases:\n      hosts:\n        localhost:\n")
+def _bad_variables_fail_in_group(tmp_path, group, bad, message):
+    """site.yml with localhost also in ``group`` and the variables ``bad`` fails in the check
+    play with ``message`` (folding ignored), changes nothing and creates no prefix."""
+    inventory = tmp_path / f"{group}.yml"
+    inventory.write_text(f"all:\n  children:\n    {group}:\n      hosts:\n        localhost:\n")
     extra = {"plonedeploy_prefix": str(tmp_path / "srv"), "postgresql_prefix": str(tmp_path / "srv"), **bad}
     result = playbook("-i", "inventories/local/hosts.yml", "-i", str(inventory), "site.yml", extra=extra, timeout=300,
                       check=False)
@@ -408,6 +395,16 @@ def test_bad_postgresql_variables_fail_before_any_change(tmp_path, bad, message)
     assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", output), output[-3000:]
     assert "changed=0" in output
     assert not (tmp_path / "srv").exists()
+
+
+@pytest.mark.parametrize("bad, message", LOADGENERATOR_BAD, ids=[str(i) for i in range(len(LOADGENERATOR_BAD))])
+def test_bad_loadgenerator_variables_fail_before_any_change(tmp_path, bad, message):
+    _bad_variables_fail_in_group(tmp_path, "loadgenerators", bad, message)
+
+
+@pytest.mark.parametrize("bad, message", DATABASE_BAD, ids=[str(i) for i in range(len(DATABASE_BAD))])
+def test_bad_postgresql_variables_fail_before_any_change(tmp_path, bad, message):
+    _bad_variables_fail_in_group(tmp_path, "databases", bad, message)
 
 
 @pytest.mark.parametrize("bad, message", BAD, ids=[next(iter(b)) + "-" + str(i) for i, (b, _) in enumerate(BAD)])
