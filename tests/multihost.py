@@ -156,8 +156,12 @@ def setup():
     # The namespaces have no route to PyPI: pip and buildout's develop step install the
     # pinned bootstrap wheels from a local folder instead.
     wheels = os.path.join(WORK, "wheels")
+    # The buildout venv's pins (the buildout role's buildout_venv_packages; a test of
+    # test_ansible.py compares them), then Locust for the load generator with its own
+    # dependencies: one resolution for both would pull packaging and platformdirs apart.
     sh(sys.executable, "-m", "pip", "download", "--quiet", "-d", wheels,
-       "pip==26.3", "setuptools==84.2.1", "wheel==0.48.0", "zc.buildout==6.0.1",
+       "-r", os.path.join(ROOT, "requirements-buildout.txt"))
+    sh(sys.executable, "-m", "pip", "download", "--quiet", "-d", wheels,
        "locust==" + importlib.metadata.version("locust"))
     sh("ip", "link", "add", BRIDGE, "type", "bridge")
     sh("ip", "addr", "add", "10.231.0.1/24", "dev", BRIDGE)
