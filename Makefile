@@ -15,7 +15,8 @@
 #            BLOBBENCH_ARGS (passed to python -m loadtests blob, e.g. BLOBBENCH_ARGS="--rounds 1 --fd-downloads 1000"),
 #            MATRIX_ARGS (passed to python -m loadtests matrix, e.g. MATRIX_ARGS="--quick" or "--resume var/reports/matrix-<ts>").
 #            STORAGEBENCH_ARGS (passed to python -m loadtests storage, e.g. STORAGEBENCH_ARGS="--rounds 1 --paths /Plone,write").
-#            STORAGE (zeo or relstorage: the config make build uses, buildout.cfg or relstorage.cfg).
+#            STORAGE (zeo or relstorage: the config make build uses, buildout.cfg or relstorage.cfg),
+#            MULTIHOST_STORAGE (zeo or relstorage: the storage make multihost deploys).
 
 PYTHON ?= python3
 # .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/pins.md)
@@ -38,6 +39,9 @@ DOWNLOAD_CACHE ?= var/download-cache
 # (relstorage.cfg: PostgreSQL in var/postgresql instead of the ZEO server; docs/storage.md),
 # e.g. make demo STORAGE=relstorage. The other targets use whatever the last build made.
 STORAGE ?= zeo
+# make multihost: zeo (inventories/multihost) or relstorage (inventories/multihost-relstorage:
+# PostgreSQL on its own host). Not STORAGE: that would build this checkout for relstorage too.
+MULTIHOST_STORAGE ?= zeo
 BUILDOUT_CFG_zeo := buildout.cfg
 BUILDOUT_CFG_relstorage := relstorage.cfg
 BUILDOUT_CFG = $(or $(BUILDOUT_CFG_$(STORAGE)),$(error STORAGE=$(STORAGE) is invalid: expected zeo or relstorage))
@@ -105,7 +109,7 @@ stop:
 	@if [ -x bin/stack ]; then bin/stack stop; fi
 
 multihost: build ansible-venv
-	$(VENV)/bin/python tests/multihost.py
+	$(VENV)/bin/python tests/multihost.py --storage $(MULTIHOST_STORAGE)
 
 blobbench:
 	$(VENV)/bin/python -m loadtests blob $(BLOBBENCH_ARGS)

@@ -1,8 +1,12 @@
 """Multi-host deployment for real: four network namespaces, sshd in each, site.yml over SSH.
 
-Usage (root; ``make multihost``)::
+Usage (root; ``make multihost``, ``make multihost MULTIHOST_STORAGE=relstorage``)::
 
-    .venv/bin/python tests/multihost.py [--keep]
+    .venv/bin/python tests/multihost.py [--keep] [--storage zeo|relstorage]
+
+``--storage relstorage`` deploys ``inventories/multihost-relstorage`` instead: PostgreSQL
+(the postgresql role) on ``pdmh-db`` (10.231.0.6) in place of the ZEO server, the clients
+RelStorage clients of it, and checks the database side (below) instead of ZEO's.
 
 What it does, and undoes at the end (also after a failure, unless ``--keep``):
 
@@ -29,6 +33,13 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
    (``python -m loadtests ab --deployed --remote-workers 2``, HAProxy's stats through an SSH
    tunnel to lb1's localhost): both servers answer, no failure, every request HAProxy logs
    comes from 10.231.0.5, which is served on the plain port while others get 301;
+   with ``--storage relstorage`` instead of ZEO's checks: PostgreSQL listens on
+   10.231.0.6:5432 only, app1's connections go from 10.231.0.3 there, the clients'
+   zope.conf has ``<relstorage>`` and no ``<zeoclient>``, the site's objects and its blob
+   are rows of the database, a login from lb1 (not a client host) with the right password
+   is refused by pg_hba.conf while the same login from app1 works, and the cron jobs (db1:
+   pg_dump with retention; app1: zodbpack, logrotate) run once the way cron runs them (the
+   dump lands, mode 0600);
 4. runs site.yml a second time (expects changed=0);
 5. tears down: supervisord of each host (which stops its programs), sshd by PID, the
    namespaces and the bridge, and the cron files.
@@ -59,13 +70,23 @@ ANSIBLE = os.path.join(ROOT, "ansible")
 WORK = "/tmp/pdmh"
 BRIDGE = "pdmh0"
 #: /etc/cron.d files of the deployment's schedules (zeo1 and app1 each write theirs).
-CRON_FILES = {"zeoserver": "plonedeploy-multihost-zeoserver", "zeoclient": "plonedeploy-multihost-zeoclient"}
-HOSTS = {  # inventory name: (namespace, address)
+CRON_FILES = {"zeoserver": "plonedeploy-multihost-zeoserver", "zeoclient": "plonedeploy-multihost-zeoclient",
+              "postgresql": "plonedeploy-multihost-postgresql"}
+#: Every host either storage deploys: inventory name -> (namespace, address).
+ALL_HOSTS = {
     "zeo1": ("pdmh-zeo", "10.231.0.2"),
+    "db1": ("pdmh-db", "10.231.0.6"),
     "app1": ("pdmh-app", "10.231.0.3"),
     "lb1": ("pdmh-lb", "10.231.0.4"),
     "lg1": ("pdmh-lg", "10.231.0.5"),
 }
+#: The storage's database host and inventory (--storage).
+STORAGES = {"zeo": ("zeo1", "inventories/multihost"),
+            "relstorage": ("db1", "inventories/multihost-relstorage")}
+STORAGE = "zeo"
+#: The hosts of this run (main() sets them for --storage).
+HOSTS = {name: ALL_HOSTS[name] for name in ("zeo1", "app1", "lb1", "lg1")}
+PG_PORT = 5432
 #: The Locust master's port on the control host (not Locust's 5557, which a local
 #: --processes run of the test suite may hold on every address).
 MASTER_PORT = 15557
@@ -135,8 +156,12 @@ def setup():
     # The namespaces have no route to PyPI: pip and buildout's develop step install the
     # pinned bootstrap wheels from a local folder instead.
     wheels = os.path.join(WORK, "wheels")
+    # The buildout venv's pins (the buildout role's buildout_venv_packages; a test of
+    # test_ansible.py compares them), then Locust for the load generator with its own
+    # dependencies: one resolution for both would pull packaging and platformdirs apart.
     sh(sys.executable, "-m", "pip", "download", "--quiet", "-d", wheels,
-       "pip==26.3", "setuptools==84.2.1", "wheel==0.48.0", "zc.buildout==6.0.1",
+       "-r", os.path.join(ROOT, "requirements-buildout.txt"))
+    sh(sys.executable, "-m", "pip", "download", "--quiet", "-d", wheels,
        "locust==" + importlib.metadata.version("locust"))
     sh("ip", "link", "add", BRIDGE, "type", "bridge")
     sh("ip", "addr", "add", "10.231.0.1/24", "dev", BRIDGE)
@@ -175,6 +200,9 @@ def setup():
             # Debian's mirrors.
             "zeoserver_cron_file": CRON_FILES["zeoserver"],
             "zeoclient_cron_file": CRON_FILES["zeoclient"],
+            "postgresql_cron_file": CRON_FILES["postgresql"],
+            # database_cron_jobs_run() runs the dump three times and expects the newest two
+            "postgresql_backup_keep": 2,
             "buildout_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
             "loadgenerator_pip_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
             "loadgenerator_master_host": "10.231.0.1",
@@ -188,7 +216,7 @@ def setup():
 
 
 def teardown():
-    for name, (ns, _address) in HOSTS.items():
+    for name, (ns, _address) in ALL_HOSTS.items():  # leftovers of a run of either storage
         config = f"{WORK}/{name}/etc/supervisord.conf"
         if os.path.exists(config):
             in_ns(ns, "supervisorctl", "-c", config, "shutdown", check=False, capture=True)
@@ -215,7 +243,7 @@ def playbook(inventory, title):
     started = time.monotonic()
     result = subprocess.run(
         [os.path.join(ANSIBLE, ".venv", "bin", "ansible-playbook"),
-         "-i", "inventories/multihost", "-i", inventory, "site.yml"],
+         "-i", STORAGES[STORAGE][1], "-i", inventory, "site.yml"],
         cwd=ANSIBLE, text=True, capture_output=True, timeout=1800,
         env=dict(os.environ, ANSIBLE_NOCOLOR="1"),
     )
@@ -292,12 +320,16 @@ def verify():
         with urllib.request.urlopen(request, timeout=60) as response:
             served = response.headers.get("X-Served-By")
         check(f"POST of {size} bytes served by {' or '.join(sorted(lane))}", served in lane, f"by {served}")
-    listening = in_ns("pdmh-zeo", "ss", "-Htln", capture=True)
-    check("ZEO listens on 10.231.0.2:8100 only", "10.231.0.2:8100" in listening
-          and "0.0.0.0:8100" not in listening and "127.0.0.1:8100" not in listening, listening.split())
-    conns = in_ns("pdmh-app", "ss", "-Htn", "state", "established", "dst", "10.231.0.2:8100", capture=True)
-    check("app1's ZEO connections: 10.231.0.3 -> 10.231.0.2:8100 over the namespace network",
-          "10.231.0.3:" in conns and "10.231.0.2:8100" in conns, conns.split())
+    if STORAGE == "zeo":
+        listening = in_ns("pdmh-zeo", "ss", "-Htln", capture=True)
+        check("ZEO listens on 10.231.0.2:8100 only", "10.231.0.2:8100" in listening
+              and "0.0.0.0:8100" not in listening and "127.0.0.1:8100" not in listening, listening.split())
+        conns = in_ns("pdmh-app", "ss", "-Htn", "state", "established", "dst", "10.231.0.2:8100", capture=True)
+        check("app1's ZEO connections: 10.231.0.3 -> 10.231.0.2:8100 over the namespace network",
+              "10.231.0.3:" in conns and "10.231.0.2:8100" in conns, conns.split())
+    else:
+        for label, passed, detail in database_checks():
+            check(label, passed, detail)
     clients = in_ns("pdmh-app", "ss", "-Htln", capture=True)
     check("clients listen on 10.231.0.3:8081, :8082, :8083 and :8079 (uploads), not on 0.0.0.0",
           all(f"10.231.0.3:{port}" in clients for port in (8081, 8082, 8083, 8079)) and "0.0.0.0:80" not in clients)
@@ -338,7 +370,8 @@ def verify():
              if "varnishd" in line and f"{WORK}/lb1/varnish/" in line}
     check("varnishd runs in its unix jail (users varnish and vcache)", users == {"varnish", "vcache"},
           sorted(users))
-    for ns, status in (("pdmh-zeo", "405"), ("pdmh-app", "200")):
+    # The storage's host is no ZEO client: its PURGE is refused.
+    for ns, status in ((HOSTS[STORAGES[STORAGE][0]][0], "405"), ("pdmh-app", "200")):
         got = in_ns(ns, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PURGE",
                     "http://10.231.0.4:6081/Plone?purge-probe", capture=True, check=False)
         check(f"PURGE from {ns} -> {status}", got == status, f"got {got}")
@@ -368,17 +401,130 @@ def verify():
     check("nothing of the deployment on this namespace's demo ports", not leaked, leaked)
     # The schedule: each job of the zeoserver's and the clients' cron file names its host's
     # prefix and runs a script the build made there.
-    for role, host, wanted in (("zeoserver", "zeo1", ("bin/zeopack", "bin/backup", "bin/snapshotbackup",
-                                                      "logrotate")),
-                               ("zeoclient", "app1", ("logrotate",))):
+    schedules = {
+        "zeo": (("zeoserver", "zeo1", ("bin/zeopack", "bin/backup", "bin/snapshotbackup", "logrotate")),
+                ("zeoclient", "app1", ("logrotate",))),
+        "relstorage": (("postgresql", "db1", ("postgresql/pg-backup",)),
+                       ("zeoclient", "app1", ("bin/zodbpack", "logrotate"))),
+    }
+    for role, host, wanted in schedules[STORAGE]:
         path = os.path.join("/etc/cron.d", CRON_FILES[role])
         text = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
         jobs = [line for line in text.splitlines() if line and not line.startswith("#") and "=" not in line.split()[0]]
         missing = [w for w in wanted if not any(w in job and f"{WORK}/{host}/" in job for job in jobs)]
         check(f"{host}: cron schedule in {path} ({len(jobs)} jobs)", jobs and not missing, f"missing {missing}")
+    if STORAGE == "relstorage":
+        for label, passed, detail in database_cron_jobs_run():
+            check(label, passed, detail)
     for label, passed, detail in ab_with_remote_workers():
         check(label, passed, detail)
     return ok
+
+
+PSQL = "/usr/lib/postgresql/15/bin/psql"
+
+
+def _superuser_sql(query):
+    """``query`` in db1's site database as the superuser (root -> postgres by peer on the
+    Unix socket, pg_ident.conf); its output (-At: values only)."""
+    return in_ns("pdmh-db", PSQL, "-X", "-At", "-h", f"{WORK}/db1/postgresql/run", "-p", str(PG_PORT),
+                 "-U", "postgres", "-d", "plone", "-c", query, capture=True, check=False).strip()
+
+
+def database_checks():
+    """PostgreSQL on db1 and the RelStorage clients on app1 (--storage relstorage).
+    Returns ``[(label, passed, detail)]``; no detail ever holds the password."""
+    results = []
+    listening = in_ns("pdmh-db", "ss", "-Htln", capture=True)
+    others = [a for a in re.findall(r"(\S+:%d)\s" % PG_PORT, listening) if a != f"10.231.0.6:{PG_PORT}"]
+    results.append((f"PostgreSQL listens on 10.231.0.6:{PG_PORT} only (not 0.0.0.0, *, 127.0.0.1)",
+                    f"10.231.0.6:{PG_PORT}" in listening and not others, others))
+    conns = in_ns("pdmh-app", "ss", "-Htn", "state", "established", "dst", f"10.231.0.6:{PG_PORT}", capture=True)
+    results.append((f"app1's database connections: 10.231.0.3 -> 10.231.0.6:{PG_PORT} over the namespace network",
+                    "10.231.0.3:" in conns, f"{len(conns.splitlines())} connections"))
+    password_file = f"{WORK}/db1/postgresql/password"
+    passfile = f"{WORK}/app1/zeoclient/var/pgpass"
+    password = open(password_file, encoding="ascii").read().strip()
+    modes = {path: oct(os.stat(path).st_mode & 0o777) for path in (password_file, passfile)}
+    results.append(("the password file on db1 and the passfile on app1 are 0600, 32 characters",
+                    set(modes.values()) == {"0o600"} and len(password) == 32
+                    and open(passfile, encoding="ascii").read().strip().endswith(":" + password), modes))
+    zope_conf = open(f"{WORK}/app1/zeoclient/parts/client1/etc/zope.conf", encoding="utf-8").read()
+    results.append(("client1's zope.conf: <relstorage> on db1 with the passfile, no password, no <zeoclient>",
+                    "<relstorage>" in zope_conf and f"host=10.231.0.6 port={PG_PORT} dbname=plone" in zope_conf
+                    and f"passfile={passfile}" in zope_conf and "<zeoclient>" not in zope_conf
+                    and password not in zope_conf, ""))
+    # The built parts (zope.conf, the tools' configs), the logs, and the playbook's output.
+    leaked = []
+    for directory in (f"{WORK}/app1/zeoclient/parts", f"{WORK}/app1/var/log", f"{WORK}/db1/var/log",
+                      f"{WORK}/app1/zeoclient/var/log"):
+        for base, _dirs, files in os.walk(directory):
+            for name in files:
+                with open(os.path.join(base, name), "rb") as fp:
+                    if password.encode() in fp.read():
+                        leaked.append(os.path.join(base, name))
+    for name in os.listdir(WORK):
+        if name.endswith(".log") and password in open(os.path.join(WORK, name), encoding="utf-8").read():
+            leaked.append(name)
+    results.append(("the password is in no part, log or playbook output", not leaked, leaked))
+    # The site lives in PostgreSQL: Zope's objects and the 5 MiB blob are rows of db1.
+    objects, blob_bytes = _superuser_sql("SELECT count(*) FROM object_state"), _superuser_sql(
+        "SELECT coalesce(sum(length(lo_get(chunk))), 0) FROM blob_chunk")
+    results.append(("the site's objects and its blob are rows of db1's database (object_state, blob_chunk)",
+                    objects.isdigit() and int(objects) > 100 and blob_bytes.isdigit()
+                    and int(blob_bytes) >= 5 * 1024 * 1024, f"{objects} objects, {blob_bytes} blob bytes"))
+    # pg_hba.conf: the right password from a host that is not a ZEO client is refused by
+    # address; the same login from app1 works (so it is the address, not the password).
+    login = [PSQL, "-X", "-At", "-c", "SELECT 1",
+             f"host=10.231.0.6 port={PG_PORT} dbname=plone user=plone passfile={passfile} connect_timeout=10"]
+    refused = subprocess.run(["ip", "netns", "exec", "pdmh-lb", *login], capture_output=True, text=True,
+                             timeout=60, check=False)
+    allowed = subprocess.run(["ip", "netns", "exec", "pdmh-app", *login], capture_output=True, text=True,
+                             timeout=60, check=False)
+    results.append(("a login from lb1 (10.231.0.4, no ZEO client) is refused by pg_hba.conf; from app1 it works",
+                    refused.returncode != 0 and 'no pg_hba.conf entry for host "10.231.0.4"' in refused.stderr
+                    and allowed.returncode == 0 and allowed.stdout.strip() == "1",
+                    f"lb1: exit {refused.returncode} {refused.stderr.strip()[-200:]}; app1: exit {allowed.returncode}"))
+    return results
+
+
+def database_cron_jobs_run():
+    """db1's pg_dump job and app1's zodbpack job, read from their /etc/cron.d files and run
+    the way cron runs them (``/bin/sh -c``, cron's environment, in the host's namespace):
+    three dumps with postgresql_backup_keep 2 leave the newest two, each mode 0600 and
+    readable by pg_restore. Returns ``[(label, passed, detail)]``."""
+    results = []
+    jobs = {}
+    for role in ("postgresql", "zeoclient"):
+        with open(os.path.join("/etc/cron.d", CRON_FILES[role]), encoding="utf-8") as fp:
+            for line in fp:
+                if line.strip() and not line.startswith("#") and "=" not in line.split()[0]:
+                    command = line.split(None, 6)[6].strip()
+                    jobs[command.split()[0].rsplit("/", 1)[-1]] = command
+    cron_env = {"SHELL": "/bin/sh", "PATH": "/usr/bin:/bin", "HOME": "/root", "LOGNAME": "root"}
+    backups = f"{WORK}/db1/backups/postgresql"
+    outputs = []
+    for ns, job, times in (("pdmh-db", "pg-backup", 3), ("pdmh-app", "zodbpack", 1)):
+        for _ in range(times):
+            time.sleep(1.1)  # the dumps are named by the second
+            started = time.monotonic()
+            result = subprocess.run(["ip", "netns", "exec", ns, "env", "-i", *(f"{k}={v}" for k, v in cron_env.items()),
+                                     "/bin/sh", "-c", jobs.get(job, "false")], cwd="/", capture_output=True,
+                                    text=True, timeout=600, check=False)
+            outputs.append((job, result.returncode, round(time.monotonic() - started, 1), result.stderr[-500:]))
+    results.append(("the cron jobs pg-backup (3 times) and zodbpack run as cron runs them, exit 0",
+                    sorted(jobs) == ["logrotate", "pg-backup", "zodbpack"] and all(o[1] == 0 for o in outputs),
+                    [o[:3] if o[1] == 0 else o for o in outputs]))
+    dumps = sorted(os.listdir(backups)) if os.path.isdir(backups) else []
+    modes = {name: oct(os.stat(os.path.join(backups, name)).st_mode & 0o777) for name in dumps}
+    listed = [subprocess.run(["/usr/lib/postgresql/15/bin/pg_restore", "--list", os.path.join(backups, name)],
+                             capture_output=True, text=True, timeout=60, check=False) for name in dumps]
+    results.append(("the dumps land in db1's backup directory, mode 0600, the newest 2 kept, pg_restore reads them",
+                    len(dumps) == 2 and all(n.startswith("plone-") and n.endswith(".dump") for n in dumps)
+                    and set(modes.values()) == {"0o600"}
+                    and all(r.returncode == 0 and "TABLE DATA public object_state" in r.stdout for r in listed),
+                    {name: (modes[name], os.path.getsize(os.path.join(backups, name))) for name in dumps}))
+    return results
 
 
 def ab_with_remote_workers():
@@ -445,7 +591,13 @@ def ab_with_remote_workers():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave namespaces and processes running")
+    parser.add_argument("--storage", choices=sorted(STORAGES), default="zeo",
+                        help="zeo: ZEO server on zeo1 (inventories/multihost); relstorage: PostgreSQL on db1 "
+                             "(inventories/multihost-relstorage)")
     args = parser.parse_args(argv)
+    global STORAGE, HOSTS
+    STORAGE = args.storage
+    HOSTS = {name: ALL_HOSTS[name] for name in (STORAGES[STORAGE][0], "app1", "lb1", "lg1")}
     if os.geteuid() != 0:
         print("multihost: must run as root (ip netns, sshd)", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ separate temporary directory that its jail's users can reach (pytest's is 0700).
 which stops every deployed process. The two PLAY RECAPs are printed (``pytest -s``) and
 written to var/ansible/recaps.txt with their wall times.
 """
+import base64
 import hashlib
 import json
 import os
@@ -25,7 +26,7 @@ import requests
 
 from conftest import ROOT, run, while_loaded
 from loadtests import haproxy_stats
-from plonedeploy.recipe import optiontables, rules, varnish
+from plonedeploy.recipe import optiontables, rules, storage, varnish
 
 pytestmark = pytest.mark.ansible
 
@@ -283,6 +284,48 @@ def test_abtest_json_is_the_stack_recipes(tmp_path):
     assert document["tls_url"] == "https://127.0.0.1:9905" and document["server_kinds"] == {"instance": "pyruvate"}
 
 
+def test_storage_rules_are_the_recipes():
+    """The zeoclient role's storage switch offers the recipe's storages and blob modes with
+    its defaults, and the filter plugin gives the recipe's DSN, DSN check and verifier."""
+    spec = _yaml("roles/zeoclient/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
+    defaults = _yaml("roles/zeoclient/defaults/main.yml")
+    assert spec["zeoclient_storage"]["choices"] == list(storage.STORAGES)
+    assert defaults["zeoclient_storage"] == storage.DEFAULT_STORAGE
+    assert spec["zeoclient_relstorage_blobs"]["choices"] == list(storage.RELSTORAGE_BLOBS)
+    assert defaults["zeoclient_relstorage_blobs"] == storage.DEFAULT_RELSTORAGE_BLOBS
+    pg_defaults = _yaml("roles/postgresql/defaults/main.yml")
+    assert storage.IDENTIFIER_RE.match(pg_defaults["postgresql_database"])
+    assert storage.IDENTIFIER_RE.match(pg_defaults["postgresql_user"])
+    env = dict(os.environ, PYTHONPATH=os.path.join(ANSIBLE, "filter_plugins"))
+    config = {"host": "10.0.0.6", "port": "5432", "database": "plone", "user": "plone", "passfile": "/srv/pgpass"}
+    out = run([os.path.join(BIN, "python"), "-c", """
+import json, sys, plonedeploy_edge
+f = plonedeploy_edge.FilterModule().filters()
+config = json.loads(sys.argv[1])
+first = f["plonedeploy_scram_verifier"]("pencil")
+print(json.dumps({
+    "dsn": f["plonedeploy_site_dsn"](config),
+    "errors": [f["plonedeploy_dsn_errors"](d) for d in ("host=a dbname=b", "host=a user=b", "host=a dbname=b password=x")],
+    "ids": [f["plonedeploy_identifier_ok"](n) for n in ("plone", "Plone", "a-b", "x" * 64)],
+    "first": first,
+    "kept": f["plonedeploy_scram_verifier"]("pencil", first),
+    "other": f["plonedeploy_scram_verifier"]("pencil2", first),
+}))""", json.dumps(config)], timeout=60, env=env).stdout
+    got = json.loads(out)
+    assert got["dsn"] == storage.site_dsn(config) == (
+        "host=10.0.0.6 port=5432 dbname=plone user=plone passfile=/srv/pgpass")
+    storage.parse_dsn(got["dsn"])  # the recipe accepts what the role builds
+    assert got["errors"][0] == [] and "(dbname is missing)" in got["errors"][1][0]
+    assert "password=***" in got["errors"][2][0] and "password=x" not in got["errors"][2][0]
+    assert got["ids"] == [True, False, False, False]
+    # the stored verifier is kept while it verifies the password (a second run changes
+    # nothing); another password gets a new verifier with a new salt
+    assert got["kept"] == got["first"] and got["other"] != got["first"]
+    iterations, salt = re.match(r"SCRAM-SHA-256\$(\d+):([^$]+)\$", got["first"]).groups()
+    assert storage.scram_verifier("pencil", base64.b64decode(salt), int(iterations)) == got["first"]
+    assert storage.scram_verifier_for("pencil2", got["first"]) != got["first"]
+
+
 BAD = [
     ({"zeoclient_clients": [{"name": "c1", "port": 18081, "wsgi_server": "tornado"}]},
      "value of wsgi_server must be one of: " + ", ".join(rules.SERVERS) + ", got: tornado"),
@@ -326,6 +369,27 @@ BAD = [
     ({"varnish_cookie_allowlist": ["__ac", "a.b"]}, "varnish_cookie_allowlist names are letters"),
     ({"haproxy_tls_bind": ""}, "haproxy_cache needs haproxy_tls_bind"),
     ({"haproxy_tls_redirect_exempt": ["anyone"]}, "haproxy_tls_redirect_exempt a list of CIDR networks"),
+    # the storage switch: the recipe's values (storage.py), its DSN rule through the filter plugin
+    ({"zeoclient_storage": "s3"}, "value of zeoclient_storage must be one of: zeo, relstorage, got: s3"),
+    ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_blobs": "nfs"},
+     "value of zeoclient_relstorage_blobs must be one of: database, shared-directory, got: nfs"),
+    ({"zeoclient_storage": "relstorage"}, "zeoclient_storage = relstorage needs a database: a host in group 'databases'"),
+    ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_dsn": "host=db1 dbname=plone password=Sekr1t"},
+     "zeoclient_relstorage_dsn: 'host=db1 dbname=plone password=***' is invalid: expected libpq key=value pairs"),
+    ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_dsn": "host=db1 user=plone"}, "(dbname is missing)"),
+]
+
+#: The postgresql role's checks: localhost joins the databases group (below).
+DATABASE_BAD = [
+    ({"postgresql_address": "0.0.0.0:5432"}, "postgresql_address = 0.0.0.0:5432 is invalid"),
+    ({"postgresql_address": "*:5432"}, "postgresql_address = *:5432 is invalid"),
+    ({"postgresql_address": "10.0.0.2"}, "expected host:port with a port 1-65535"),
+    ({"postgresql_database": "Plone-Site"}, "postgresql_database = 'Plone-Site' / postgresql_user = 'plone' is invalid"),
+    ({"postgresql_user": "1st"}, "expected a lower-case identifier such as plone"),
+    ({"postgresql_backup_keep": 0}, "postgresql_backup_keep must be >= 1"),
+    ({"postgresql_cron_file": "pg.dump"}, "postgresql_cron_file empty or letters"),
+    ({"postgresql_client_networks": ["everyone"]}, "postgresql_client_networks addresses or CIDRs"),
+    ({"postgresql_process_manager": "runit"}, "value of postgresql_process_manager must be one of: supervisor, systemd"),
 ]
 
 #: The loadgenerator role's checks: localhost joins the loadgenerators group (below).
@@ -340,7 +404,8 @@ LOADGENERATOR_BAD = [
 def test_systemd_units_verify(tmp_path):
     """process_manager_kind: systemd, as far as a machine without systemd allows: the unit
     the process_manager role writes, rendered by Ansible's template module for HAProxy (with
-    its reload signal), a ZEO client, varnish and a Locust worker, passes
+    its reload signal), a ZEO client, varnish, a Locust worker and PostgreSQL (User=,
+    KillSignal=SIGINT) passes
     ``systemd-analyze verify`` (syntax, known directives, executable ExecStart)."""
     varnish_dir = tmp_path / "varnish"
     varnish_dir.mkdir()
@@ -356,6 +421,9 @@ def test_systemd_units_verify(tmp_path):
                                                 os.path.join(ROOT, "loadtests", "locustfile.py"), "--worker",
                                                 "--master-host", "10.0.0.1"],
          "signal": "", "directory": str(tmp_path)},
+        # the postgresql role's: as its own user, stopped by SIGINT (fast shutdown)
+        {"name": "postgresql", "command": ["/usr/lib/postgresql/15/bin/postgres", "-D", str(tmp_path / "data")],
+         "signal": "", "directory": str(tmp_path), "user": "postgres", "stop": "INT"},
     ]
     book = tmp_path / "units.yml"
     book.write_text(json.dumps([{
@@ -369,6 +437,8 @@ def test_systemd_units_verify(tmp_path):
                      "process_manager_program_command": "{{ item.command }}",
                      "process_manager_program_directory": "{{ item.directory }}",
                      "process_manager_program_reload_signal": "{{ item.signal }}",
+                     "process_manager_program_user": "{{ item.user | default('') }}",
+                     "process_manager_program_stop_signal": "{{ item.stop | default('TERM') }}",
                      "process_manager_stop_timeout": 30},
             "loop": programs}]}]))
     playbook(str(book), extra={}, timeout=120)
@@ -377,6 +447,9 @@ def test_systemd_units_verify(tmp_path):
     haproxy_unit = (tmp_path / "plonedeploy-haproxy.service").read_text()
     assert "ExecReload=/bin/kill -USR2 $MAINPID" in haproxy_unit
     assert "ExecReload" not in (tmp_path / "plonedeploy-client1.service").read_text()
+    postgresql_unit = (tmp_path / "plonedeploy-postgresql.service").read_text()
+    assert "User=postgres\n" in postgresql_unit and "KillSignal=SIGINT\n" in postgresql_unit
+    assert "User=" not in haproxy_unit and "KillSignal" not in haproxy_unit
     result = run(["systemd-analyze", "verify", *units], timeout=60, check=False)
     # An unknown directive is only a warning ("Unknown key ..., ignoring"), exit status 0.
     assert result.returncode == 0 and "ignoring" not in result.stderr, result.stdout + result.stderr
@@ -390,11 +463,12 @@ def test_loadgenerator_locust_is_the_projects():
     assert f"\nlocust=={pinned}\n" in requirements
 
 
-@pytest.mark.parametrize("bad, message", LOADGENERATOR_BAD, ids=[str(i) for i in range(len(LOADGENERATOR_BAD))])
-def test_bad_loadgenerator_variables_fail_before_any_change(tmp_path, bad, message):
-    inventory = tmp_path / "loadgenerators.yml"
-    inventory.write_text("all:\n  children:\n    loadgenerators:\n      hosts:\n        localhost:\n")
-    extra = {"plonedeploy_prefix": str(tmp_path / "srv"), **bad}
+def _bad_variables_fail_in_group(tmp_path, group, bad, message):
+    """site.yml with localhost also in ``group`` and the variables ``bad`` fails in the check
+    play with ``message`` (folding ignored), changes nothing and creates no prefix."""
+    inventory = tmp_path / f"{group}.yml"
+    inventory.write_text(f"all:\n  children:\n    {group}:\n      hosts:\n        localhost:\n")
+    extra = {"plonedeploy_prefix": str(tmp_path / "srv"), "postgresql_prefix": str(tmp_path / "srv"), **bad}
     result = playbook("-i", "inventories/local/hosts.yml", "-i", str(inventory), "site.yml", extra=extra, timeout=300,
                       check=False)
     output = result.stdout + result.stderr
@@ -402,6 +476,16 @@ def test_bad_loadgenerator_variables_fail_before_any_change(tmp_path, bad, messa
     assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", output), output[-3000:]
     assert "changed=0" in output
     assert not (tmp_path / "srv").exists()
+
+
+@pytest.mark.parametrize("bad, message", LOADGENERATOR_BAD, ids=[str(i) for i in range(len(LOADGENERATOR_BAD))])
+def test_bad_loadgenerator_variables_fail_before_any_change(tmp_path, bad, message):
+    _bad_variables_fail_in_group(tmp_path, "loadgenerators", bad, message)
+
+
+@pytest.mark.parametrize("bad, message", DATABASE_BAD, ids=[str(i) for i in range(len(DATABASE_BAD))])
+def test_bad_postgresql_variables_fail_before_any_change(tmp_path, bad, message):
+    _bad_variables_fail_in_group(tmp_path, "databases", bad, message)
 
 
 @pytest.mark.parametrize("bad, message", BAD, ids=[next(iter(b)) + "-" + str(i) for i, (b, _) in enumerate(BAD)])
@@ -414,6 +498,7 @@ def test_bad_variables_fail_before_any_change(tmp_path, bad, message):
     # the message may be folded over lines by the YAML callback
     assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", output), output[-3000:]
     assert "changed=0" in output
+    assert "Sekr1t" not in output  # a password in a refused DSN is never repeated
     assert not prefix.exists()
 
 

@@ -32,6 +32,21 @@ And the ZEO clients' rules of ``recipes/.../rules.py`` (the recipe's ``instance`
   balance, run_dir)``: the content of ``abtest.json`` (a dict; servers are dicts with
   ``name`` and ``wsgi_server``), ``rules.ab_contract``: the same document the stack recipe
   writes into ``stack.json`` for the A/B tool.
+
+And the storage rules of ``recipes/.../storage.py`` (the recipe's ``instance`` and
+``postgresql`` parts apply the same functions; the zeoclient and postgresql roles):
+
+- ``dsn | plonedeploy_dsn_errors``: list of messages (empty when ``dsn``, a libpq
+  key=value string, is one the recipe's ``relstorage-dsn`` accepts: ``dbname``, no
+  ``password``, known keywords); the messages never repeat a password.
+- ``{host, port, database, user, passfile} | plonedeploy_site_dsn``: the site role's DSN
+  (str, with the passfile, no password), as the recipe's ``[postgresql]`` part builds it.
+- ``name | plonedeploy_identifier_ok``: True when ``name`` is a database/role name the kit
+  accepts (lower-case identifier, at most 63 characters).
+- ``password | plonedeploy_scram_verifier(current)``: PostgreSQL's SCRAM-SHA-256 verifier
+  (str) of ``password``; ``current`` (the stored ``rolpassword``, or empty) is returned
+  unchanged when it already verifies ``password``, so a second run changes nothing.
+  Raises an error for a password that is not printable ASCII.
 """
 import os
 import sys
@@ -41,7 +56,7 @@ _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pa
 if _SRC not in sys.path:
     sys.path.insert(0, os.path.normpath(_SRC))
 
-from plonedeploy.recipe import edge, rules, tls  # noqa: E402  (after the path above)
+from plonedeploy.recipe import edge, rules, storage, tls  # noqa: E402  (after the path above)
 
 
 def body_limit_errors(page_servers, upload_servers, max_body_size, upload_threshold):
@@ -78,6 +93,14 @@ def threads_errors(clients):
     return errors
 
 
+def dsn_errors(dsn):
+    try:
+        storage.parse_dsn(str(dsn))
+    except ValueError as exc:
+        return [f"{storage.redact_dsn(str(dsn))!r} is invalid: expected {exc}"]
+    return []
+
+
 class FilterModule:
     """plonedeploy's edge filters (see the module docstring)."""
 
@@ -93,4 +116,9 @@ class FilterModule:
             "plonedeploy_client_threads": client_threads,
             "plonedeploy_fd_limit_needed": lambda maxconn, servers: rules.fd_limit_needed(int(maxconn), servers),
             "plonedeploy_ab_contract": rules.ab_contract,
+            "plonedeploy_dsn_errors": dsn_errors,
+            "plonedeploy_site_dsn": storage.site_dsn,
+            "plonedeploy_identifier_ok": lambda name: bool(storage.IDENTIFIER_RE.match(str(name))),
+            "plonedeploy_scram_verifier": lambda password, current="": storage.scram_verifier_for(
+                str(password), str(current or "")),
         }

@@ -14,6 +14,8 @@ import tempfile
 import jinja2
 import zc.buildout
 
+from plonedeploy.recipe import storage as _storage
+
 # The server and thread rules live in rules.py (plain Python, which Ansible imports too);
 # re-exported here for the recipes and tools that import them from options.
 from plonedeploy.recipe.rules import (  # noqa: E402,F401
@@ -30,22 +32,16 @@ BLOB_FILTER = "blobsendfile"
 METRICS_FILTER = "metrics"
 METRICS_EGG = "prometheus-client"
 
-#: ``storage`` values of the ``instance`` recipe: a ZEO client, or a RelStorage client of
-#: PostgreSQL (docs/storage.md).
-STORAGES = ("zeo", "relstorage")
-DEFAULT_STORAGE = "zeo"
+# The storage rules (storages, blob modes, DSN keywords) live in storage.py, plain Python
+# that Ansible imports too; re-exported here for the recipes that import them from options.
+from plonedeploy.recipe.storage import (  # noqa: E402,F401
+    DEFAULT_RELSTORAGE_BLOBS, DEFAULT_STORAGE, DSN_KEYWORDS, RELSTORAGE_BLOBS, STORAGES, redact_dsn)
 #: Eggs a client with ``storage = relstorage`` needs. psycopg2-binary, not psycopg2: the
 #: same module (``import psycopg2``, which RelStorage's PostgreSQL adapter loads) as a
 #: manylinux wheel with its own libpq, so no host needs gcc, libpq-dev or a compile step;
 #: PyPI publishes psycopg2 itself as an sdist only. (RelStorage's ``postgresql`` extra
 #: would ask for psycopg2, hence the eggs are named here instead.)
 RELSTORAGE_EGGS = ("RelStorage", "psycopg2-binary")
-#: ``relstorage-blobs`` values mapped to RelStorage's ``shared-blob-dir``: ``database``
-#: keeps blobs in PostgreSQL and ``relstorage-blob-dir`` is each client's own cache of them;
-#: ``shared-directory`` keeps them in a directory every client mounts (the database holds
-#: no blob data then).
-RELSTORAGE_BLOBS = {"database": "false", "shared-directory": "true"}
-DEFAULT_RELSTORAGE_BLOBS = "database"
 
 #: HAProxy ``balance`` algorithms that make sense for a pool of ZEO clients.
 BALANCE_ALGORITHMS = ("leastconn", "roundrobin", "static-rr", "first", "random", "source")
@@ -259,67 +255,18 @@ def insert_pool_size(zope_conf, pool_size):
     return f"{zope_conf[:end]}\n    pool-size {pool_size}{zope_conf[end:]}"
 
 
-#: libpq connection keywords a ``relstorage-dsn`` may use (PostgreSQL 15,
-#: "Parameter Key Words"); ``password`` is left out on purpose.
-DSN_KEYWORDS = frozenset("""
-    host hostaddr port dbname user passfile channel_binding connect_timeout client_encoding
-    options application_name fallback_application_name keepalives keepalives_idle
-    keepalives_interval keepalives_count tcp_user_timeout sslmode requiressl sslcompression
-    sslcert sslkey sslpassword sslrootcert sslcrl sslcrldir sslsni requirepeer
-    ssl_min_protocol_version ssl_max_protocol_version krbsrvname gsslib service
-    target_session_attrs
-""".split())
-
-_DSN_PAIR_RE = re.compile(r"\s*([A-Za-z_]+)\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']+)\s*")
-
-
-def redact_dsn(text):
-    """``text`` with every password in it replaced by ``***`` (for error messages).
-
-    Covers ``password=...`` pairs (quoted or not) and the ``user:password@`` of a URI.
-    """
-    text = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", text or "")
-    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
-
-
 def parse_dsn(part, option, value):
     """Parse a libpq keyword/value DSN (``host=127.0.0.1 port=5432 dbname=plone``) to a dict.
 
-    Values may be single-quoted (``passfile='/a b/pgpass'``; quotes are kept out of the
-    result). Refused, with ``zc.buildout.UserError`` naming part and option: an empty value,
-    URI form (``postgresql://...``), unknown keywords, a keyword given twice, no ``dbname``,
-    ``$`` (ZConfig would substitute it in zope.conf), and ``password``: zope.conf is a
-    readable file, so the password belongs in a 0600 ``passfile`` (libpq's ``.pgpass``
-    format). The message never repeats a password (:func:`redact_dsn`).
+    The rules are :func:`plonedeploy.recipe.storage.parse_dsn` (no password, no URI, known
+    keywords once each, ``dbname`` required, no ``$``); here a refused value raises
+    ``zc.buildout.UserError`` naming part and option. The message never repeats a
+    password (:func:`redact_dsn`).
     """
-    allowed = ("libpq key=value pairs such as 'host=127.0.0.1 port=5432 dbname=plone user=plone "
-               "passfile=/path/pgpass'")
-    shown = redact_dsn(value)
-    text = (value or "").strip()
-    if not text or "://" in text:
-        fail(part, option, shown, allowed)
-    if "$" in text:
-        fail(part, option, shown, allowed + " without '$' (ZConfig substitutes it in zope.conf)")
-    pairs, position = {}, 0
-    while position < len(text):
-        match = _DSN_PAIR_RE.match(text, position)
-        if not match:
-            fail(part, option, shown, allowed)
-        key, raw = match.group(1), match.group(2)
-        if key == "password":
-            fail(part, option, shown, allowed + " without password (zope.conf is world-readable: "
-                 "put it into a 0600 passfile and name that with passfile=)")
-        if key not in DSN_KEYWORDS:
-            fail(part, option, shown, allowed + f" ({key!r} is not a libpq keyword)")
-        if key in pairs:
-            fail(part, option, shown, allowed + f" ({key!r} given twice)")
-        if raw.startswith("'"):
-            raw = re.sub(r"\\(.)", r"\1", raw[1:-1])
-        pairs[key] = raw
-        position = match.end()
-    if "dbname" not in pairs:
-        fail(part, option, shown, allowed + " (dbname is missing)")
-    return pairs
+    try:
+        return _storage.parse_dsn(value)
+    except ValueError as exc:
+        fail(part, option, redact_dsn(value), str(exc))
 
 
 def relstorage_lines(dsn, blobs, blob_dir):

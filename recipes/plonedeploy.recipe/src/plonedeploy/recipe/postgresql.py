@@ -78,9 +78,6 @@ kills its child with SIGKILL two seconds later. So the wrapper drops privileges 
 Errors: ``zc.buildout.UserError`` at build time naming part, option and what is allowed;
 ``PostgresError`` at run time with the command's output (which never contains the password).
 """
-import base64
-import hashlib
-import hmac
 import ipaddress
 import json
 import os
@@ -97,12 +94,10 @@ import zc.buildout
 
 from plonedeploy.recipe.options import fail, parse_http_address
 from plonedeploy.recipe.optiontables import POSTGRESQL, DeclaredOptions
-
-_IDENTIFIER_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# The DSN and the verifier are storage.py's (Ansible's postgresql role uses them too).
+from plonedeploy.recipe.storage import IDENTIFIER_RE, scram_verifier, site_dsn  # noqa: F401
 #: The kernel's limit for a Unix socket path (sun_path) minus its terminating NUL.
 _SOCKET_PATH_MAX = 107
-#: SCRAM-SHA-256 iterations, PostgreSQL's default (scram_iterations).
-_SCRAM_ITERATIONS = 4096
 
 
 class Recipe:
@@ -124,7 +119,7 @@ class Recipe:
         host = "127.0.0.1" if host == "localhost" else host.strip("[]")
         for key in ("database", "user"):
             value = opts.setdefault(key).strip()
-            if not _IDENTIFIER_RE.match(value):
+            if not IDENTIFIER_RE.match(value):
                 fail(name, key, value, "a lower-case identifier such as plone ([a-z_][a-z0-9_]*)")
         bin_dir = opts.setdefault("bin-directory")
         run_as = opts.setdefault("run-as").strip()
@@ -195,32 +190,6 @@ class Recipe:
 
 class PostgresError(Exception):
     """Initialising or running the cluster failed; the message says what and why."""
-
-
-def site_dsn(config, database=None):
-    """The libpq DSN of the site role over TCP, with the passfile and no password; for
-    ``database`` (default the site's own)."""
-    return (f"host={config['host']} port={config['port']} dbname={database or config['database']} "
-            f"user={config['user']} passfile={config['passfile']}")
-
-
-def scram_verifier(password, salt=None, iterations=_SCRAM_ITERATIONS):
-    """Return PostgreSQL's SCRAM-SHA-256 verifier of ``password`` (RFC 5802/7677).
-
-    ``CREATE ROLE ... PASSWORD '<verifier>'`` stores it as is, so the server, its log and
-    its statement text never see the password. ``salt``: 16 random bytes unless given
-    (bytes). ``password`` must need no SASLprep (ASCII without control characters; the
-    generated ones are URL-safe base64). Raises ValueError otherwise.
-    """
-    if not password or not password.isascii() or not password.isprintable():
-        raise ValueError("the password must be printable ASCII")
-    salt = salt if salt is not None else os.urandom(16)
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode("ascii"), salt, iterations)
-    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
-    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
-    stored_key = hashlib.sha256(client_key).digest()
-    b64 = lambda data: base64.b64encode(data).decode("ascii")  # noqa: E731
-    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
 def server_user(config):
