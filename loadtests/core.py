@@ -188,14 +188,58 @@ def stack_pids(config):
     return procs
 
 
-def haproxy_maxconn(config):
-    """``maxconn`` (int) of the site's frontend in the stack's HAProxy config
-    (``haproxy_config`` of stack.json), or None when the frontend sets none. Raises
-    OSError when the config cannot be read."""
-    with open(config["haproxy_config"], encoding="utf-8") as fp:
-        text = fp.read()
-    found = re.search(r"^frontend\s+plone\b.*?^\s+maxconn\s+(\d+)", text, re.MULTILINE | re.DOTALL)
-    return int(found.group(1)) if found else None
+def frontend_maxconn(config):
+    """Connections (int) the site's HAProxy frontend holds at once (``frontend_maxconn`` of
+    stack.json), or None when the contract does not say (the Ansible role's abtest.json)."""
+    return config.get("frontend_maxconn")
+
+
+def client_facts(config, part):
+    """``{"server", "threads", "url", "blob_sendfile", "metrics_url"}`` of the stack's ZEO
+    client ``part`` (``clients`` of stack.json: wsgi-server, threads = its HAProxy maxconn
+    in the page lane, base URL ``http://host:port``, whether the blobsendfile filter is
+    on, Prometheus URL or None). Raises NotReady when stack.json has no such client (an
+    older build: run bin/buildout again)."""
+    try:
+        return config["clients"][part]
+    except KeyError:
+        raise NotReady(f"stack.json describes no client {part!r}: run bin/buildout again (make build)") from None
+
+
+def client_urls(config, parts=None):
+    """``{client part: base URL without trailing /}`` for ``parts`` (default: the pool's
+    ``servers``), in that order. Raises NotReady as :func:`client_facts`."""
+    return {part: client_facts(config, part)["url"] for part in (config["servers"] if parts is None else parts)}
+
+
+def zeo_server(config):
+    """``(ZEO address "host:port", blob directory)`` of the stack, for tools that build more
+    ZEO clients of it (``zeo_address``/``blob_storage`` of stack.json). Raises NotReady for
+    a stack without a ZEO server (RelStorage) or an older stack.json."""
+    if not config.get("zeo_address") or not config.get("blob_storage"):
+        raise NotReady("stack.json names no ZEO server and blob directory (a RelStorage stack, or "
+                       "built before they were recorded: run bin/buildout again)")
+    return config["zeo_address"], config["blob_storage"]
+
+
+def render_haproxy(config, **changes):
+    """Text of an HAProxy config for a variant of the stack: the project's template
+    (``haproxy_template`` of stack.json, haproxy/haproxy.cfg.j2) rendered with the variables
+    the stack's HAProxy was rendered with (``haproxy_context``), each key of ``changes``
+    replacing one (``balance="roundrobin"``, ``bind="127.0.0.1:8090"``, ``servers=[{"name",
+    "host", "port", "maxconn", "wsgi_server"}]``, ...). Raises NotReady when stack.json has no
+    ``haproxy_context`` (an older build, or the Ansible role's abtest.json), KeyError for a
+    key the template does not use."""
+    from plonedeploy.recipe.options import render_template
+
+    context = config.get("haproxy_context")
+    if not context or not config.get("haproxy_template"):
+        raise NotReady("stack.json has no haproxy_context: run bin/buildout again (make build); "
+                       "the Ansible role's abtest.json describes no HAProxy to vary")
+    unknown = sorted(set(changes) - set(context))
+    if unknown:
+        raise KeyError(f"not a variable of {config['haproxy_template']}: {', '.join(unknown)}")
+    return render_template(config["haproxy_template"], {**context, **changes})
 
 
 def wait_backend_idle(config, timeout=120.0):

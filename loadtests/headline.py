@@ -39,7 +39,7 @@ import numpy as np
 import psutil
 
 from loadtests import offclients
-from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, check_servers_up,
+from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, check_servers_up, client_urls,
                             default_buildout_config, exits_2_when_not_ready, load_stack, markdown_table,
                             new_figure, report_folder, require_wrk, run_wrk, save_figure, write_report)
 
@@ -77,7 +77,6 @@ def targets(config):
     (the frontend); ``clients`` ``{server: client part}``. Raises LookupError naming what is
     missing."""
     kinds = config["server_kinds"]
-    ready = {p["name"]: p["ready"]["http"].rstrip("/") for p in config["processes"] if p["name"] in kinds}
     clients = {}
     for server in SERVERS:
         names = [n for n in config["servers"] if kinds.get(n) == server]
@@ -85,7 +84,7 @@ def targets(config):
             raise LookupError(f"no {server} client in the HAProxy pool ({kinds}): headline compares "
                               f"{' and '.join(SERVERS)}")
         clients[server] = names[0]
-    urls = {server: ready[name] for server, name in clients.items()}
+    urls = {server: url for server, url in zip(clients, client_urls(config, clients.values()).values())}
     urls["haproxy"] = config["frontend_url"].rstrip("/")
     return urls, clients
 

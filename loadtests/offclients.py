@@ -8,7 +8,6 @@ the filter. The ``-off`` clients are parts ``<client>-off`` (``<= <client>``,
 in front of them; they share the stack's ZEO server and blob storage. Started and stopped
 by PID with plonedeploy.recipe.stack's helpers, like bin/stack does.
 """
-import configparser
 import os
 
 import psutil
@@ -16,18 +15,6 @@ import psutil
 from loadtests import extrabuild
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def pipeline_has_filter(part, work_dir):
-    """True if ``parts/<part>/etc/wsgi.ini`` (of the stack, else of ``work_dir``) runs the
-    blobsendfile filter. Raises FileNotFoundError when neither has that part."""
-    for base in (os.path.join(ROOT, "parts"), os.path.join(work_dir, "parts")):
-        path = os.path.join(base, part, "etc", "wsgi.ini")
-        if os.path.exists(path):
-            ini = configparser.ConfigParser(interpolation=None)
-            ini.read(path)
-            return "blobsendfile" in ini["pipeline:main"]["pipeline"].split()
-    raise FileNotFoundError(f"no wsgi.ini for part {part}")
 
 
 def ports(client_urls, pool_size):

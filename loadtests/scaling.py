@@ -10,7 +10,7 @@ Builds ``--build`` (a buildout with one pyruvate ZEO client part ``s<threads>_<i
 threads value and client number, all ZEO clients of the stack's zeoserver, ports
 ``--port`` + 10 x (index of the threads value) + i) unless built. Then, per threads value:
 starts clients 1..max one after another, and for each client count n (rounds alternate
-the order: 1..N, then N..1) renders the project's haproxy/haproxy.cfg.j2 for clients
+the order: 1..N, then N..1) renders the project's haproxy/haproxy.cfg.j2 with the stack's variables for clients
 1..n (leastconn, maxconn = threads) into a temporary HAProxy on ``--port`` + 90/91,
 warms up for 3 s, and runs wrk with ``--connections`` keep-alive connections on
 ``--path`` for ``--duration`` seconds. The clients are stopped after their threads value.
@@ -28,10 +28,8 @@ Traffic goes only to 127.0.0.1.
 import argparse
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 
@@ -42,9 +40,7 @@ from loadtests import haproxy_stats, serverbuild
 from loadtests.balancers import BalancerError, TemporaryBalancer
 from loadtests.core import (add_run_arguments, cpu_seconds, exits_2_when_not_ready, fetch_stats, load_stack,
                             machine_busy_seconds, markdown_table, new_figure, parse_counts, report_folder,
-                            require_wrk, run_wrk, save_figure, stack_pids, write_report)
-from plonedeploy.recipe import edge, tls
-from plonedeploy.recipe.options import render_template
+                            require_wrk, run_wrk, save_figure, stack_pids, write_report, zeo_server)
 
 ROOT = serverbuild.ROOT
 BACKEND = "zeoclients"
@@ -92,47 +88,18 @@ def client_ports(args):
 
 def build(args, config):
     """Write and run the clients' buildout in ``args.build``; raise RuntimeError on failure."""
-    zeo = next(p for p in config["processes"] if "tcp" in p["ready"])
-    zeo_address = "%s:%s" % tuple(zeo["ready"]["tcp"])
+    zeo_address, blob_storage = zeo_server(config)
     directory = pathlib.Path(args.build)
     directory.mkdir(parents=True, exist_ok=True)
     parts = [f"s{t}_{n}" for (t, n) in client_ports(args)]
     text = serverbuild.HEAD.format(root=ROOT, parts=" ".join(parts), zeo_address=zeo_address,
-                                   blob_storage=os.path.join(ROOT, "var", "blobstorage"))
+                                   blob_storage=blob_storage)
     text += "".join(PART.format(threads=t, number=n, port=p) for (t, n), p in client_ports(args).items())
     (directory / "buildout.cfg").write_text(text)
     result = subprocess.run([serverbuild.BUILDOUT, "-c", str(directory / "buildout.cfg")], cwd=directory,
                             capture_output=True, text=True, timeout=900, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"bin/buildout in {directory} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-
-
-class ScalingBalancer(TemporaryBalancer):
-    """A temporary HAProxy rendered from the project's template for clients 1..n."""
-
-    def __init__(self, binary, directory, frontend_port, servers):
-        super().__init__(binary, None, "leastconn", directory, frontend_port)
-        self.servers = servers  # [{"name", "host", "port", "maxconn", "wsgi_server"}]
-        # The runtime API socket path must stay under 98 bytes: a short directory of its own.
-        self.run_directory = tempfile.mkdtemp(prefix="pd-scaling-")
-
-    def stop(self, timeout=10.0):
-        super().stop(timeout)
-        shutil.rmtree(self.run_directory, ignore_errors=True)
-
-    def config_text(self):
-        return render_template(os.path.join(ROOT, "haproxy", "haproxy.cfg.j2"), {
-            "part": "loadtests.scaling", "servers": self.servers,
-            "bind": f"127.0.0.1:{self.frontend_port}", "stats_bind": f"127.0.0.1:{self.stats_port}",
-            "balance": "leastconn", "health_check": "/Plone/@@ok", "timeout_queue": 60,
-            "max_body_size": 1073741824, "maxconn": 4096, "manage_networks": [],
-            # HAProxy's own sizing (2 fds per connection): no ulimit-n / strict-limits lines
-            "fd_limit": 2 * (4096 + 16) + 64,
-            "run_directory": self.run_directory,
-            # Its load comes from 127.0.0.1: not limited per source.
-            **edge.template_context(["127.0.0.1"], per_source_exempt=["127.0.0.1/32"]),
-            **tls.template_context("", "", False, 0),  # plain HTTP only
-        })
 
 
 def start_client(args, threads, number, port, log_dir):
@@ -162,10 +129,11 @@ def _start(directory, part, log_path):
 
 
 def measure(args, config, wrk, balancer_dir, threads, count, clients, ports, binary):
-    """One cell: temporary HAProxy over clients 1..count, warm-up, wrk; returns a dict."""
+    """One cell: temporary HAProxy over clients 1..count (the stack's own HAProxy rendered
+    with these servers, leastconn), warm-up, wrk; returns a dict."""
     servers = [{"name": f"s{threads}_{n}", "host": "127.0.0.1", "port": ports[(threads, n)],
                 "maxconn": threads, "wsgi_server": "pyruvate"} for n in range(1, count + 1)]
-    with ScalingBalancer(binary, balancer_dir, args.port + 90, servers) as balancer:
+    with TemporaryBalancer(binary, config, "leastconn", balancer_dir, args.port + 90, servers=servers) as balancer:
         balancer.start(BACKEND, [s["name"] for s in servers], timeout=60)
         url = balancer.frontend_url + args.path
         # warm-up: fills the caches of every client

@@ -29,8 +29,8 @@ import psutil
 import requests
 
 from loadtests import serverbuild
-from loadtests.core import (ROOT, add_run_arguments, cpu_seconds, exits_2_when_not_ready, load_stack,
-                            machine_busy_seconds, require_wrk, run_wrk, stack_pids)
+from loadtests.core import (ROOT, add_run_arguments, client_urls, cpu_seconds, exits_2_when_not_ready,
+                            load_stack, machine_busy_seconds, require_wrk, run_wrk, stack_pids, zeo_server)
 
 
 def wrk_row(summary):
@@ -101,18 +101,15 @@ def main(argv=None):
     if "zeoserver" not in stack or "instance" not in stack:
         print("servers_wrk: the stack's zeoserver and instance must run (make start)", file=sys.stderr)
         return 2
-    reference = next(p["ready"]["http"] for p in config["processes"] if p["name"] == "instance").rstrip("/")
-    zeo_port = next(p["ready"]["tcp"][1] for p in config["processes"] if p["name"] == "zeoserver")
-    client_ports = [int(p["ready"]["http"].rstrip("/").rsplit(":", 1)[1])
-                    for p in config["processes"] if p["name"] in config["server_kinds"]]
-    base_port = max(client_ports) + 1
+    reference = client_urls(config, ["instance"])["instance"]
+    zeo_address, blob_storage = zeo_server(config)
+    base_port = max(int(url.rsplit(":", 1)[1]) for url in client_urls(config).values()) + 1
 
     build = args.build
     os.makedirs(build, exist_ok=True)
     if not all(os.path.exists(os.path.join(build, "bin", f"c_{s}")) for s in servers):
         print(f"building {build} ...", flush=True)
-        result = serverbuild.build(pathlib.Path(build), base_port,
-                                   f"127.0.0.1:{zeo_port}", os.path.join(ROOT, "var", "blobstorage"))
+        result = serverbuild.build(pathlib.Path(build), base_port, zeo_address, blob_storage)
         if result.returncode != 0:
             print(result.stdout[-2000:] + result.stderr[-2000:], file=sys.stderr)
             return 2
