@@ -21,7 +21,7 @@ nothing changed) that extends the stack's own config with
 
 ``buildout:directory`` stays the checkout, so blobs, ZEO and logs are the stack's own;
 parts, bin and .installed.cfg live under ``var/abslots``. :class:`Slots` starts and stops
-the pair a round needs with the stack recipe's own start/stop helpers, by PID.
+the pair a round needs with :mod:`loadtests.extrabuild`'s start/stop, by PID.
 """
 import os
 import time
@@ -94,51 +94,40 @@ def pair_config(server_a, server_b):
 class Slots:
     """The running slot clients; ``ensure(server_a, server_b)`` makes exactly that pair run.
 
-    Uses plonedeploy.recipe.stack's ``start_stage``/``stop_process`` (pidfiles in
-    ``var/abslots/run``, logs in the stack's ``var/log``). Use as a context manager: on exit
-    every slot client this object started is stopped by PID.
+    Started and stopped by :func:`loadtests.extrabuild.start`/``stop`` (pidfiles in
+    ``var/abslots/run``, logs in ``log_dir``). Use as a context manager: on exit every slot
+    client this object started is stopped by PID.
     """
 
     def __init__(self, ports, log_dir, timeout=300):
-        from plonedeploy.recipe import stack as runtime
-
-        self.runtime, self.ports, self.timeout = runtime, ports, timeout
-        self.config = {"run_dir": os.path.join(WORK_DIR, "run"), "log_dir": log_dir}
-        self.running = {}  # slot -> server
-
-    def _proc(self, slot, server):
-        name = part(slot, server)
-        return {"name": name, "argv": [os.path.join(WORK_DIR, "bin", name), "console"],
-                "ready": {"http": f"http://127.0.0.1:{self.ports[slot]}/"}}
+        self.timeout = timeout
+        self.config = extrabuild.run_config(WORK_DIR, [
+            extrabuild.client_process(WORK_DIR, part(slot, server), f"http://127.0.0.1:{ports[slot]}")
+            for slot in SLOTS for server in SERVERS], log_dir=log_dir)
+        self.running = {}  # slot -> (server, psutil.Process)
 
     def ensure(self, server_a, server_b):
         """Stop the slot clients not wanted, start the missing ones (together); return the
-        seconds spent. Raises plonedeploy.recipe.stack.StackError if one does not start."""
+        seconds spent. Raises plonedeploy.recipe.stack.StackError if one does not start
+        (the other one started with it is stopped again)."""
         started = time.monotonic()
         wanted = {"a": server_a, "b": server_b}
-        for slot, server in list(self.running.items()):
-            if wanted[slot] != server:
-                self.runtime.stop_process(self.config, part(slot, server), 60)
-                del self.running[slot]
+        unwanted = [slot for slot, (server, _) in self.running.items() if wanted[slot] != server]
+        extrabuild.stop(self.config, [part(slot, self.running.pop(slot)[0]) for slot in unwanted], 60)
         missing = [slot for slot in SLOTS if slot not in self.running]
-        try:
-            self.runtime.start_stage(self.config, [self._proc(s, wanted[s]) for s in missing], self.timeout)
-        finally:
-            # What did start must be stopped later even if its partner failed.
-            for slot in missing:
-                if self.runtime.read_pid(self.config, part(slot, wanted[slot])):
-                    self.running[slot] = wanted[slot]
+        procs = extrabuild.start(self.config, [part(s, wanted[s]) for s in missing], self.timeout)
+        for slot in missing:
+            self.running[slot] = (wanted[slot], procs[part(slot, wanted[slot])])
         return time.monotonic() - started
 
     def pids(self):
         """``{part name: PID}`` of the running slot clients."""
-        return {part(s, v): self.runtime.read_pid(self.config, part(s, v)) for s, v in self.running.items()}
+        return {part(slot, server): proc.pid for slot, (server, proc) in self.running.items()}
 
     def stop(self):
         """Stop every running slot client by PID."""
-        for slot, server in list(self.running.items()):
-            self.runtime.stop_process(self.config, part(slot, server), 60)
-            del self.running[slot]
+        extrabuild.stop(self.config, [part(slot, server) for slot, (server, _) in self.running.items()], 60)
+        self.running.clear()
 
     def __enter__(self):
         return self

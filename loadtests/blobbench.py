@@ -50,7 +50,7 @@ from datetime import datetime, timezone
 
 import psutil
 
-from loadtests import offclients
+from loadtests import extrabuild, offclients
 from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, client_facts, client_urls, cpu_seconds,
                             default_buildout_config, exits_2_when_not_ready, load_stack, machine_busy_seconds,
                             new_figure, own_cpu_seconds, parse_counts, require_wrk, run_wrk, save_figure,
@@ -431,7 +431,7 @@ def main(argv=None):
     try:
         if off_clients:
             offclients.build(WORK_DIR, args.buildout_config, off_clients, ports, off_haproxy, "loadtests.blobbench")
-            procs.update(offclients.start(off_config))
+            procs.update(extrabuild.start(off_config))
         reference = reference_blob()
         for name in order:
             found = check_variant(variants[name], reference)
@@ -479,7 +479,7 @@ def main(argv=None):
         print(f"blobbench: {exc}", file=sys.stderr, flush=True)
     finally:
         if off_clients and not args.keep_off_clients:
-            offclients.stop(off_config)
+            extrabuild.stop(off_config)
 
     meta = {
         "started": started.isoformat(timespec="seconds"),

@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 import numpy as np
 import psutil
 
-from loadtests import offclients
+from loadtests import extrabuild, offclients
 from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, check_servers_up, client_urls,
                             default_buildout_config, exits_2_when_not_ready, load_stack, markdown_table,
                             new_figure, report_folder, require_wrk, run_wrk, save_figure, write_report)
@@ -249,7 +249,7 @@ def main(argv=None):
             offclients.build(WORK_DIR, args.buildout_config or default_buildout_config(), names, ports,
                              tool="loadtests.headline")
             off_config = offclients.stack_config(WORK_DIR, names, ports)
-            offclients.start(off_config)
+            extrabuild.start(off_config)
             for server in SERVERS:
                 urls[f"{server}-off"] = f"http://127.0.0.1:{ports[clients[server]]}"
         todo = plan(args.rounds, not args.no_off)
@@ -271,7 +271,7 @@ def main(argv=None):
         print(f"headline: {exc}", file=sys.stderr, flush=True)
     finally:
         if off_config:
-            offclients.stop(off_config)
+            extrabuild.stop(off_config)
     cells, ratios = summarize(runs)
     meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "command": " ".join(
                 ["python -m loadtests headline", *(argv if argv is not None else sys.argv[1:])]),

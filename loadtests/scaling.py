@@ -27,32 +27,20 @@ Traffic goes only to 127.0.0.1.
 """
 import argparse
 import os
-import pathlib
-import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 
 import psutil
-import requests
 
-from loadtests import haproxy_stats, serverbuild
+from loadtests import extrabuild, haproxy_stats, serverbuild
 from loadtests.balancers import BalancerError, TemporaryBalancer
 from loadtests.core import (add_run_arguments, cpu_seconds, exits_2_when_not_ready, fetch_stats, load_stack,
                             machine_busy_seconds, markdown_table, new_figure, parse_counts, report_folder,
                             require_wrk, run_wrk, save_figure, stack_pids, write_report, zeo_server)
+from plonedeploy.recipe.stack import StackError
 
 ROOT = serverbuild.ROOT
 BACKEND = "zeoclients"
-
-PART = """
-[s{threads}_{number}]
-<= client
-wsgi-server = pyruvate
-threads = {threads}
-http-address = 127.0.0.1:{port}
-"""
-
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m loadtests scaling", description=__doc__.split("\n")[0])
@@ -87,45 +75,11 @@ def client_ports(args):
 
 
 def build(args, config):
-    """Write and run the clients' buildout in ``args.build``; raise RuntimeError on failure."""
+    """Build the clients' parts (pyruvate, ``threads = t``) in ``args.build``
+    (:func:`loadtests.serverbuild.build_parts`); raise RuntimeError on failure."""
     zeo_address, blob_storage = zeo_server(config)
-    directory = pathlib.Path(args.build)
-    directory.mkdir(parents=True, exist_ok=True)
-    parts = [f"s{t}_{n}" for (t, n) in client_ports(args)]
-    text = serverbuild.HEAD.format(root=ROOT, parts=" ".join(parts), zeo_address=zeo_address,
-                                   blob_storage=blob_storage)
-    text += "".join(PART.format(threads=t, number=n, port=p) for (t, n), p in client_ports(args).items())
-    (directory / "buildout.cfg").write_text(text)
-    result = subprocess.run([serverbuild.BUILDOUT, "-c", str(directory / "buildout.cfg")], cwd=directory,
-                            capture_output=True, text=True, timeout=900, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"bin/buildout in {directory} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-
-
-def start_client(args, threads, number, port, log_dir):
-    """Start client s<threads>_<number>; wait until ``GET /`` answers. Returns the Popen."""
-    name = f"s{threads}_{number}"
-    proc = _start(args.build, name, os.path.join(log_dir, f"{name}.log"))
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with status {proc.returncode}; see {log_dir}/{name}.log")
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/", timeout=2).status_code == 200:
-                return proc
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    serverbuild.stop(proc)
-    raise RuntimeError(f"{name} not answering on port {port} after 180 s")
-
-
-def _start(directory, part, log_path):
-    """``bin/<part> console`` in its own process group (as bin/stack starts clients)."""
-    directory = os.path.abspath(directory)
-    with open(log_path, "w") as out:
-        return subprocess.Popen([os.path.join(directory, "bin", part), "console"], cwd=directory,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    parts = [(f"s{t}_{n}", "pyruvate", port, t) for (t, n), port in client_ports(args).items()]
+    serverbuild.build_parts(args.build, parts, zeo_address, blob_storage, timeout=900)
 
 
 def measure(args, config, wrk, balancer_dir, threads, count, clients, ports, binary):
@@ -139,7 +93,7 @@ def measure(args, config, wrk, balancer_dir, threads, count, clients, ports, bin
         # warm-up: fills the caches of every client
         run_wrk(url, max(2, count * threads), 3, threads=2, timeout=60, wrk=wrk)
         before = haproxy_stats.fetch(balancer.stats_url)
-        procs = {**stack_pids(config), **{f"s{threads}_{n}": psutil.Process(clients[n].pid)
+        procs = {**stack_pids(config), **{f"s{threads}_{n}": clients[n]
                                           for n in range(1, count + 1)}}
         cpu_before, busy_before = cpu_seconds(procs), machine_busy_seconds()
         summary = run_wrk(url, args.connections, args.duration, threads=2, timeout=60, wrk=wrk)
@@ -231,10 +185,13 @@ def main(argv=None):
           flush=True)
     ports, cells, done = client_ports(args), [], 0
     for threads in args.threads:
+        # Clients 1..max of this threads value, one after another (each its own stage).
+        processes = serverbuild.run_config(args.build, [(f"s{threads}_{n}", ports[(threads, n)])
+                                                        for n in range(1, max(args.clients) + 1)])
         clients = {}
         try:
-            for number in range(1, max(args.clients) + 1):
-                clients[number] = start_client(args, threads, number, ports[(threads, number)], folder)
+            started_procs = extrabuild.start(processes, timeout=180)
+            clients = {n: started_procs[f"s{threads}_{n}"] for n in range(1, max(args.clients) + 1)}
             for round_number in range(args.rounds):
                 order = args.clients if round_number % 2 == 0 else list(reversed(args.clients))
                 for count in order:
@@ -246,12 +203,11 @@ def main(argv=None):
                     print(f"[{done}/{cells_total}] threads {threads}, {count} client(s): {cell['rps']} req/s, "
                           f"p99 {cell['p99_s']} s, errors {cell['socket_errors'] + cell['non_2xx']}, "
                           f"foreign CPU {cell['foreign_percent']} %", flush=True)
-        except (RuntimeError, BalancerError) as exc:
+        except (RuntimeError, BalancerError, StackError) as exc:
             print(exc, file=sys.stderr)
             return 2
         finally:
-            for proc in clients.values():
-                serverbuild.stop(proc)
+            extrabuild.stop(processes)
     rows = summarise(cells)
     meta = {"started": started.isoformat(timespec="seconds"), "path": args.path,
             "connections": args.connections, "duration_s": args.duration, "rounds": args.rounds,

@@ -46,3 +46,43 @@ def test_build_failure_raises_with_tail(tmp_path, monkeypatch):
     message = str(exc.value)
     assert message.startswith(f"A/B slot buildout {tmp_path / 'work' / 'buildout.cfg'} failed")
     assert "buildout.log" in message and "out -c" in message and "err" in message
+
+
+def test_start_and_stop_by_pid_through_the_stack_runtime(tmp_path):
+    """A real process (Python's http.server on a port of this worktree's range) started and
+    stopped by the one path every extra build uses: pidfile, log, readiness, SIGTERM."""
+    import sys
+    import urllib.request
+
+    import psutil
+
+    port = 9987
+    proc = {"name": "web", "argv": [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+            "ready": {"http": f"http://127.0.0.1:{port}/"}, "stage": 0}
+    config = extrabuild.run_config(str(tmp_path), [proc])
+    started = extrabuild.start(config)
+    try:
+        assert set(started) == {"web"} and started["web"].is_running()
+        assert (tmp_path / "run" / "web.pid").read_text().split()[0] == str(started["web"].pid)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        extrabuild.stop(config)
+    assert not started["web"].is_running() or started["web"].status() == psutil.STATUS_ZOMBIE
+    assert not (tmp_path / "run" / "web.pid").exists()
+    assert "GET / HTTP" in (tmp_path / "log" / "web.stdout.log").read_text()
+
+
+def test_start_failure_stops_what_it_started_and_names_the_process(tmp_path):
+    import sys
+
+    from plonedeploy.recipe.stack import StackError
+
+    procs = [{"name": "ok", "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
+              "ready": {"tcp": ["127.0.0.1", 9988]}, "stage": 0},
+             {"name": "dies", "argv": [sys.executable, "-c", "raise SystemExit(3)"],
+              "ready": {"tcp": ["127.0.0.1", 9989]}, "stage": 0}]
+    config = extrabuild.run_config(str(tmp_path), procs)
+    with pytest.raises(StackError, match="dies"):
+        extrabuild.start(config, timeout=20)
+    assert not list((tmp_path / "run").glob("*.pid"))  # "ok" was stopped again
