@@ -384,16 +384,11 @@ def run_deployed(args, config, directory):
     return 0 if totals["failures"] == 0 and code == 0 else 1
 
 
-def haproxy_argv(config):
-    """``(binary, config path)`` of the deployed HAProxy, from its argv in stack.json.
-
-    Returns None when the stack config names no HAProxy process (the Ansible role's
-    ``abtest.json`` describes only the frontend and stats URLs).
-    """
-    for proc in config.get("processes", []):
-        if proc["argv"][-2:-1] == ["-f"] and os.path.exists(proc["argv"][-1]):
-            return proc["argv"][0], proc["argv"][-1]
-    return None
+def can_vary(config):
+    """True when ``config`` describes the deployed HAProxy well enough to run variants of
+    it (``haproxy_context`` of a buildout's stack.json); the Ansible role's ``abtest.json``
+    describes only the frontend and stats URLs."""
+    return bool(config.get("haproxy_context") and config.get("haproxy_template"))
 
 
 def run_modes(args, config, directory, modes):
@@ -403,7 +398,7 @@ def run_modes(args, config, directory, modes):
     machine noise hits every mode alike. Each run's full single-mode report goes to
     ``<directory>/<mode>-r<round>/``; the per-mode report to ``<directory>/``.
     """
-    binary, deployed_config = haproxy_argv(config)
+    binary = config["haproxy_binary"]
     total_s = args.duration * len(modes) * args.rounds
     print(f"A/B run per balance mode: {', '.join(modes)}; {args.rounds} round(s) x {args.duration} s "
           f"per mode (about {total_s // 60} min {total_s % 60} s of load), {args.users} users, "
@@ -416,7 +411,7 @@ def run_modes(args, config, directory, modes):
         for mode in modes:
             name = f"{balancers.slug(mode)}-r{round_no}"
             run_dir = os.path.join(directory, name)
-            balancer = balancers.TemporaryBalancer(binary, deployed_config, mode, run_dir, args.balancer_port)
+            balancer = balancers.TemporaryBalancer(binary, config, mode, run_dir, args.balancer_port)
             with balancer:
                 try:
                     balancer.start(config["backend"], config["servers"])
@@ -535,8 +530,7 @@ def run_rounds(args, config, directory):
     Writes each run's single report into ``<directory>/<kind>-r<round>/`` and the verdict
     report (``loadtests.abstats``) into ``<directory>/``.
     """
-    binary, _ = haproxy_argv(config)
-    haproxy_name = next(p["name"] for p in config["processes"] if p["argv"][:1] == [binary])
+    binary, haproxy_name = config["haproxy_binary"], config["haproxy_context"]["part"]
     frontend_port = urlsplit(config["frontend_url"]).port
     if args.balancer_port is None:
         args.balancer_port = frontend_port + 10
@@ -552,7 +546,7 @@ def run_rounds(args, config, directory):
           + (f"; A/A control on {args.control_server}" if args.control else "")
           + (f"; calibration: A frozen {args.calibrate:g}% of the time" if args.calibrate is not None else ""),
           flush=True)
-    took = abslots.build(args.buildout_config, config["servers"][0], haproxy_name, ports)
+    took = abslots.build(args.buildout_config, config["servers"][0], haproxy_name, config["part"], ports)
     print(f"slot buildout {abslots.WORK_DIR}/buildout.cfg: {took:.0f} s", flush=True)
     runs, worst = [], 0
     with abslots.Slots(ports, config["log_dir"]) as slots:
@@ -565,7 +559,7 @@ def run_rounds(args, config, directory):
             names = {"a": abslots.part("a", server_a), "b": abslots.part("b", server_b)}
             roles = {"A": names[slot_a], "B": names["b" if slot_a == "a" else "a"]}
             kinds = {names["a"]: server_a, names["b"]: server_b}
-            balancer = balancers.TemporaryBalancer(binary, abslots.haproxy_config_path(server_a, server_b),
+            balancer = balancers.TemporaryBalancer(binary, abslots.pair_config(server_a, server_b),
                                                    config.get("balance", "leastconn"), run_dir,
                                                    args.balancer_port)
             pids = slots.pids()
@@ -736,14 +730,15 @@ def main(argv=None):
     modes = args.balance or [config.get("balance")]
     deployed_only = modes == [config.get("balance")]
     rounds = deployed_only and not args.deployed and not args.balance
-    if rounds and haproxy_argv(config) is None:
+    if rounds and not can_vary(config):
         # The Ansible role's abtest.json describes only URLs: no parts to derive slots from.
-        print(f"abtest: {args.stack_config} names no HAProxy process started with -f: no slots can be "
-              "built from it; running once through the deployed HAProxy (as --deployed)", flush=True)
+        print(f"abtest: {args.stack_config} has no haproxy_context (the deployed HAProxy's template "
+              "variables): no slots can be built from it; running once through the deployed HAProxy "
+              "(as --deployed)", flush=True)
         rounds = False
-    if not deployed_only and haproxy_argv(config) is None:
-        print(f"abtest: --balance needs the deployed HAProxy's config file, and {args.stack_config} "
-              "names no HAProxy process started with -f (run it with a buildout's parts/stack/stack.json)",
+    if not deployed_only and not can_vary(config):
+        print(f"abtest: --balance needs the deployed HAProxy's template variables (haproxy_context), and "
+              f"{args.stack_config} has none (run it with a buildout's parts/stack/stack.json)",
               file=sys.stderr)
         return 2
     started = datetime.now(timezone.utc)

@@ -1,31 +1,38 @@
-"""Temporary HAProxys, one per balance mode, in front of the stack's running ZEO clients.
+"""Temporary HAProxys in front of running ZEO clients: one per balance mode, A/B pair or
+client count.
 
 The deployed HAProxy's ``balance`` cannot be changed at runtime, so ``loadtests.abtest
---balance MODE,...`` starts, for each mode, a copy of the deployed configuration
-(``parts/haproxy/haproxy.cfg``, rendered by plonedeploy.recipe:haproxy) that differs only
-in four lines, each of which must appear exactly once:
+--balance MODE,...`` (and the A/B rounds, and ``scaling``) start a variant of it: the
+project's template (haproxy/haproxy.cfg.j2) rendered with the variables the deployed one
+was rendered with (``haproxy_context`` of stack.json, :func:`loadtests.core.render_haproxy`)
+and these changed:
 
-- ``balance <algorithm>`` in the backend -> the mode;
-- ``bind`` of ``frontend plone`` and of ``listen stats`` -> two other 127.0.0.1 ports;
-- ``stats socket`` (the runtime API socket in var/run) -> removed, so the copy never
-  replaces the deployed HAProxy's socket file; an HTTPS ``bind ... ssl`` line (``tls-bind``)
-  and the cache tier's ``frontend cache_fill`` are removed too.
+- ``balance`` -> the mode;
+- ``bind`` and ``stats_bind`` -> two other 127.0.0.1 ports;
+- ``run_directory`` (the runtime API socket) -> a temporary directory of its own, so the
+  variant never replaces the deployed HAProxy's socket file;
+- no HTTPS listener and no cache tier (their listeners are the deployed HAProxy's);
+- optionally ``servers`` (the A/B slot pair, scaling's 1..n clients) and any other variable.
 
-Everything else (servers, maxconn = threads, health checks, queue timeout, retries,
-request limits, ``X-Served-By``) is the deployed file byte for byte. The copy is checked
-with ``haproxy -c``, started in the foreground (``-db``) in its own session, and stopped
-by its PID (SIGTERM, SIGKILL after a timeout).
+Everything else (maxconn = threads, health checks, queue timeout, retries, request
+limits, ``X-Served-By``) is what the deployed HAProxy runs. The variant is checked with
+``haproxy -c``, started in the foreground (``-db``) in its own session, and stopped by its
+PID (SIGTERM, SIGKILL after a timeout).
 """
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 import psutil
 
 from loadtests import haproxy_stats
+from loadtests.core import render_haproxy
+from plonedeploy.recipe import tls
 
 #: Balance modes the A/B comparison offers, in HAProxy 2.6 syntax.
 #: Not offered: ``source`` (every Locust request comes from 127.0.0.1, so one server gets
@@ -74,40 +81,6 @@ def slug(mode):
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", mode).strip("-")
 
 
-def _replace_once(text, pattern, replacement, what):
-    new, count = re.subn(pattern, replacement, text, flags=re.MULTILINE)
-    if count != 1:
-        raise BalancerError(f"expected exactly one {what} in the deployed HAProxy config, found {count}")
-    return new
-
-
-def derive_config(text, mode, frontend_port, stats_port):
-    """Return the deployed config ``text`` rewritten for ``mode`` on the given ports.
-
-    Raises BalancerError if one of the four rewritten lines is not found exactly once
-    (the template changed: this function must follow it).
-    """
-    text = _replace_once(text, r"^(\s*)balance\s+\S+\s*$", rf"\g<1>balance {mode}", "'balance' line")
-    text = _replace_once(
-        text, r"^(frontend\s+plone\s*\n(?:[ \t]+.*\n|\s*\n)*?\s*bind\s+)\S+:\d+",
-        rf"\g<1>127.0.0.1:{frontend_port}", "frontend 'bind' line")
-    # The cache tier's fill listener (haproxy part option cache) is the deployed HAProxy's;
-    # the copy's plain frontend never sends anything to the cache.
-    text = re.sub(r"^frontend\s+cache_fill\s*\n(?:[ \t]+.*\n|[ \t]*\n)*",
-                  "# frontend cache_fill: left out, the deployed HAProxy owns its listener\n\n",
-                  text, flags=re.MULTILINE)
-    text = _replace_once(
-        text, r"^(listen\s+stats\s*\n(?:[ \t]+.*\n|\s*\n)*?\s*bind\s+)\S+:\d+",
-        rf"\g<1>127.0.0.1:{stats_port}", "stats 'bind' line")
-    # The HTTPS listener (tls-bind) is the deployed HAProxy's: the copy serves plain HTTP only.
-    text = re.sub(r"^(\s*)bind (\S+) ssl .*$", r"\g<1># bind \2 ssl: left out, the deployed HAProxy owns it",
-                  text, flags=re.MULTILINE)
-    text = _replace_once(
-        text, r"^(\s*)stats socket .*$",
-        r"\g<1># stats socket: left out, the deployed HAProxy owns it", "'stats socket' line")
-    return f"# Temporary copy for loadtests.abtest: balance {mode}.\n{text}"
-
-
 def queue_waits(log_path, backend):
     """Count the requests of ``backend`` in an HAProxy ``option httplog`` log that queued.
 
@@ -140,26 +113,41 @@ def port_free(port, host="127.0.0.1"):
 class TemporaryBalancer:
     """One temporary HAProxy for ``mode``; use as a context manager (stops it by PID).
 
-    ``binary`` and ``deployed_config`` are the deployed HAProxy's (stack.json's argv);
-    ``directory`` receives ``haproxy.cfg`` and ``haproxy.log``; ``frontend_port`` and
-    ``frontend_port + 1`` (stats) must be free. Attributes once started: ``pid``,
-    ``process`` (psutil), ``frontend_url``, ``stats_url``.
+    ``binary``: the haproxy binary; ``config``: the stack.json dict (or one of the same
+    shape) whose ``haproxy_template`` and ``haproxy_context`` it renders (see the module
+    docstring); ``directory`` receives ``haproxy.cfg`` and ``haproxy.log``;
+    ``frontend_port`` and ``frontend_port + 1`` (stats) must be free; ``changes``: further
+    template variables to replace (``servers=[...]``, ``maxconn=...``). Attributes once
+    started: ``pid``, ``process`` (psutil), ``frontend_url``, ``stats_url``.
     """
 
-    def __init__(self, binary, deployed_config, mode, directory, frontend_port):
-        self.binary, self.mode, self.directory = binary, mode, directory
-        self.deployed_config = deployed_config
+    def __init__(self, binary, config, mode, directory, frontend_port, **changes):
+        self.binary, self.config, self.mode, self.directory = binary, config, mode, directory
+        self.changes = changes
         self.frontend_port, self.stats_port = frontend_port, frontend_port + 1
         self.frontend_url = f"http://127.0.0.1:{self.frontend_port}"
         self.stats_url = f"http://127.0.0.1:{self.stats_port}/stats;csv"
         self.config_path = os.path.join(directory, "haproxy.cfg")
         self.log_path = os.path.join(directory, "haproxy.log")
         self.child = self.pid = self.process = None
+        self.run_directory = None
 
     def config_text(self):
-        """The config to run: the deployed one with this mode and these ports."""
-        with open(self.deployed_config, encoding="utf-8") as fp:
-            return derive_config(fp.read(), self.mode, self.frontend_port, self.stats_port)
+        """The config to run: the deployed one's variables with this mode, these ports, its
+        own socket directory, no TLS and no cache tier, and ``changes``."""
+        if self.run_directory is None:
+            # The runtime API socket path must stay under 108 bytes: a short directory.
+            self.run_directory = tempfile.mkdtemp(prefix="pd-lb-")
+        part = self.config["haproxy_context"]["part"]
+        return render_haproxy(self.config, **{
+            "part": f"{part} (temporary copy for loadtests: balance {self.mode})",
+            "balance": self.mode,
+            "bind": self.frontend_url.split("//")[1],
+            "stats_bind": f"127.0.0.1:{self.stats_port}",
+            "run_directory": self.run_directory,
+            **tls.template_context("", "", False, 0),
+            "cache_server": "", "cache_fill_bind": "",
+            **self.changes})
 
     def write_config(self):
         """Write and ``haproxy -c`` :meth:`config_text`; raise BalancerError with HAProxy's message."""
@@ -212,17 +200,21 @@ class TemporaryBalancer:
                             f"{states or 'stats not answering'}")
 
     def stop(self, timeout=10.0):
-        """SIGTERM the HAProxy (its process group), SIGKILL after ``timeout`` s; idempotent."""
-        if self.child is None or self.child.poll() is not None:
-            return
+        """SIGTERM the HAProxy (its process group), SIGKILL after ``timeout`` s, and remove
+        its socket directory; idempotent."""
         try:
-            os.killpg(self.pid, signal.SIGTERM)
-            self.child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.pid, signal.SIGKILL)
-            self.child.wait(10)
-        except ProcessLookupError:
-            self.child.wait(10)
+            if self.child is not None and self.child.poll() is None:
+                try:
+                    os.killpg(self.pid, signal.SIGTERM)
+                    self.child.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.pid, signal.SIGKILL)
+                    self.child.wait(10)
+                except ProcessLookupError:
+                    self.child.wait(10)
+        finally:
+            if self.run_directory:
+                shutil.rmtree(self.run_directory, ignore_errors=True)
 
     def __enter__(self):
         return self

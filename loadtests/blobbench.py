@@ -50,8 +50,8 @@ from datetime import datetime, timezone
 
 import psutil
 
-from loadtests import offclients
-from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, cpu_seconds,
+from loadtests import extrabuild, offclients
+from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, client_facts, client_urls, cpu_seconds,
                             default_buildout_config, exits_2_when_not_ready, load_stack, machine_busy_seconds,
                             new_figure, own_cpu_seconds, parse_counts, require_wrk, run_wrk, save_figure,
                             stack_pids, wait_for_quiet)
@@ -385,7 +385,7 @@ def main(argv=None):
     config = load_stack(args.stack_config)
     clients = config["servers"]
     kinds = config["server_kinds"]
-    urls = {p["name"]: p["ready"]["http"].rstrip("/") for p in config["processes"] if p["name"] in kinds}
+    urls = client_urls(config)
     procs = stack_pids(config)
     if any(c not in procs for c in clients):
         print("blobbench: the stack is not running: make start", file=sys.stderr)
@@ -393,36 +393,35 @@ def main(argv=None):
     from plonedeploy.recipe import stack as stack_runtime  # its StackError
 
     wanted_off = [v for v in args.variants if v.endswith("-off")]
-    haproxy_part = next(p for p in config["processes"] if p["ready"].get("http") == config["stats_url"])
+    haproxy_name = config["haproxy_context"]["part"]
     off_clients = [c for c in clients if f"{kinds[c]}-off" in wanted_off or "haproxy-off" in wanted_off]
     ports = offclients.ports({c: urls[c] for c in clients}, len(clients))
     off_haproxy = None
     if "haproxy-off" in wanted_off:
         first = max(ports.values()) + 1
-        off_haproxy = (haproxy_part["name"], first, first + 1)
-    off_config = offclients.stack_config(WORK_DIR, off_clients, ports, off_haproxy, haproxy_part["argv"][0])
+        off_haproxy = (haproxy_name, first, first + 1)
+    off_config = offclients.stack_config(WORK_DIR, off_clients, ports, off_haproxy, config["haproxy_binary"])
     run_dir = config["run_dir"]
 
     variants = {}
     for client in clients:
-        on = offclients.pipeline_has_filter(client, WORK_DIR)
-        if not on:
+        if not client_facts(config, client)["blob_sendfile"]:
             print(f"blobbench: {client} is built with blob-sendfile = off; the -on variant needs it on",
                   file=sys.stderr)
             return 2
         variants[f"{kinds[client]}-on"] = Variant(f"{kinds[client]}-on", client, kinds[client], True, urls[client],
                                                   [os.path.join(run_dir, f"{client}.pid")])
     variants["haproxy-on"] = Variant(
-        "haproxy-on", haproxy_part["name"], "haproxy", True, config["frontend_url"],
-        [os.path.join(run_dir, f"{n}.pid") for n in [haproxy_part["name"]] + clients])
+        "haproxy-on", haproxy_name, "haproxy", True, config["frontend_url"],
+        [os.path.join(run_dir, f"{n}.pid") for n in [haproxy_name] + clients])
     for client in off_clients:
         variants[f"{kinds[client]}-off"] = Variant(
             f"{kinds[client]}-off", f"{client}-off", kinds[client], False, f"http://127.0.0.1:{ports[client]}",
             [os.path.join(off_config["run_dir"], f"{client}-off.pid")])
     if off_haproxy:
         variants["haproxy-off"] = Variant(
-            "haproxy-off", f"{haproxy_part['name']}-off", "haproxy", False, f"http://127.0.0.1:{off_haproxy[1]}",
-            [os.path.join(off_config["run_dir"], f"{n}-off.pid") for n in [haproxy_part["name"]] + off_clients])
+            "haproxy-off", f"{haproxy_name}-off", "haproxy", False, f"http://127.0.0.1:{off_haproxy[1]}",
+            [os.path.join(off_config["run_dir"], f"{n}-off.pid") for n in [haproxy_name] + off_clients])
     order = [v for v in args.variants if v in variants]
 
     started = datetime.now(timezone.utc)
@@ -432,7 +431,7 @@ def main(argv=None):
     try:
         if off_clients:
             offclients.build(WORK_DIR, args.buildout_config, off_clients, ports, off_haproxy, "loadtests.blobbench")
-            procs.update(offclients.start(off_config))
+            procs.update(extrabuild.start(off_config))
         reference = reference_blob()
         for name in order:
             found = check_variant(variants[name], reference)
@@ -480,7 +479,7 @@ def main(argv=None):
         print(f"blobbench: {exc}", file=sys.stderr, flush=True)
     finally:
         if off_clients and not args.keep_off_clients:
-            offclients.stop(off_config)
+            extrabuild.stop(off_config)
 
     meta = {
         "started": started.isoformat(timespec="seconds"),

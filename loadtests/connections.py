@@ -29,7 +29,7 @@ import psutil
 
 from loadtests import haproxy_stats
 from loadtests.core import (PATHS, add_run_arguments, add_stack_arguments, check_servers_up, cpu_seconds,
-                            exits_2_when_not_ready, haproxy_maxconn, load_stack, machine_busy_seconds,
+                            exits_2_when_not_ready, frontend_maxconn, load_stack, machine_busy_seconds,
                             markdown_table, raise_fd_limit, report_folder, require_wrk, run_wrk, stack_pids,
                             wait_backend_idle, write_report)
 
@@ -159,7 +159,7 @@ def main(argv=None):
     wrk = require_wrk()
     config = load_stack(args.stack_config)
     check_servers_up(config)
-    maxconn = haproxy_maxconn(config)
+    maxconn = frontend_maxconn(config)
     fd_limit = raise_fd_limit(args.connections + 64)
     if fd_limit[0] < args.connections + 16:
         print(f"fd limit {fd_limit} too low for {args.connections} connections", file=sys.stderr)

@@ -194,35 +194,76 @@ def stack_pids(config):
 
 def running_zeo_server(config):
     """``"host:port"`` of the stack's running ZEO server, for the tools that build ZEO clients
-    of their own beside the stack's (matrix, servers-wrk, scaling).
+    of their own beside the stack's (matrix, servers-wrk, scaling), checked before they build
+    anything.
 
-    ``config``: stack.json's dict (:func:`load_stack`); its ``storage`` (``zeo`` or
-    ``relstorage``) and ``zeoserver`` (the process name; stack.json written before these
-    keys: ``zeoserver``). Raises NotReady, before anything is built, when the stack runs on
-    RelStorage (there is no ZEO server for such clients), when stack.json names no ZEO
-    server, or when it is not running.
+    ``config``: stack.json's dict (:func:`load_stack`). Raises NotReady as :func:`zeo_server`,
+    and when the ZEO server's process (``zeoserver`` of stack.json) is not running.
     """
+    address, _ = zeo_server(config)
+    name = config.get("zeoserver") or "zeoserver"
+    if name not in stack_pids(config):
+        raise NotReady(f"the stack's {name} is not running: make start")
+    return address
+
+
+def frontend_maxconn(config):
+    """Connections (int) the site's HAProxy frontend holds at once (``frontend_maxconn`` of
+    stack.json), or None when the contract does not say (the Ansible role's abtest.json)."""
+    return config.get("frontend_maxconn")
+
+
+def client_facts(config, part):
+    """``{"server", "threads", "url", "blob_sendfile", "metrics_url"}`` of the stack's ZEO
+    client ``part`` (``clients`` of stack.json: wsgi-server, threads = its HAProxy maxconn
+    in the page lane, base URL ``http://host:port``, whether the blobsendfile filter is
+    on, Prometheus URL or None). Raises NotReady when stack.json has no such client (an
+    older build: run bin/buildout again)."""
+    try:
+        return config["clients"][part]
+    except KeyError:
+        raise NotReady(f"stack.json describes no client {part!r}: run bin/buildout again (make build)") from None
+
+
+def client_urls(config, parts=None):
+    """``{client part: base URL without trailing /}`` for ``parts`` (default: the pool's
+    ``servers``), in that order. Raises NotReady as :func:`client_facts`."""
+    return {part: client_facts(config, part)["url"] for part in (config["servers"] if parts is None else parts)}
+
+
+def zeo_server(config):
+    """``(ZEO address "host:port", blob directory)`` of the stack, for tools that build more
+    ZEO clients of it (``zeo_address``/``blob_storage`` of stack.json). Raises NotReady for
+    a stack without a ZEO server (RelStorage: ``storage`` of stack.json) or an older
+    stack.json."""
     if config.get("storage") == "relstorage":
         raise NotReady("the stack is built for RelStorage on PostgreSQL (relstorage.cfg), and this tool "
                        "builds ZEO clients of the stack's ZEO server, which a RelStorage build does not "
                        "have: build and start the ZEO stack (make build STORAGE=zeo; make start)")
-    name = config.get("zeoserver") or "zeoserver"
-    found = [p for p in config["processes"] if p["name"] == name and "tcp" in p["ready"]]
-    if not found:
-        raise NotReady(f"stack.json names no ZEO server process {name!r}: run bin/buildout again (make build)")
-    if name not in stack_pids(config):
-        raise NotReady(f"the stack's {name} is not running: make start")
-    return "%s:%s" % tuple(found[0]["ready"]["tcp"])
+    if not config.get("zeo_address") or not config.get("blob_storage"):
+        raise NotReady("stack.json names no ZEO server and blob directory (a RelStorage stack, or "
+                       "built before they were recorded: run bin/buildout again)")
+    return config["zeo_address"], config["blob_storage"]
 
 
-def haproxy_maxconn(config):
-    """``maxconn`` (int) of the site's frontend in the stack's HAProxy config
-    (``haproxy_config`` of stack.json), or None when the frontend sets none. Raises
-    OSError when the config cannot be read."""
-    with open(config["haproxy_config"], encoding="utf-8") as fp:
-        text = fp.read()
-    found = re.search(r"^frontend\s+plone\b.*?^\s+maxconn\s+(\d+)", text, re.MULTILINE | re.DOTALL)
-    return int(found.group(1)) if found else None
+def render_haproxy(config, **changes):
+    """Text of an HAProxy config for a variant of the stack: the project's template
+    (``haproxy_template`` of stack.json, haproxy/haproxy.cfg.j2) rendered with the variables
+    the stack's HAProxy was rendered with (``haproxy_context``), each key of ``changes``
+    replacing one (``balance="roundrobin"``, ``bind="127.0.0.1:8090"``, ``servers=[{"name",
+    "host", "port", "maxconn", "wsgi_server"}]``, ...). Raises NotReady when stack.json has no
+    ``haproxy_context`` (an older build, or the Ansible role's abtest.json), KeyError for a
+    key the template does not use."""
+    from plonedeploy.recipe.options import render_template
+
+    context = config.get("haproxy_context")
+    if not context or not config.get("haproxy_template"):
+        raise NotReady("stack.json has no haproxy_context: run bin/buildout again (make build); "
+                       "the Ansible role's abtest.json describes no HAProxy to vary")
+    unknown = sorted(set(changes) - set(context))
+    if unknown:
+        raise KeyError(f"not a variable of {config['haproxy_template']}: {', '.join(unknown)}")
+    return render_template(config["haproxy_template"], {**context, **changes})
 
 
 def wait_backend_idle(config, timeout=120.0):

@@ -1,15 +1,26 @@
-"""An extra buildout beside the stack: parts derived from the deployed ones, built apart.
+"""Extra buildouts beside the stack, and the one way their processes start and stop.
 
-The config ``extends`` the one the stack was built with and keeps ``buildout:directory``
-the checkout, so ``${buildout:directory}`` (ZEO, blob storage, logs) means the stack's own;
-``.installed.cfg``, parts, bin and develop-eggs live in a work directory of their own
-(e.g. ``var/abslots``), so building it neither uninstalls nor rewrites the stack's parts.
-Used by loadtests.abslots (the A/B slot clients) and loadtests.offclients (the ``-off``
-clients).
+:func:`build` writes a config into a work directory of its own and runs the checkout's
+buildout on it (log, error with the output's tail); every tool that builds more ZEO
+clients uses it: loadtests.abslots (the A/B slot clients), loadtests.offclients (the
+``-off`` clients), loadtests.serverbuild (one client per server or per (server, threads):
+the server tests, ``servers-wrk``, ``scaling``, the matrix). :func:`config` is the text
+of the builds derived from the deployed parts: it ``extends`` the config the stack was
+built with and keeps ``buildout:directory`` the checkout, so ``${buildout:directory}``
+(ZEO, blob storage, logs) means the stack's own; ``.installed.cfg``, parts, bin and
+develop-eggs live in the work directory (e.g. ``var/abslots``), so building it neither
+uninstalls nor rewrites the stack's parts.
+
+:func:`start` and :func:`stop` run what such a build made as bin/stack runs the stack
+(plonedeploy.recipe.stack's helpers: own session, pidfile, log, readiness probe,
+SIGTERM then SIGKILL by PID), from process descriptions such as a stack.json's or
+:func:`client_process`'s.
 """
 import os
 import subprocess
 import time
+
+import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
@@ -71,3 +82,58 @@ def build(work_dir, text, label="extra buildout", timeout=900):
         raise RuntimeError(f"{label} {path} failed (whole output: {log}):\n"
                            f"{result.stdout[-TAIL:]}\n{result.stderr[-TAIL:]}")
     return took
+
+
+# ----------------------------------------------------------------------------- start and stop
+
+def client_process(work_dir, part, url, stage=0):
+    """bin/stack's description of ZEO client ``part`` of the build in ``work_dir``: started
+    as ``bin/<part> console``, ready when ``url`` (``http://host:port``) gives any HTTP
+    answer, in start stage ``stage`` (processes of one stage start together)."""
+    return {"name": part, "argv": [os.path.join(work_dir, "bin", part), "console"],
+            "ready": {"http": url.rstrip("/") + "/"}, "stage": stage}
+
+
+def run_config(work_dir, processes, stats_url=None, backend="zeoclients", servers=(), log_dir=None):
+    """The dict plonedeploy.recipe.stack's start/stop helpers take for ``processes`` (dicts
+    as :func:`client_process` returns, or a stack.json's): pidfiles in ``work_dir/run``,
+    logs in ``log_dir`` (default ``work_dir/log``); with ``stats_url`` (an HAProxy among
+    them) :func:`start` also waits until its ``backend`` has ``servers`` UP."""
+    config = {"run_dir": os.path.join(work_dir, "run"), "log_dir": log_dir or os.path.join(work_dir, "log"),
+              "processes": list(processes), "backend": backend, "servers": list(servers)}
+    if stats_url:
+        config["stats_url"] = stats_url
+    return config
+
+
+def start(config, names=None, timeout=300):
+    """Start the processes of ``config`` (:func:`run_config`) named in ``names`` (default
+    all), stage by stage as bin/stack does (each in its own session, PID in a pidfile,
+    output appended to ``<log_dir>/<name>.stdout.log``), each ready within ``timeout``
+    seconds; then, if ``config`` has a ``stats_url``, wait up to 120 s for its servers UP.
+    Processes already running (their pidfile says so) are left alone. Returns ``{name:
+    psutil.Process}`` of the named processes. Raises plonedeploy.recipe.stack.StackError
+    when one does not start or become ready, after stopping those this call started."""
+    from plonedeploy.recipe import stack as runtime
+
+    chosen = [p for p in config["processes"] if names is None or p["name"] in names]
+    try:
+        for stage in sorted({p["stage"] for p in chosen}):
+            runtime.start_stage(config, [p for p in chosen if p["stage"] == stage], timeout)
+        if config.get("stats_url"):
+            runtime.wait_up(config, 120)
+    except runtime.StackError:
+        stop(config, [p["name"] for p in chosen])
+        raise
+    return {p["name"]: psutil.Process(runtime.read_pid(config, p["name"])) for p in chosen}
+
+
+def stop(config, names=None, timeout=30.0):
+    """Stop the processes of ``config`` named in ``names`` (default all) by PID, last stage
+    first: SIGTERM to each process group, SIGKILL after ``timeout`` seconds. Those not
+    running are skipped."""
+    from plonedeploy.recipe import stack as runtime
+
+    for p in sorted(config["processes"], key=lambda p: p["stage"], reverse=True):
+        if names is None or p["name"] in names:
+            runtime.stop_process(config, p["name"], timeout)

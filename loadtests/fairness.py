@@ -46,7 +46,7 @@ import psutil
 
 from loadtests import haproxy_stats
 from loadtests.core import (add_run_arguments, add_stack_arguments, cpu_seconds, exits_2_when_not_ready,
-                            fetch_stats, haproxy_maxconn, load_stack, machine_busy_seconds, markdown_table,
+                            fetch_stats, frontend_maxconn, load_stack, machine_busy_seconds, markdown_table,
                             parse_counts, percentile, raise_fd_limit, report_folder, stack_pids,
                             wait_backend_idle, write_report)
 
@@ -375,7 +375,7 @@ def main(argv=None):
         "duration_s": args.duration,
         "timeout_s": args.timeout,
         "connect_rate_per_s": args.connect_rate,
-        "haproxy_maxconn": haproxy_maxconn(config) if not args.url else None,
+        "haproxy_maxconn": frontend_maxconn(config) if not args.url else None,
         "balance": config.get("balance"),
         "fd_limit": list(fd_limit),
         "somaxconn": int(open("/proc/sys/net/core/somaxconn").read()),

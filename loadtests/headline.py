@@ -38,11 +38,11 @@ from datetime import datetime, timezone
 import numpy as np
 import psutil
 
-from loadtests import offclients
+from loadtests import extrabuild, offclients
 from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, check_servers_up,
-                            default_buildout_config, exits_2_when_not_ready, finish_report, format_spread,
-                            load_stack, markdown_table, new_figure, report_folder, require_wrk, run_wrk,
-                            save_figure, spread, spread_bars)
+                            client_urls, default_buildout_config, exits_2_when_not_ready, finish_report,
+                            format_spread, load_stack, markdown_table, new_figure, report_folder, require_wrk,
+                            run_wrk, save_figure, spread, spread_bars)
 
 WORK_DIR = os.path.join(ROOT, "var", "headline")
 #: The servers compared directly; the recipe's A/B pair.
@@ -78,7 +78,6 @@ def targets(config):
     (the frontend); ``clients`` ``{server: client part}``. Raises LookupError naming what is
     missing."""
     kinds = config["server_kinds"]
-    ready = {p["name"]: p["ready"]["http"].rstrip("/") for p in config["processes"] if p["name"] in kinds}
     clients = {}
     for server in SERVERS:
         names = [n for n in config["servers"] if kinds.get(n) == server]
@@ -86,7 +85,7 @@ def targets(config):
             raise LookupError(f"no {server} client in the HAProxy pool ({kinds}): headline compares "
                               f"{' and '.join(SERVERS)}")
         clients[server] = names[0]
-    urls = {server: ready[name] for server, name in clients.items()}
+    urls = {server: url for server, url in zip(clients, client_urls(config, clients.values()).values())}
     urls["haproxy"] = config["frontend_url"].rstrip("/")
     return urls, clients
 
@@ -225,7 +224,7 @@ def main(argv=None):
             offclients.build(WORK_DIR, args.buildout_config or default_buildout_config(), names, ports,
                              tool="loadtests.headline")
             off_config = offclients.stack_config(WORK_DIR, names, ports)
-            offclients.start(off_config)
+            extrabuild.start(off_config)
             for server in SERVERS:
                 urls[f"{server}-off"] = f"http://127.0.0.1:{ports[clients[server]]}"
         todo = plan(args.rounds, not args.no_off)
@@ -247,7 +246,7 @@ def main(argv=None):
         print(f"headline: {exc}", file=sys.stderr, flush=True)
     finally:
         if off_config:
-            offclients.stop(off_config)
+            extrabuild.stop(off_config)
     cells, ratios = summarize(runs)
     meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "command": " ".join(
                 ["python -m loadtests headline", *(argv if argv is not None else sys.argv[1:])]),

@@ -55,11 +55,12 @@ from datetime import datetime, timezone
 
 import psutil
 
-from loadtests import matrix_plan, matrix_report, matrix_servers
+from loadtests import extrabuild, matrix_plan, matrix_report, matrix_servers
 from loadtests.core import (ROOT, STACK_JSON, exits_2_when_not_ready, load_stack, raise_fd_limit, require_wrk,
-                            run_wrk, running_zeo_server, stack_pids, wait_tree_idle)
+                            run_wrk, running_zeo_server, stack_pids, wait_tree_idle, zeo_server)
 from loadtests.matrix_measure import MATRIX_PATHS, measure
 from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED
+from plonedeploy.recipe.stack import StackError
 DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 100, 1000],
             "threads": [1, 2, 4], "sweep_at": 100, "runs": 3, "duration": 1, "max_duration": 20, "warmup": 1}
 # --quick keeps 1 s runs (CI time): its cells say whether they reached the steady state.
@@ -258,7 +259,7 @@ def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo)
     if soft < max(args.connections) + 64:
         print(f"matrix: fd limit {soft} too low for {max(args.connections)} connections", file=sys.stderr)
         return 2
-    blobs = os.path.join(ROOT, "var", "blobstorage")
+    _, blobs = zeo_server(config)
     t0 = time.monotonic()
     print(f"building {len(pairs)} parts in {args.build} ...", flush=True)
     try:
@@ -268,15 +269,10 @@ def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo)
         return 2
     print(f"built in {time.monotonic() - t0:.0f} s; starting {2 * len(pairs)} servers ...", flush=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    procs = {}
+    servers = matrix_servers.run_config(args.build, pairs, ports)
     try:
-        procs = matrix_servers.start_all(args.build, pairs)
-        urls = {}
-        for (server, threads), (zope_port, hello_port) in ports.items():
-            urls[(server, threads, "zope")] = f"http://127.0.0.1:{zope_port}/"
-            urls[(server, threads, "hello")] = f"http://127.0.0.1:{hello_port}/"
-        matrix_servers.wait_all_up(urls, procs, progress=lambda up, total: print(
-            f"  {up}/{total} servers answering ({time.monotonic() - t0:.0f} s)", flush=True))
+        procs = matrix_servers.start_all(servers, pairs)
+        print(f"  {len(procs)} servers answering ({time.monotonic() - t0:.0f} s)", flush=True)
         # The first request of each path loads its objects and templates (seconds on a
         # busy machine): one per path and client before any timing, so no warm-up starts cold.
         zope_paths = [MATRIX_PATHS[p] for p in args.paths if p != "hello"]
@@ -287,16 +283,16 @@ def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo)
         trees = {key: [p.pid for p in matrix_servers.tree(proc)] for key, proc in procs.items()}
         stack_own = [p.pid for p in stack.values()]
         return run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path)
-    except RuntimeError as exc:
-        print(f"matrix: {exc}; logs in {args.build}/var/log/", file=sys.stderr)
+    except (RuntimeError, StackError) as exc:
+        print(f"matrix: {exc}; logs in {args.build}/log/", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("matrix: interrupted; the runs measured so far are kept", file=sys.stderr)
         return 1
     finally:
-        killed = matrix_servers.stop_all(procs)
+        extrabuild.stop(servers)
         signal.signal(signal.SIGTERM, previous)
-        print(f"stopped {len(procs)} servers" + (f" ({len(killed)} killed)" if killed else ""), flush=True)
+        print(f"stopped {len(servers['processes'])} servers", flush=True)
 
 
 def run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path):
@@ -310,9 +306,8 @@ def run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path):
         port = ports[(server, threads)][1 if kind == "hello" else 0]
         base = f"http://127.0.0.1:{port}"
         key = (server, threads, kind)
-        if procs[key].poll() is not None:
-            raise RuntimeError(f"{matrix_servers.part_name(server, threads)} ({kind}) exited "
-                               f"with status {procs[key].returncode}")
+        if not procs[key].is_running() or procs[key].status() == psutil.STATUS_ZOMBIE:
+            raise RuntimeError(f"{matrix_servers.part_name(server, threads)} ({kind}) exited")
         own = stack_own + [pid for k, pids in trees.items() if k != key for pid in pids]
         try:
             if cell not in warmed and args.warmup:

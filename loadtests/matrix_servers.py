@@ -8,19 +8,17 @@ same server runner with the same ``[server:main]`` keys, started as
 ``parts/<part>/bin/interpreter -m plonedeploy.recipe.hello var/matrix/hello/<part>.ini``
 (see plonedeploy/recipe/hello.py); it never loads Zope.
 
-All processes start at once, each in its own process group, and are stopped by process
-group (SIGTERM, SIGKILL after a timeout).
+All processes start at once with :func:`loadtests.extrabuild.start` (each in its own
+process group, pidfile in ``var/matrix/run``) and are stopped by
+:func:`loadtests.extrabuild.stop` (SIGTERM to the group, SIGKILL after a timeout).
 """
 import os
 import re
-import signal
-import subprocess
-import time
 
-import psutil
 import requests
 
-from loadtests import serverbuild
+from loadtests import extrabuild, serverbuild
+from loadtests.core import tree_processes
 
 PORT_RANGE = (9510, 9599)
 
@@ -54,14 +52,11 @@ def hello_ini(wsgi_ini_text, zope_port, hello_port):
 
 
 def build(directory, pairs, ports, zeo_address, blob_storage):
-    """Build the parts of ``pairs`` in ``directory`` and write their hello inis into
-    ``directory/hello/``. Returns the buildout's CompletedProcess; raises RuntimeError
-    when the buildout fails."""
-    os.makedirs(directory, exist_ok=True)
+    """Build the parts of ``pairs`` in ``directory`` (:func:`loadtests.serverbuild.build_parts`)
+    and write their hello inis into ``directory/hello/``. Returns the seconds buildout ran;
+    raises RuntimeError with the tail of its output when it fails."""
     parts = [(part_name(s, t), s, ports[(s, t)][0], t) for s, t in pairs]
-    result = serverbuild.build_parts(directory, parts, zeo_address, blob_storage)
-    if result.returncode != 0:
-        raise RuntimeError("matrix buildout failed:\n" + result.stdout[-3000:] + result.stderr[-3000:])
+    took = serverbuild.build_parts(directory, parts, zeo_address, blob_storage)
     os.makedirs(os.path.join(directory, "hello"), exist_ok=True)
     for (server, threads), (zope_port, hello_port) in ports.items():
         if (server, threads) not in pairs:
@@ -70,55 +65,33 @@ def build(directory, pairs, ports, zeo_address, blob_storage):
         text = open(os.path.join(directory, "parts", name, "etc", "wsgi.ini"), encoding="utf-8").read()
         with open(os.path.join(directory, "hello", f"{name}.ini"), "w", encoding="utf-8") as fp:
             fp.write(hello_ini(text, zope_port, hello_port))
-    return result
+    return took
 
 
-def _popen(argv, directory, log_path):
-    with open(log_path, "w") as out:
-        return subprocess.Popen(argv, cwd=directory, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def start_all(directory, pairs):
-    """Start every pair's Zope client and hello server. Returns
-    ``{(server, threads, "zope"|"hello"): Popen}``; logs in ``directory/var/log/``."""
+def run_config(directory, pairs, ports):
+    """Every pair's Zope client (``bin/<part> console``) and hello server, all in one start
+    stage, for :func:`loadtests.extrabuild.start`/``stop`` (pidfiles in ``directory/run``,
+    logs in ``directory/log``). Process names: the part, and ``<part>-hello``."""
     directory = os.path.abspath(directory)
-    logs = os.path.join(directory, "var", "log")
-    os.makedirs(logs, exist_ok=True)
-    procs = {}
+    processes = []
     for server, threads in pairs:
         name = part_name(server, threads)
-        procs[(server, threads, "zope")] = _popen(
-            [os.path.join(directory, "bin", name), "console"], directory,
-            os.path.join(logs, f"{name}.console.log"))
-        procs[(server, threads, "hello")] = _popen(
-            [os.path.join(directory, "parts", name, "bin", "interpreter"), "-m", "plonedeploy.recipe.hello",
-             os.path.join(directory, "hello", f"{name}.ini")], directory,
-            os.path.join(logs, f"{name}.hello.log"))
-    return procs
+        zope_port, hello_port = ports[(server, threads)]
+        processes.append(extrabuild.client_process(directory, name, f"http://127.0.0.1:{zope_port}"))
+        processes.append({"name": f"{name}-hello", "stage": 0, "ready": {"http": f"http://127.0.0.1:{hello_port}/"},
+                          "argv": [os.path.join(directory, "parts", name, "bin", "interpreter"), "-m",
+                                   "plonedeploy.recipe.hello", os.path.join(directory, "hello", f"{name}.ini")]})
+    return extrabuild.run_config(directory, processes)
 
 
-def wait_all_up(urls, procs, timeout=420, progress=None):
-    """Poll every ``urls[key]`` until it answers 200. ``progress(up, total)`` is called
-    when one comes up. Raises RuntimeError naming the process that exited or the URLs
-    still down after ``timeout`` seconds."""
-    pending = dict(urls)
-    deadline = time.monotonic() + timeout
-    while pending:
-        for key, url in list(pending.items()):
-            if procs[key].poll() is not None:
-                raise RuntimeError(f"{key} exited with status {procs[key].returncode} before serving {url}")
-            try:
-                if requests.get(url, timeout=10).status_code == 200:
-                    del pending[key]
-                    if progress:
-                        progress(len(urls) - len(pending), len(urls))
-            except requests.RequestException:  # not listening yet, or a supervisor's worker not up
-                pass
-        if pending and time.monotonic() > deadline:
-            raise RuntimeError(f"no 200 within {timeout} s from: {sorted(pending.values())}")
-        if pending:
-            time.sleep(1)
+def start_all(config, pairs, timeout=420):
+    """Start every process of ``config`` (:func:`run_config`) at once and wait until each
+    answers HTTP. Returns ``{(server, threads, "zope"|"hello"): psutil.Process}``. Raises
+    plonedeploy.recipe.stack.StackError naming the process that exited or did not answer
+    within ``timeout`` seconds (those started are stopped again)."""
+    procs = extrabuild.start(config, timeout=timeout)
+    return {(s, t, kind): procs[part_name(s, t) + ("-hello" if kind == "hello" else "")]
+            for s, t in pairs for kind in ("zope", "hello")}
 
 
 def prime(base_url, paths, timeout=120):
@@ -135,33 +108,5 @@ def prime(base_url, paths, timeout=120):
 
 
 def tree(proc):
-    """psutil processes of ``proc`` (Popen) and its descendants; [] when it is gone."""
-    try:
-        parent = psutil.Process(proc.pid)
-        return [parent] + parent.children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def stop_all(procs, timeout=45):
-    """SIGTERM every process group at once, wait up to ``timeout`` s, SIGKILL the rest.
-    Returns the keys that had to be killed."""
-    for proc in procs.values():
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + timeout
-    killed = []
-    for key, proc in procs.items():
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
-            killed.append(key)
-    return killed
+    """psutil processes of ``proc`` (psutil) and its descendants; [] when it is gone."""
+    return tree_processes(proc.pid)

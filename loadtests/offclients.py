@@ -6,28 +6,13 @@ the filter. The ``-off`` clients are parts ``<client>-off`` (``<= <client>``,
 ``blob-sendfile = off``, on ports of their own, no metrics port) of an extra buildout
 (:mod:`loadtests.extrabuild`) in ``work_dir``, optionally with an HAProxy ``<haproxy>-off``
 in front of them; they share the stack's ZEO server and blob storage. Started and stopped
-by PID with plonedeploy.recipe.stack's helpers, like bin/stack does.
+by PID with :func:`loadtests.extrabuild.start` and ``stop``, like bin/stack does.
 """
-import configparser
 import os
-
-import psutil
 
 from loadtests import extrabuild
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def pipeline_has_filter(part, work_dir):
-    """True if ``parts/<part>/etc/wsgi.ini`` (of the stack, else of ``work_dir``) runs the
-    blobsendfile filter. Raises FileNotFoundError when neither has that part."""
-    for base in (os.path.join(ROOT, "parts"), os.path.join(work_dir, "parts")):
-        path = os.path.join(base, part, "etc", "wsgi.ini")
-        if os.path.exists(path):
-            ini = configparser.ConfigParser(interpolation=None)
-            ini.read(path)
-            return "blobsendfile" in ini["pipeline:main"]["pipeline"].split()
-    raise FileNotFoundError(f"no wsgi.ini for part {part}")
 
 
 def ports(client_urls, pool_size):
@@ -70,48 +55,18 @@ def build(work_dir, extends, clients, ports, haproxy=None, tool="loadtests"):
 
 
 def stack_config(work_dir, clients, ports, haproxy=None, binary="haproxy"):
-    """A bin/stack-like config (``run_dir``, ``processes`` with argv, readiness URL and
-    stage, ``servers``, ``stats_url`` with an HAProxy) for plonedeploy.recipe.stack's
-    start/stop/wait-up helpers: one stage per client, the HAProxy last."""
-    config = {
-        "run_dir": os.path.join(work_dir, "run"),
-        "log_dir": os.path.join(ROOT, "var", "log"),
-        "processes": [
-            {"name": f"{part}-off", "argv": [os.path.join(work_dir, "bin", f"{part}-off"), "console"],
-             "ready": {"http": f"http://127.0.0.1:{ports[part]}/"}, "stage": stage}
-            for stage, part in enumerate(clients)
-        ],
-        "backend": "zeoclients",
-        "servers": [f"{part}-off" for part in clients],
-    }
+    """The processes of the build for :func:`loadtests.extrabuild.start`/``stop``
+    (:func:`loadtests.extrabuild.run_config`: pidfiles in ``work_dir/run``, logs in
+    ``work_dir/log``): one stage per client, the HAProxy ``<part>-off`` (``haproxy`` as in
+    :func:`buildout_config`, run with ``binary``) last, whose servers ``start`` waits for."""
+    processes = [extrabuild.client_process(work_dir, f"{part}-off", f"http://127.0.0.1:{ports[part]}", stage)
+                 for stage, part in enumerate(clients)]
+    stats_url = None
     if haproxy:
         part, port, stats = haproxy
-        config["stats_url"] = f"http://127.0.0.1:{stats}/stats;csv"
-        config["processes"].append({
+        stats_url = f"http://127.0.0.1:{stats}/stats;csv"
+        processes.append({
             "name": f"{part}-off",
             "argv": [binary, "-db", "-f", os.path.join(work_dir, "parts", f"{part}-off", "haproxy.cfg")],
-            "ready": {"http": config["stats_url"]}, "stage": len(clients)})
-    return config
-
-
-def start(config, timeout=300):
-    """Start the processes of ``config`` (from :func:`stack_config`) stage by stage, each
-    ready within ``timeout`` seconds, and wait for the HAProxy's servers UP if it has one.
-    Returns ``{name: psutil.Process}``. Raises plonedeploy.recipe.stack.StackError when a
-    process does not start or become ready."""
-    from plonedeploy.recipe import stack as stack_runtime
-
-    for stage in sorted({p["stage"] for p in config["processes"]}):
-        stack_runtime.start_stage(config, [p for p in config["processes"] if p["stage"] == stage], timeout)
-    if "stats_url" in config:
-        stack_runtime.wait_up(config, 120)
-    return {p["name"]: psutil.Process(stack_runtime.read_pid(config, p["name"])) for p in config["processes"]}
-
-
-def stop(config, timeout=30.0):
-    """Stop the processes of ``config`` by PID, last stage first (each TERM, then KILL after
-    ``timeout`` seconds)."""
-    from plonedeploy.recipe import stack as stack_runtime
-
-    for p in reversed(config["processes"]):
-        stack_runtime.stop_process(config, p["name"], timeout)
+            "ready": {"http": stats_url}, "stage": len(clients)})
+    return extrabuild.run_config(work_dir, processes, stats_url, servers=[f"{part}-off" for part in clients])

@@ -10,7 +10,7 @@ Builds ``--build`` (a buildout with one pyruvate ZEO client part ``s<threads>_<i
 threads value and client number, all ZEO clients of the stack's zeoserver, ports
 ``--port`` + 10 x (index of the threads value) + i) unless built. Then, per threads value:
 starts clients 1..max one after another, and for each client count n (rounds alternate
-the order: 1..N, then N..1) renders the project's haproxy/haproxy.cfg.j2 for clients
+the order: 1..N, then N..1) renders the project's haproxy/haproxy.cfg.j2 with the stack's variables for clients
 1..n (leastconn, maxconn = threads) into a temporary HAProxy on ``--port`` + 90/91,
 warms up for 3 s, and runs wrk with ``--connections`` keep-alive connections on
 ``--path`` for ``--duration`` seconds. The clients are stopped after their threads value.
@@ -28,36 +28,21 @@ Traffic goes only to 127.0.0.1.
 """
 import argparse
 import os
-import pathlib
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from datetime import datetime, timezone
 
 import psutil
-import requests
 
-from loadtests import haproxy_stats, serverbuild
+from loadtests import extrabuild, haproxy_stats, serverbuild
 from loadtests.balancers import BalancerError, TemporaryBalancer
 from loadtests.core import (add_run_arguments, cpu_seconds, exits_2_when_not_ready, fetch_stats, load_stack,
                             machine_busy_seconds, markdown_table, new_figure, parse_counts, report_folder,
-                            require_wrk, run_wrk, running_zeo_server, save_figure, stack_pids, write_report)
-from plonedeploy.recipe import edge, tls
-from plonedeploy.recipe.options import render_template
+                            require_wrk, run_wrk, running_zeo_server, save_figure, stack_pids, write_report,
+                            zeo_server)
+from plonedeploy.recipe.stack import StackError
 
 ROOT = serverbuild.ROOT
 BACKEND = "zeoclients"
-
-PART = """
-[s{threads}_{number}]
-<= client
-wsgi-server = pyruvate
-threads = {threads}
-http-address = 127.0.0.1:{port}
-"""
-
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m loadtests scaling", description=__doc__.split("\n")[0])
@@ -91,87 +76,26 @@ def client_ports(args):
             for i, t in enumerate(args.threads) for n in range(1, max(args.clients) + 1)}
 
 
-def build(args, zeo_address):
-    """Write and run the clients' buildout in ``args.build`` (ZEO clients of ``zeo_address``,
-    ``host:port``); raise RuntimeError on failure."""
-    directory = pathlib.Path(args.build)
-    directory.mkdir(parents=True, exist_ok=True)
-    parts = [f"s{t}_{n}" for (t, n) in client_ports(args)]
-    text = serverbuild.HEAD.format(root=ROOT, parts=" ".join(parts), zeo_address=zeo_address,
-                                   blob_storage=os.path.join(ROOT, "var", "blobstorage"))
-    text += "".join(PART.format(threads=t, number=n, port=p) for (t, n), p in client_ports(args).items())
-    (directory / "buildout.cfg").write_text(text)
-    result = subprocess.run([serverbuild.BUILDOUT, "-c", str(directory / "buildout.cfg")], cwd=directory,
-                            capture_output=True, text=True, timeout=900, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"bin/buildout in {directory} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-
-
-class ScalingBalancer(TemporaryBalancer):
-    """A temporary HAProxy rendered from the project's template for clients 1..n."""
-
-    def __init__(self, binary, directory, frontend_port, servers):
-        super().__init__(binary, None, "leastconn", directory, frontend_port)
-        self.servers = servers  # [{"name", "host", "port", "maxconn", "wsgi_server"}]
-        # The runtime API socket path must stay under 98 bytes: a short directory of its own.
-        self.run_directory = tempfile.mkdtemp(prefix="pd-scaling-")
-
-    def stop(self, timeout=10.0):
-        super().stop(timeout)
-        shutil.rmtree(self.run_directory, ignore_errors=True)
-
-    def config_text(self):
-        return render_template(os.path.join(ROOT, "haproxy", "haproxy.cfg.j2"), {
-            "part": "loadtests.scaling", "servers": self.servers,
-            "bind": f"127.0.0.1:{self.frontend_port}", "stats_bind": f"127.0.0.1:{self.stats_port}",
-            "balance": "leastconn", "health_check": "/Plone/@@ok", "timeout_queue": 60,
-            "max_body_size": 1073741824, "maxconn": 4096, "manage_networks": [],
-            # HAProxy's own sizing (2 fds per connection): no ulimit-n / strict-limits lines
-            "fd_limit": 2 * (4096 + 16) + 64,
-            "run_directory": self.run_directory,
-            # Its load comes from 127.0.0.1: not limited per source.
-            **edge.template_context(["127.0.0.1"], per_source_exempt=["127.0.0.1/32"]),
-            **tls.template_context("", "", False, 0),  # plain HTTP only
-        })
-
-
-def start_client(args, threads, number, port, log_dir):
-    """Start client s<threads>_<number>; wait until ``GET /`` answers. Returns the Popen."""
-    name = f"s{threads}_{number}"
-    proc = _start(args.build, name, os.path.join(log_dir, f"{name}.log"))
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with status {proc.returncode}; see {log_dir}/{name}.log")
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/", timeout=2).status_code == 200:
-                return proc
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    serverbuild.stop(proc)
-    raise RuntimeError(f"{name} not answering on port {port} after 180 s")
-
-
-def _start(directory, part, log_path):
-    """``bin/<part> console`` in its own process group (as bin/stack starts clients)."""
-    directory = os.path.abspath(directory)
-    with open(log_path, "w") as out:
-        return subprocess.Popen([os.path.join(directory, "bin", part), "console"], cwd=directory,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+def build(args, config):
+    """Build the clients' parts (pyruvate, ``threads = t``) in ``args.build``
+    (:func:`loadtests.serverbuild.build_parts`); raise RuntimeError on failure."""
+    zeo_address, blob_storage = zeo_server(config)
+    parts = [(f"s{t}_{n}", "pyruvate", port, t) for (t, n), port in client_ports(args).items()]
+    serverbuild.build_parts(args.build, parts, zeo_address, blob_storage, timeout=900)
 
 
 def measure(args, config, wrk, balancer_dir, threads, count, clients, ports, binary):
-    """One cell: temporary HAProxy over clients 1..count, warm-up, wrk; returns a dict."""
+    """One cell: temporary HAProxy over clients 1..count (the stack's own HAProxy rendered
+    with these servers, leastconn), warm-up, wrk; returns a dict."""
     servers = [{"name": f"s{threads}_{n}", "host": "127.0.0.1", "port": ports[(threads, n)],
                 "maxconn": threads, "wsgi_server": "pyruvate"} for n in range(1, count + 1)]
-    with ScalingBalancer(binary, balancer_dir, args.port + 90, servers) as balancer:
+    with TemporaryBalancer(binary, config, "leastconn", balancer_dir, args.port + 90, servers=servers) as balancer:
         balancer.start(BACKEND, [s["name"] for s in servers], timeout=60)
         url = balancer.frontend_url + args.path
         # warm-up: fills the caches of every client
         run_wrk(url, max(2, count * threads), 3, threads=2, timeout=60, wrk=wrk)
         before = haproxy_stats.fetch(balancer.stats_url)
-        procs = {**stack_pids(config), **{f"s{threads}_{n}": psutil.Process(clients[n].pid)
+        procs = {**stack_pids(config), **{f"s{threads}_{n}": clients[n]
                                           for n in range(1, count + 1)}}
         cpu_before, busy_before = cpu_seconds(procs), machine_busy_seconds()
         summary = run_wrk(url, args.connections, args.duration, threads=2, timeout=60, wrk=wrk)
@@ -247,7 +171,7 @@ def main(argv=None):
     args = parse_args(argv)
     wrk = require_wrk()
     config = load_stack()
-    zeo_address = running_zeo_server(config)
+    running_zeo_server(config)  # before building: a RelStorage stack or a stopped ZEO server
     fetch_stats(config)
     binary = config["haproxy_binary"]
     started = datetime.now(timezone.utc)
@@ -255,7 +179,7 @@ def main(argv=None):
     cells_total = len(args.threads) * len(args.clients) * args.rounds
     print(f"building {args.build} ...", flush=True)
     try:
-        build(args, zeo_address)
+        build(args, config)
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -264,10 +188,13 @@ def main(argv=None):
           flush=True)
     ports, cells, done = client_ports(args), [], 0
     for threads in args.threads:
+        # Clients 1..max of this threads value, one after another (each its own stage).
+        processes = serverbuild.run_config(args.build, [(f"s{threads}_{n}", ports[(threads, n)])
+                                                        for n in range(1, max(args.clients) + 1)])
         clients = {}
         try:
-            for number in range(1, max(args.clients) + 1):
-                clients[number] = start_client(args, threads, number, ports[(threads, number)], folder)
+            started_procs = extrabuild.start(processes, timeout=180)
+            clients = {n: started_procs[f"s{threads}_{n}"] for n in range(1, max(args.clients) + 1)}
             for round_number in range(args.rounds):
                 order = args.clients if round_number % 2 == 0 else list(reversed(args.clients))
                 for count in order:
@@ -279,12 +206,11 @@ def main(argv=None):
                     print(f"[{done}/{cells_total}] threads {threads}, {count} client(s): {cell['rps']} req/s, "
                           f"p99 {cell['p99_s']} s, errors {cell['socket_errors'] + cell['non_2xx']}, "
                           f"foreign CPU {cell['foreign_percent']} %", flush=True)
-        except (RuntimeError, BalancerError) as exc:
+        except (RuntimeError, BalancerError, StackError) as exc:
             print(exc, file=sys.stderr)
             return 2
         finally:
-            for proc in clients.values():
-                serverbuild.stop(proc)
+            extrabuild.stop(processes)
     rows = summarise(cells)
     meta = {"started": started.isoformat(timespec="seconds"), "path": args.path,
             "connections": args.connections, "duration_s": args.duration, "rounds": args.rounds,

@@ -8,16 +8,15 @@ tests/test_servers.py (does every server serve Zope?) and loadtests/servers_wrk.
 quick side-by-side figure per server). The parts are named
 ``c_<server>``, one port each from ``base_port`` on, in the order of
 ``options.SERVERS``; all are ZEO clients of ``zeo_address`` with a shared blob directory.
+Built by :func:`loadtests.extrabuild.build`; :func:`run_config` describes the clients for
+:func:`loadtests.extrabuild.start` and ``stop``.
 """
 import os
-import pathlib
-import subprocess
 
+from loadtests import extrabuild
 from plonedeploy.recipe.options import SERVERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
 
 HEAD = """\
 [buildout]
@@ -53,56 +52,37 @@ def ports(base_port):
 
 
 def build(directory, base_port, zeo_address, blob_storage, timeout=600):
-    """Write ``directory/buildout.cfg`` with a ``c_<server>`` part per server; run bin/buildout.
-
-    Returns the ``subprocess.CompletedProcess`` (text; stdout and stderr captured).
-    """
+    """Write ``directory/buildout.cfg`` with a ``c_<server>`` part per server and build it
+    (:func:`build_parts`). Returns the seconds buildout ran; its output is in
+    ``directory/buildout.log``. Raises RuntimeError with the output's tail when it fails."""
     parts = [(f"c_{s}", s, p, None) for s, p in ports(base_port).items()]
     return build_parts(directory, parts, zeo_address, blob_storage, timeout)
 
 
 def build_parts(directory, parts, zeo_address, blob_storage, timeout=600):
-    """Write ``directory/buildout.cfg`` with the ZEO client ``parts``; run bin/buildout.
+    """Write ``directory/buildout.cfg`` with the ZEO client ``parts`` and build it with
+    :func:`loadtests.extrabuild.build` (the one builder of the load tools).
 
-    ``parts``: ``[(part name, wsgi-server, http port, threads or None for the default)]``.
-    Returns the ``subprocess.CompletedProcess`` (text; stdout and stderr captured).
+    ``parts``: ``[(part name, wsgi-server, http port, threads or None for the default)]``;
+    ``zeo_address``: ``host:port`` of the ZEO server, ``blob_storage`` its blob directory
+    (:func:`loadtests.core.zeo_server`). Returns the seconds buildout ran; its output is in
+    ``directory/buildout.log``. Raises RuntimeError (config, log, output's tail) when it
+    fails, ``subprocess.TimeoutExpired`` after ``timeout`` seconds.
     """
-    directory = pathlib.Path(directory)
     text = HEAD.format(root=ROOT, parts=" ".join(name for name, _, _, _ in parts),
                        zeo_address=zeo_address, blob_storage=blob_storage)
     for name, server, port, threads in parts:
         text += PART.format(name=name, server=server, port=port,
                             threads="" if threads is None else f"threads = {threads}\n")
-    cfg = directory / "buildout.cfg"
-    cfg.write_text(text)
-    return subprocess.run([BUILDOUT, "-c", str(cfg)], cwd=directory, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return extrabuild.build(os.path.abspath(directory), text, f"buildout of {len(parts)} ZEO client part(s)",
+                            timeout)
 
 
-def start(directory, server, log_path):
-    """Start client ``c_<server>`` of the build in ``directory`` as bin/stack does
-    (``bin/c_<server> console``, own process group, output to ``log_path``); returns Popen."""
+def run_config(directory, parts):
+    """The processes of client ``parts`` (``[(part name, http port)]``) of the build in
+    ``directory``, each its own stage, for :func:`loadtests.extrabuild.start`/``stop``
+    (pidfiles in ``directory/run``, logs ``directory/log/<part>.stdout.log``)."""
     directory = os.path.abspath(directory)
-    with open(log_path, "w") as out:
-        return subprocess.Popen([os.path.join(directory, "bin", f"c_{server}"), "console"],
-                                cwd=directory, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def stop(proc, timeout=45):
-    """SIGTERM the client's process group; SIGKILL after ``timeout`` seconds.
-
-    Returns True if it stopped on SIGTERM, False if it had to be killed.
-    """
-    import signal
-
-    if proc.poll() is not None:
-        return True
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-        return True
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        return False
+    return extrabuild.run_config(directory, [
+        extrabuild.client_process(directory, name, f"http://127.0.0.1:{port}", stage)
+        for stage, (name, port) in enumerate(parts)])

@@ -21,16 +21,17 @@ the clients; core.running_zeo_server) or wrk is missing. Traffic goes only to 12
 """
 import argparse
 import os
-import pathlib
 import sys
 import time
 
 import psutil
 import requests
 
-from loadtests import serverbuild
-from loadtests.core import (ROOT, add_run_arguments, cpu_seconds, exits_2_when_not_ready, load_stack,
-                            machine_busy_seconds, require_wrk, run_wrk, running_zeo_server, stack_pids)
+from loadtests import extrabuild, serverbuild
+from loadtests.core import (ROOT, add_run_arguments, client_urls, cpu_seconds, exits_2_when_not_ready,
+                            load_stack, machine_busy_seconds, require_wrk, run_wrk, running_zeo_server, stack_pids,
+                            tree_processes, zeo_server)
+from plonedeploy.recipe.stack import StackError
 
 
 def wrk_row(summary):
@@ -54,28 +55,9 @@ def measure(url, connections, duration):
     return wrk_row(summary), summary["cpu_s"]
 
 
-def wait_up(url, proc, timeout=180):
-    """Poll ``url`` until 200; raises RuntimeError if the client exits or ``timeout`` s pass."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"client exited with status {proc.returncode}")
-        try:
-            if requests.get(url, timeout=10).status_code == 200:
-                return
-        except requests.RequestException:  # refused, or accepted by a supervisor whose worker is not up yet
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"no 200 from {url} within {timeout} s")
-
-
 def group_processes(proc):
-    """``{"client-<pid>": psutil.Process}`` of the client ``proc`` and its descendants."""
-    try:
-        parent = psutil.Process(proc.pid)
-        return {f"client-{p.pid}": p for p in [parent] + parent.children(recursive=True)}
-    except psutil.Error:
-        return {}
+    """``{"client-<pid>": psutil.Process}`` of the client ``proc`` (psutil) and its descendants."""
+    return {f"client-{p.pid}": p for p in tree_processes(proc.pid)}
 
 
 @exits_2_when_not_ready("servers_wrk")
@@ -97,27 +79,26 @@ def main(argv=None):
         parser.error(f"unknown server(s) {unknown}; expected some of {list(serverbuild.SERVERS)}")
     require_wrk()
     config = load_stack()
-    zeo = running_zeo_server(config)
+    running_zeo_server(config)  # before building: a RelStorage stack or a stopped ZEO server
     stack = stack_pids(config)
     if "instance" not in stack:
         print("servers_wrk: the stack's instance must run (make start)", file=sys.stderr)
         return 2
-    reference = next(p["ready"]["http"] for p in config["processes"] if p["name"] == "instance").rstrip("/")
-    client_ports = [int(p["ready"]["http"].rstrip("/").rsplit(":", 1)[1])
-                    for p in config["processes"] if p["name"] in config["server_kinds"]]
-    base_port = max(client_ports) + 1
+    reference = client_urls(config, ["instance"])["instance"]
+    zeo_address, blob_storage = zeo_server(config)
+    base_port = max(int(url.rsplit(":", 1)[1]) for url in client_urls(config).values()) + 1
 
     build = args.build
     os.makedirs(build, exist_ok=True)
     if not all(os.path.exists(os.path.join(build, "bin", f"c_{s}")) for s in servers):
         print(f"building {build} ...", flush=True)
-        result = serverbuild.build(pathlib.Path(build), base_port,
-                                   zeo, os.path.join(ROOT, "var", "blobstorage"))
-        if result.returncode != 0:
-            print(result.stdout[-2000:] + result.stderr[-2000:], file=sys.stderr)
+        try:
+            serverbuild.build(build, base_port, zeo_address, blob_storage)
+        except RuntimeError as exc:
+            print(exc, file=sys.stderr)
             return 2
     ports = serverbuild.ports(base_port)
-    os.makedirs(os.path.join(build, "var", "log"), exist_ok=True)
+    clients = serverbuild.run_config(build, [(f"c_{s}", ports[s]) for s in servers])
     cores = psutil.cpu_count() or 1
 
     print(f"wrk -t1 -c{args.connections} -d{args.duration}s {args.path} direct to each client; "
@@ -128,10 +109,12 @@ def main(argv=None):
     print("-" * len(header))
     for server in servers:
         url = f"http://127.0.0.1:{ports[server]}"
-        proc = serverbuild.start(build, server, os.path.join(build, "var", "log", f"c_{server}.console.log"))
         try:
-            wait_up(url + args.path, proc)
-            requests.get(url + args.path, timeout=10)  # warm the client's caches once
+            proc = extrabuild.start(clients, [f"c_{server}"], timeout=180)[f"c_{server}"]
+            # warm the client's caches once; a supervisor may answer before its worker serves
+            status = requests.get(url + args.path, timeout=60).status_code
+            if status != 200:
+                raise RuntimeError(f"{url + args.path} answered {status}")
             watched = dict(stack, **group_processes(proc))
             busy0, cpu0 = machine_busy_seconds(), cpu_seconds(watched)
             t0 = time.monotonic()
@@ -145,10 +128,10 @@ def main(argv=None):
             print(f"{server:<9} {res['rps']:>8.1f} {ref['rps']:>9.1f} {ratio:>6.2f} {res['p50_ms']!s:>7} "
                   f"{res['p99_ms']!s:>7} {ref['p50_ms']!s:>7} {res['non_2xx']:>6} "
                   f"{res['socket_errors']:>6} {100.0 * foreign / (wall * cores):>9.1f}", flush=True)
-        except RuntimeError as exc:
-            print(f"{server:<9} failed: {exc}; see {build}/var/log/c_{server}.console.log", flush=True)
+        except (RuntimeError, StackError, requests.RequestException) as exc:
+            print(f"{server:<9} failed: {exc}; see {build}/log/c_{server}.stdout.log", flush=True)
         finally:
-            serverbuild.stop(proc)
+            extrabuild.stop(clients, [f"c_{server}"])
     return 0
 
 

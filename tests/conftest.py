@@ -176,8 +176,9 @@ def servers_build(tmp_path_factory):
     ports after this build's ``client2`` (8083-8090 in buildout.cfg, 9383-9390 in a
     worktree on 93xx); without a build, or with a build of relstorage.cfg (no ZEO server to
     be a client of), of 127.0.0.1:18100 on 18083-18090 (render only).
-    Returns ``(directory, {server: port}, CompletedProcess)``; the first run downloads the
-    servers' eggs into eggs/ (and compiles bjoern against libev).
+    Returns ``(directory, {server: port}, buildout's output)``; the first run downloads the
+    servers' eggs into eggs/ (and compiles bjoern against libev). A failed build fails every
+    test that uses it, with the tail of buildout's output.
     """
     from loadtests import serverbuild
 
@@ -188,5 +189,8 @@ def servers_build(tmp_path_factory):
     else:
         zeo_address, base_port = "127.0.0.1:18100", 18083
     directory = tmp_path_factory.mktemp("servers")
-    result = serverbuild.build(directory, base_port, zeo_address, os.path.join(ROOT, "var", "blobstorage"))
-    return directory, serverbuild.ports(base_port), result
+    try:
+        serverbuild.build(directory, base_port, zeo_address, os.path.join(ROOT, "var", "blobstorage"))
+    except RuntimeError as exc:
+        pytest.fail(f"servers_build: {exc}")
+    return directory, serverbuild.ports(base_port), (directory / "buildout.log").read_text()

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from conftest import ROOT, port_taken, run
-from loadtests import balancers
+from loadtests import balancers, core
 
 DEPLOYED_CONFIG = os.path.join(ROOT, "parts", "haproxy", "haproxy.cfg")
 
@@ -58,34 +58,36 @@ def test_balance_mode_named_twice_is_refused(tmp_path):
     assert "names a mode twice" in result.stderr
 
 
-def test_derived_config_changes_only_balance_ports_and_socket():
-    template = (
-        "global\n    stats socket /x/haproxy.sock mode 600 level admin\n\n"
-        "frontend plone\n    bind 127.0.0.1:8080\n    default_backend b\n\n"
-        "backend b\n    balance leastconn\n    server a 127.0.0.1:8081 maxconn 2 check\n\n"
-        "listen stats\n    bind 127.0.0.1:8404\n    stats enable\n"
-    )
-    derived = balancers.derive_config(template, "random(2)", 9590, 9591)
-    assert "balance random(2)" in derived and "balance leastconn" not in derived
-    assert "bind 127.0.0.1:9590" in derived and "bind 127.0.0.1:9591" in derived
-    assert "/x/haproxy.sock" not in derived
-    assert "server a 127.0.0.1:8081 maxconn 2 check" in derived
-    # A template without a balance line (or with two) is an error, not a silent copy.
-    with pytest.raises(balancers.BalancerError, match="exactly one 'balance' line"):
-        balancers.derive_config(template.replace("    balance leastconn\n", ""), "first", 9590, 9591)
+def test_variant_of_the_built_stack_binds_none_of_its_listeners(tmp_path):
+    """The variant rendered from the built stack's template variables (TLS, cache tier,
+    upload lane) is valid for haproxy -c and binds only its own two ports: the deployed
+    HAProxy keeps 8443, the cache-fill port and its runtime API socket."""
+    config = core.load_stack()
+    balancer = balancers.TemporaryBalancer(config["haproxy_binary"], config, "random(2)", str(tmp_path), 9590)
+    with balancer:
+        balancer.write_config()  # haproxy -c, else BalancerError
+        text = (tmp_path / "haproxy.cfg").read_text()
+        assert re.findall(r"^\s*bind\s+(\S+)", text, re.MULTILINE) == ["127.0.0.1:9590", "127.0.0.1:9591"]
+        assert "\n    balance random(2)\n" in text and "balance leastconn" not in text
+        assert config["haproxy_socket"] not in text
+        assert f"stats socket {balancer.run_directory}/haproxy.sock" in text
+        for server in config["servers"]:
+            facts = core.client_facts(config, server)
+            port = facts["url"].rsplit(":", 1)[1]
+            assert f"server {server} 127.0.0.1:{port} maxconn {facts['threads']} check" in text
+    assert not os.path.exists(balancer.run_directory)  # removed with the balancer
 
 
-def test_derived_config_of_the_built_stack_binds_none_of_its_listeners(tmp_path):
-    """The copy of the real haproxy.cfg (TLS, cache tier, upload lane) is valid for haproxy -c
-    and binds only its own two ports: the deployed HAProxy keeps 8443 and the cache-fill port."""
-    derived = balancers.derive_config(open(DEPLOYED_CONFIG, encoding="utf-8").read(), "roundrobin", 9590, 9591)
-    binds = re.findall(r"^\s*bind\s+(\S+)", derived, re.MULTILINE)
-    assert binds == ["127.0.0.1:9590", "127.0.0.1:9591"], binds
-    path = tmp_path / "haproxy.cfg"
-    path.write_text(derived)
-    check = subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, timeout=60,
-                           check=False)
-    assert check.returncode == 0, check.stdout + check.stderr
+def test_variant_with_other_servers_and_an_unknown_variable(tmp_path):
+    config = core.load_stack()
+    servers = [{"name": "s1", "host": "127.0.0.1", "port": 9599, "maxconn": 3, "wsgi_server": "pyruvate"}]
+    text = core.render_haproxy(config, servers=servers, balance="first")
+    assert "server s1 127.0.0.1:9599 maxconn 3 check" in text and "balance first" in text
+    assert "server instance " not in text
+    with pytest.raises(KeyError, match="not a variable of .*haproxy.cfg.j2: bogus"):
+        core.render_haproxy(config, bogus=1)
+    with pytest.raises(core.NotReady, match="no haproxy_context"):
+        core.render_haproxy({k: v for k, v in config.items() if k != "haproxy_context"})
 
 
 def test_queue_waits_counts_queued_requests(tmp_path):
@@ -193,14 +195,14 @@ def test_interrupted_run_stops_its_balancer(stack, tmp_path):
 
 @pytest.mark.integration
 def test_balance_needs_the_deployed_haproxy_config(stack, tmp_path):
-    # The Ansible role's abtest.json names no processes: the plain run works with it,
-    # a per-mode run cannot copy a config it does not know, and says so.
-    config = dict(stack.config, processes=[])
+    # The Ansible role's abtest.json names no processes and no template variables: the
+    # plain run works with it, a per-mode run cannot render a config it does not know, and says so.
+    config = {k: v for k, v in dict(stack.config, processes=[]).items() if k != "haproxy_context"}
     path = tmp_path / "abtest.json"
     path.write_text(json.dumps(config))
     out = tmp_path / "reports"
     result = run([sys.executable, "-m", "loadtests.abtest", "--stack-config", str(path),
                   "--balance", "leastconn,roundrobin", "--out", str(out)], timeout=60, check=False)
     assert result.returncode == 2
-    assert "--balance needs the deployed HAProxy's config file" in result.stderr
+    assert "--balance needs the deployed HAProxy's template variables (haproxy_context)" in result.stderr
     assert not out.exists()

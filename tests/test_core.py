@@ -121,6 +121,8 @@ def _stack_config(tmp_path, storage):
     first = ({"name": "zeoserver", "ready": {"tcp": ["127.0.0.1", 8100]}} if storage == "zeo" else
              {"name": "postgresql", "ready": {"tcp": ["127.0.0.1", 8432], "command": ["pg_isready"]}})
     return {"run_dir": str(tmp_path), "storage": storage, "zeoserver": "zeoserver" if storage == "zeo" else None,
+            "zeo_address": "127.0.0.1:8100" if storage == "zeo" else None,
+            "blob_storage": str(tmp_path / "blobstorage") if storage == "zeo" else None,
             "processes": [first, {"name": "instance", "ready": {"http": "http://127.0.0.1:8081/"}}],
             "server_kinds": {"instance": "pyruvate"}, "stats_url": "http://127.0.0.1:1/stats;csv",
             "haproxy_binary": "haproxy"}
@@ -143,7 +145,7 @@ def test_running_zeo_server_or_what_is_missing(tmp_path):
                                             r"make build STORAGE=zeo"):
         core.running_zeo_server(config)
     config["storage"] = "zeo"
-    with pytest.raises(core.NotReady, match="stack.json names no ZEO server process 'zeoserver'"):
+    with pytest.raises(core.NotReady, match="stack.json names no ZEO server and blob directory"):
         core.running_zeo_server(config)
 
 
@@ -197,12 +199,44 @@ def test_raise_fd_limit_never_beyond_hard():
     assert core.raise_fd_limit(0)[0] == soft  # never lowers
 
 
-def test_haproxy_maxconn_from_the_site_frontend(tmp_path):
-    cfg = tmp_path / "haproxy.cfg"
-    # The cache tier's frontend may come first in another template: the site's is "plone".
-    cfg.write_text("global\n    maxconn 4000\nfrontend cache_fill\n    bind :8088\n    maxconn 50\n"
-                   "frontend plone\n    bind :8080\n    maxconn 2000\n")
-    assert core.haproxy_maxconn({"haproxy_config": str(cfg)}) == 2000
+FACTS = {
+    "servers": ["instance", "client2"], "frontend_maxconn": 2000,
+    "clients": {"instance": {"server": "pyruvate", "threads": 2, "url": "http://127.0.0.1:8081",
+                             "blob_sendfile": True, "metrics_url": None},
+                "client2": {"server": "waitress", "threads": 4, "url": "http://127.0.0.1:8082",
+                            "blob_sendfile": False, "metrics_url": "http://127.0.0.1:8072/metrics"},
+                "uploads": {"server": "waitress", "threads": 1, "url": "http://127.0.0.1:8079",
+                            "blob_sendfile": True, "metrics_url": None}},
+    "zeo_address": "127.0.0.1:8100", "blob_storage": "/srv/blobs",
+}
+
+
+def test_facts_of_the_stack_come_from_stack_json():
+    assert core.frontend_maxconn(FACTS) == 2000
+    assert core.frontend_maxconn({"servers": []}) is None  # the Ansible role's abtest.json says nothing
+    assert core.client_facts(FACTS, "client2")["blob_sendfile"] is False
+    assert core.client_urls(FACTS) == {"instance": "http://127.0.0.1:8081", "client2": "http://127.0.0.1:8082"}
+    assert core.client_urls(FACTS, ["uploads"]) == {"uploads": "http://127.0.0.1:8079"}
+    assert core.zeo_server(FACTS) == ("127.0.0.1:8100", "/srv/blobs")
+    with pytest.raises(core.NotReady, match="describes no client 'nope': run bin/buildout again"):
+        core.client_facts(FACTS, "nope")
+    with pytest.raises(core.NotReady, match="names no ZEO server"):
+        core.zeo_server(dict(FACTS, zeo_address=None))  # RelStorage
+
+
+def test_render_haproxy_replaces_only_the_given_variables(tmp_path):
+    template = tmp_path / "haproxy.cfg.j2"
+    template.write_text("frontend plone\n    bind {{ bind }}\nbackend b\n    balance {{ balance }}\n"
+                        "{% for s in servers %}    server {{ s.name }} {{ s.host }}:{{ s.port }}\n{% endfor %}")
+    config = {"haproxy_template": str(template), "haproxy_context": {
+        "bind": "127.0.0.1:8080", "balance": "leastconn", "servers": [{"name": "a", "host": "h", "port": 1}]}}
+    assert core.render_haproxy(config, balance="first") == (
+        "frontend plone\n    bind 127.0.0.1:8080\nbackend b\n    balance first\n    server a h:1\n")
+    assert config["haproxy_context"]["balance"] == "leastconn"  # the stack's facts stay as they are
+    with pytest.raises(KeyError, match="not a variable of .*: balanse"):
+        core.render_haproxy(config, balanse="first")
+    with pytest.raises(core.NotReady, match="no haproxy_context"):
+        core.render_haproxy({"servers": []})
 
 
 def test_require_wrk_and_exit_2(tmp_path, monkeypatch, capsys):

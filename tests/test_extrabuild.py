@@ -1,7 +1,9 @@
-"""loadtests.extrabuild without a real buildout: the common header, the log, the error."""
+"""loadtests.extrabuild: the common header, the log and the error of a build (a fake buildout),
+and the one start/stop path on real processes (Python's http.server), A/B slot swaps included."""
 import configparser
 import os
 
+import psutil
 import pytest
 
 from conftest import ROOT
@@ -46,3 +48,70 @@ def test_build_failure_raises_with_tail(tmp_path, monkeypatch):
     message = str(exc.value)
     assert message.startswith(f"A/B slot buildout {tmp_path / 'work' / 'buildout.cfg'} failed")
     assert "buildout.log" in message and "out -c" in message and "err" in message
+
+
+def test_start_and_stop_by_pid_through_the_stack_runtime(tmp_path):
+    """A real process (Python's http.server on a port of this worktree's range) started and
+    stopped by the one path every extra build uses: pidfile, log, readiness, SIGTERM."""
+    import sys
+    import urllib.request
+
+    port = 9987
+    proc = {"name": "web", "argv": [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+            "ready": {"http": f"http://127.0.0.1:{port}/"}, "stage": 0}
+    config = extrabuild.run_config(str(tmp_path), [proc])
+    started = extrabuild.start(config)
+    try:
+        assert set(started) == {"web"} and started["web"].is_running()
+        assert (tmp_path / "run" / "web.pid").read_text().split()[0] == str(started["web"].pid)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        extrabuild.stop(config)
+    assert not started["web"].is_running() or started["web"].status() == psutil.STATUS_ZOMBIE
+    assert not (tmp_path / "run" / "web.pid").exists()
+    assert "GET / HTTP" in (tmp_path / "log" / "web.stdout.log").read_text()
+
+
+def test_start_failure_stops_what_it_started_and_names_the_process(tmp_path):
+    import sys
+
+    from plonedeploy.recipe.stack import StackError
+
+    procs = [{"name": "ok", "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
+              "ready": {"tcp": ["127.0.0.1", 9988]}, "stage": 0},
+             {"name": "dies", "argv": [sys.executable, "-c", "raise SystemExit(3)"],
+              "ready": {"tcp": ["127.0.0.1", 9989]}, "stage": 0}]
+    config = extrabuild.run_config(str(tmp_path), procs)
+    with pytest.raises(StackError, match="dies"):
+        extrabuild.start(config, timeout=20)
+    assert not list((tmp_path / "run").glob("*.pid"))  # "ok" was stopped again
+
+
+def test_ab_slots_swap_servers_through_the_one_start_stop_path(tmp_path, monkeypatch):
+    """abslots.Slots on real processes: each slot part runs Python's http.server on its
+    slot's port (a slot client needs the stack's ZEO server), so ensure() must stop the
+    part a slot no longer wants before starting the other one on the same port."""
+    import sys
+
+    from loadtests import abslots
+
+    monkeypatch.setattr(abslots, "WORK_DIR", str(tmp_path))
+    ports = {"a": 9990, "b": 9991}
+    slots = abslots.Slots(ports, str(tmp_path / "log"), timeout=30)
+    for proc in slots.config["processes"]:
+        port = ports[proc["name"].split("-")[1]]  # ab-<slot>-<server>
+        proc["argv"] = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+    with slots:
+        slots.ensure("pyruvate", "waitress")
+        first = slots.pids()
+        assert set(first) == {"ab-a-pyruvate", "ab-b-waitress"}
+        slots.ensure("pyruvate", "pyruvate")  # slot b switches server; slot a stays as it is
+        second = slots.pids()
+        assert set(second) == {"ab-a-pyruvate", "ab-b-pyruvate"}
+        assert second["ab-a-pyruvate"] == first["ab-a-pyruvate"]
+        assert not psutil.pid_exists(first["ab-b-waitress"]) or \
+            psutil.Process(first["ab-b-waitress"]).status() == psutil.STATUS_ZOMBIE
+    assert not list((tmp_path / "run").glob("*.pid"))  # all stopped on exit
+    for pid in second.values():
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

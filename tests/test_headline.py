@@ -51,8 +51,7 @@ def test_summary_medians_spreads_and_ratios_per_round():
 def test_targets_need_both_servers_in_the_pool():
     config = {"server_kinds": {"instance": "pyruvate", "client2": "waitress"}, "servers": ["instance", "client2"],
               "frontend_url": "http://127.0.0.1:8080/",
-              "processes": [{"name": "instance", "ready": {"http": "http://127.0.0.1:8081/"}},
-                            {"name": "client2", "ready": {"http": "http://127.0.0.1:8082/"}}]}
+              "clients": {"instance": {"url": "http://127.0.0.1:8081"}, "client2": {"url": "http://127.0.0.1:8082"}}}
     urls, clients = headline.targets(config)
     assert urls == {"pyruvate": "http://127.0.0.1:8081", "waitress": "http://127.0.0.1:8082",
                     "haproxy": "http://127.0.0.1:8080"}

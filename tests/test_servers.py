@@ -56,8 +56,7 @@ def _group(proc):
 
 @pytest.mark.parametrize("server", list(SERVER_HEADER))
 def test_server_serves_zope_with_one_zeo_client(stack, servers_build, server):
-    directory, ports, result = servers_build
-    assert result.returncode == 0, result.stdout + result.stderr
+    directory, ports, _ = servers_build
     port = ports[server]
     assert not port_taken(port), f"port {port} is taken"
     url = f"http://127.0.0.1:{port}"

@@ -23,10 +23,12 @@ some of them:
   ``https://``; the plain ``bind`` never uses the cache (the A/B comparison runs there).
 
 Output: ``parts/<name>/haproxy.cfg`` (option ``config``); the resolved binary is in option
-``binary``. The file is only written after
+``binary``, the template's variables as JSON in option ``template-context`` (the stack
+part copies them into stack.json). The file is only written after
 ``haproxy -c`` accepted it; a rejected config raises ``zc.buildout.UserError`` with
 HAProxy's own message.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -162,6 +164,38 @@ class Recipe:
             "run-directory", os.path.join(buildout["buildout"]["directory"], "var", "run")
         )
         options["binary"] = find_haproxy(opts.get("haproxy"))
+        self.context = self.template_context()
+        # JSON for the stack part (stack.json's haproxy_context); "$" escaped, since buildout
+        # would read "${" in an option as a substitution.
+        options["template-context"] = json.dumps(self.context, sort_keys=True).replace("$", "\\u0024")
+
+    def template_context(self):
+        """The variables of ``haproxy/haproxy.cfg.j2`` (a JSON-able dict): what ``install``
+        renders, and what option ``template-context`` records for the stack part, whose
+        stack.json hands it to tools that render variants (other ports or balance mode)."""
+        options = self.options
+        return {
+            "part": self.name,
+            "servers": self.servers,
+            "bind": f"{self.bind[0]}:{self.bind[1]}",
+            "stats_bind": f"{self.stats_bind[0]}:{self.stats_bind[1]}",
+            "balance": self.balance,
+            "health_check": self.health_check,
+            "timeout_queue": self.timeout_queue,
+            "max_body_size": self.max_body_size,
+            "maxconn": self.maxconn,
+            "fd_limit": self.fd_limit,
+            "manage_networks": self.manage_networks,
+            **edge.template_context(self.server_names, self.upload_servers, self.upload_threshold,
+                                    self.per_source_exempt, self.per_source),
+            **tls.template_context(self.tls_bind and f"{self.tls_bind[0]}:{self.tls_bind[1]}",
+                                   options["tls-certificate"] if self.tls_bind else "",
+                                   self.tls_redirect, self.hsts_max_age, self.tls_redirect_exempt),
+            "run_directory": options["run-directory"],
+            "cache_server": self.cache_server,
+            "cache_fill_bind": self.cache_fill_bind,
+            "cache_health_path": varnish.HEALTH_PATH,
+        }
 
     @staticmethod
     def client(buildout, name, option, part, maxconn=None):
@@ -276,28 +310,7 @@ class Recipe:
 
     def install(self):
         options = self.options
-        context = {
-            "part": self.name,
-            "servers": self.servers,
-            "bind": f"{self.bind[0]}:{self.bind[1]}",
-            "stats_bind": f"{self.stats_bind[0]}:{self.stats_bind[1]}",
-            "balance": self.balance,
-            "health_check": self.health_check,
-            "timeout_queue": self.timeout_queue,
-            "max_body_size": self.max_body_size,
-            "maxconn": self.maxconn,
-            "fd_limit": self.fd_limit,
-            "manage_networks": self.manage_networks,
-            **edge.template_context(self.server_names, self.upload_servers, self.upload_threshold,
-                                    self.per_source_exempt, self.per_source),
-            **tls.template_context(self.tls_bind and f"{self.tls_bind[0]}:{self.tls_bind[1]}",
-                                   options["tls-certificate"] if self.tls_bind else "",
-                                   self.tls_redirect, self.hsts_max_age, self.tls_redirect_exempt),
-            "run_directory": options["run-directory"],
-            "cache_server": self.cache_server,
-            "cache_fill_bind": self.cache_fill_bind,
-            "cache_health_path": varnish.HEALTH_PATH,
-        }
+        context = self.context
         if self.tls_bind and self.tls_generate and tls.needs_new(options["tls-certificate"], self.server_names):
             try:
                 tls.make_self_signed(options["tls-certificate"], self.server_names)

@@ -89,10 +89,12 @@ class Recipe:
                     "plonedeploy.recipe:postgresql part for clients with storage = relstorage)")
             processes = [{"name": database, "argv": json.loads(buildout[database]["argv"]),
                           "ready": json.loads(buildout[database]["ready"]), "stage": 0}]
+            zeo_address = blob_storage = None
         else:
             zeo_part = opts["zeoserver"]
             zeo = buildout[zeo_part]
             zeo_host, zeo_port = parse_http_address(zeo_part, zeo["zeo-address"], "zeo-address")
+            zeo_address, blob_storage = f"{zeo_host}:{zeo_port}", zeo.get("blob-storage") or None
             processes = [{
                 "name": zeo_part,
                 "argv": [os.path.join(buildout["buildout"]["parts-directory"], zeo_part, "bin", "runzeo")],
@@ -160,44 +162,37 @@ class Recipe:
                     "stage": len(clients) + len(upload_clients) + 2,
                 })
         hap = buildout[opts["haproxy"]]
-        stats_host, stats_port = parse_http_address(opts["haproxy"], hap["stats-bind"], "stats-bind")
-        stats_url = f"http://{stats_host}:{stats_port}/stats;csv"
+        context = json.loads(hap["template-context"])
+        for option, lane, key in (("clients", clients, "servers"), ("upload-clients", upload_clients, "upload_servers")):
+            backends = [s["name"] for s in context[key]]
+            if backends != lane:
+                raise zc.buildout.UserError(
+                    f"[{name}] {option} = {' '.join(lane)!r} is invalid: expected the [{opts['haproxy']}] "
+                    f"part's {'backends' if key == 'servers' else 'upload-backends'} in their order, "
+                    f"{' '.join(backends)!r}")
+        stats_url = f"http://{context['stats_bind']}/stats;csv"
         processes.append({
             "name": opts["haproxy"],
             "argv": [hap["binary"], "-db", "-f", hap["config"]],
             "ready": {"http": stats_url},
             "stage": len(clients) + len(upload_clients) + 2,
         })
-        def address(option):
-            """HAProxy's ``host:port`` option ``option``, checked and normalised."""
-            return "%s:%s" % parse_http_address(opts["haproxy"], hap[option], option)
-
-        # What the A/B tool reads (loadtests.abtest; the Ansible role writes the same
-        # document as abtest.json), then what bin/stack itself needs.
-        self.config = rules.ab_contract(
-            [{"name": part, "wsgi_server": buildout[part].get("wsgi-server", "-")} for part in clients],
-            [{"name": part, "wsgi_server": buildout[part].get("wsgi-server", "-")} for part in upload_clients],
-            address("bind"), address("stats-bind"),
-            address("tls-bind") if hap.get("tls-bind", "").strip() else "",
-            hap["balance"], os.path.join(directory, "var", "run"))
-        self.config.update({
-            "log_dir": os.path.join(directory, "var", "log"),
-            "processes": processes,
-            # "zeo" or "relstorage" (database set), and the ZEO server's process or null: the
-            # load-test tools that build ZEO clients of their own refuse a RelStorage stack.
-            "storage": "relstorage" if database else "zeo",
-            "zeoserver": None if database else opts["zeoserver"],
-            # HAProxy's binary and rendered config, for tools that check or copy the config.
-            "haproxy_binary": hap["binary"],
-            "haproxy_config": hap["config"],
-            # HAProxy's runtime API (drain/enable servers for a rolling restart).
-            "haproxy_socket": os.path.join(hap["run-directory"], "haproxy.sock"),
-            # {client part: URL of its Prometheus metrics}; HAProxy's own are on stats-bind.
-            "metrics": metrics,
-            "haproxy_metrics_url": f"http://{stats_host}:{stats_port}/metrics",
-            # The cache tier in front of the pool on the TLS listener, or null.
-            "cache": cache,
-        })
+        facts = {}
+        for part in clients + upload_clients:
+            client = buildout[part]
+            facts[part] = {
+                "server": client.get("wsgi-server", "-"),
+                "threads": int(client["threads"]),
+                "url": "http://%s:%s" % parse_http_address(part, client["http-address"]),
+                "blob_sendfile": client.get("blob-sendfile", "off") == "on",
+                "metrics_url": metrics.get(part),
+            }
+        self.config = contract(
+            haproxy=context, clients=facts, part=name, processes=processes,
+            run_dir=os.path.join(directory, "var", "run"), log_dir=os.path.join(directory, "var", "log"),
+            haproxy_binary=hap["binary"], haproxy_config=hap["config"], haproxy_template=hap["template"],
+            cache=cache, storage="relstorage" if database else "zeo", zeoserver=None if database else opts["zeoserver"],
+            zeo_address=zeo_address, blob_storage=blob_storage)
         options["stack-config"] = json.dumps(self.config, sort_keys=True)
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         opts.setdefault("eggs")
@@ -222,6 +217,74 @@ class Recipe:
         return [location] + list(scripts)
 
     update = install
+
+
+def contract(*, haproxy, clients, part="stack", processes=(), run_dir="", log_dir="", haproxy_binary="haproxy",
+             haproxy_config="", haproxy_template="", cache=None, storage="zeo", zeoserver=None, zeo_address=None,
+             blob_storage=None):
+    """The stack's facts, the dict written as ``stack.json``: the one place that says what
+    the load tools and tests may know about a stack (they read it through
+    ``loadtests.core``, never from haproxy.cfg or wsgi.ini).
+
+    ``haproxy``: the variables ``haproxy/haproxy.cfg.j2`` was rendered with (the haproxy
+    part's option ``template-context``: ``servers``/``upload_servers`` as dicts with
+    ``name``, ``host``, ``port``, ``maxconn``, ``wsgi_server``; ``bind``, ``stats_bind``,
+    ``tls_bind``, ``balance``, ``maxconn``, ``run_directory`` ...). ``clients``:
+    ``{client part: {"server": wsgi-server, "threads": int, "url": "http://host:port",
+    "blob_sendfile": bool, "metrics_url": URL or None}}`` for every client of both lanes.
+    ``part``: the stack part's name (extra buildouts extend it with ``<=``);
+    ``processes``: bin/stack's start list (``name``, ``argv``, ``ready``, ``stage``);
+    ``run_dir``/``log_dir``: pidfiles and logs; ``haproxy_binary``/``haproxy_config``/
+    ``haproxy_template``: paths; ``cache``: the cache tier's dict or None;
+    ``storage``: ``zeo`` or ``relstorage``; ``zeoserver``: the ZEO server's process name
+    (None for RelStorage); ``zeo_address``: the ZEO server's ``host:port`` and
+    ``blob_storage`` its blob directory, for tools that build more ZEO clients of it (None
+    for RelStorage). The A/B tool's keys come from ``rules.ab_contract``, which the Ansible
+    role's abtest.json uses too.
+
+    Returns a JSON-able dict; raises KeyError when ``haproxy`` lacks a variable named
+    above or a backend server is missing from ``clients``.
+    """
+    servers = [s["name"] for s in haproxy["servers"]]
+    upload_servers = [s["name"] for s in haproxy.get("upload_servers", [])]
+    missing = [name for name in servers + upload_servers if name not in clients]
+    if missing:
+        raise KeyError(f"backend servers without client facts: {', '.join(missing)}")
+    stats = haproxy["stats_bind"]
+    document = rules.ab_contract(haproxy["servers"], haproxy.get("upload_servers", []), haproxy["bind"], stats,
+                                 haproxy.get("tls_bind") or "", haproxy["balance"], run_dir)
+    document.update({
+        "part": part,
+        "log_dir": log_dir,
+        "processes": list(processes),
+        # Connections the site's frontend holds at once (HAProxy's frontend maxconn).
+        "frontend_maxconn": haproxy["maxconn"],
+        # Each ZEO client: server kind, threads (= its HAProxy maxconn in the page lane),
+        # base URL, whether the blobsendfile filter is on, its metrics URL.
+        "clients": clients,
+        # {client part: URL of its Prometheus metrics}; HAProxy's own are on stats-bind.
+        "metrics": {name: c["metrics_url"] for name, c in clients.items() if c.get("metrics_url")},
+        "haproxy_metrics_url": f"http://{stats}/metrics",
+        # HAProxy's binary, rendered config and runtime API (drain/enable servers for a
+        # rolling restart), and the template with the variables it was rendered with: a
+        # tool that needs a variant (other ports, balance mode, servers) renders the
+        # template with changed variables instead of editing the rendered file.
+        "haproxy_binary": haproxy_binary,
+        "haproxy_config": haproxy_config,
+        "haproxy_socket": os.path.join(haproxy["run_directory"], "haproxy.sock"),
+        "haproxy_template": haproxy_template,
+        "haproxy_context": haproxy,
+        # The cache tier in front of the pool on the TLS listener, or null.
+        "cache": cache,
+        # "zeo" or "relstorage", and the ZEO server's process or null: the load-test tools
+        # that build ZEO clients of their own refuse a RelStorage stack.
+        "storage": storage,
+        "zeoserver": zeoserver,
+        # The ZEO server and its blob directory (null for RelStorage).
+        "zeo_address": zeo_address,
+        "blob_storage": blob_storage,
+    })
+    return document
 
 
 # --------------------------------------------------------------------------- runtime
