@@ -44,7 +44,7 @@ from loadtests.core import (add_run_arguments, cpu_seconds, exits_2_when_not_rea
                             machine_busy_seconds, markdown_table, new_figure, parse_counts, report_folder,
                             require_wrk, run_wrk, save_figure, stack_pids, write_report)
 from plonedeploy.recipe import edge, tls
-from plonedeploy.recipe.options import render_template
+from plonedeploy.recipe.options import TEMPLATES_DIRECTORY, render_template
 
 ROOT = serverbuild.ROOT
 BACKEND = "zeoclients"
@@ -121,7 +121,7 @@ class ScalingBalancer(TemporaryBalancer):
         shutil.rmtree(self.run_directory, ignore_errors=True)
 
     def config_text(self):
-        return render_template(os.path.join(ROOT, "haproxy", "haproxy.cfg.j2"), {
+        return render_template(os.path.join(TEMPLATES_DIRECTORY, "haproxy.cfg.j2"), {
             "part": "loadtests.scaling", "servers": self.servers,
             "bind": f"127.0.0.1:{self.frontend_port}", "stats_bind": f"127.0.0.1:{self.stats_port}",
             "balance": "leastconn", "health_check": "/Plone/@@ok", "timeout_queue": 60,

@@ -22,7 +22,7 @@ BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
 HEAD = """\
 [buildout]
 extends = {root}/versions.cfg
-develop = {root}/recipes/plonedeploy.recipe
+develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
 eggs-directory = {root}/eggs
 newest = false
 allow-picked-versions = false
@@ -30,7 +30,6 @@ parts = {parts}
 
 [client]
 recipe = plonedeploy.recipe:instance
-templates-directory = {root}/templates
 eggs = Plone
 zeo-client = on
 zeo-address = {zeo_address}

@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT
-from plonedeploy.recipe.options import SERVERS
+from plonedeploy.recipe.options import SERVERS, TEMPLATES_DIRECTORY
 
 pytestmark = pytest.mark.buildout
 
@@ -26,7 +26,7 @@ BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
 BASE = """\
 [buildout]
 extends = {root}/versions.cfg
-develop = {root}/recipes/plonedeploy.recipe
+develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
 eggs-directory = {root}/eggs
 newest = false
 allow-picked-versions = false
@@ -38,7 +38,6 @@ zeo-address = 127.0.0.1:18100
 
 [instance]
 recipe = plonedeploy.recipe:instance
-templates-directory = {root}/templates
 http-address = 127.0.0.1:18081
 zeo-client = on
 zeo-address = 127.0.0.1:18100
@@ -58,7 +57,6 @@ threads = 1
 
 [haproxy]
 recipe = plonedeploy.recipe:haproxy
-template = {root}/haproxy/haproxy.cfg.j2
 backends = instance client2
 upload-backends = uploads
 bind = 127.0.0.1:18080
@@ -116,9 +114,13 @@ def test_blob_filter_on_by_default(built, part):
     ini = _ini(directory / "parts" / part / "etc" / "wsgi.ini")
     assert ini["pipeline:main"]["pipeline"].split() == [
         "blobsendfile", "translogger", "egg:Zope#httpexceptions", "zope"]
-    assert ini["filter:blobsendfile"]["use"] == "egg:plonedeploy.recipe#blobsendfile"
-    # the filter's distribution is on the client's path (egg:plonedeploy.recipe#...)
-    assert os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src") in (directory / "bin" / part).read_text()
+    assert ini["filter:blobsendfile"]["use"] == "egg:plonedeploy.runtime#blobsendfile"
+    # the filter's distribution is on the client's path (egg:plonedeploy.runtime#...), the
+    # recipe's own (zc.buildout, Jinja2, psutil) is not
+    script = (directory / "bin" / part).read_text()
+    assert os.path.join(ROOT, "recipes", "plonedeploy.runtime", "src") in script
+    assert os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src") not in script
+    assert "/Jinja2-" not in script and "/psutil-" not in script
 
 
 def test_blob_filter_off(tmp_path):
@@ -127,7 +129,7 @@ def test_blob_filter_off(tmp_path):
     ini = _ini(tmp_path / "parts" / "instance" / "etc" / "wsgi.ini")
     assert ini["pipeline:main"]["pipeline"].split() == ["translogger", "egg:Zope#httpexceptions", "zope"]
     assert "filter:blobsendfile" not in ini
-    assert "plonedeploy.recipe" not in (tmp_path / "bin" / "instance").read_text()
+    assert "plonedeploy." not in (tmp_path / "bin" / "instance").read_text()
     # client2 (<= instance) inherits it, as any other option of the macro
     assert "blobsendfile" not in _ini(tmp_path / "parts" / "client2" / "etc" / "wsgi.ini")["pipeline:main"]["pipeline"]
 
@@ -259,7 +261,7 @@ def test_second_buildout_keeps_parts(built):
 def varnish_part(**options):
     """Buildout text adding a cache tier ([varnish], not in BASE's parts) with ``options``
     (keys with ``_`` for ``-``) over the defaults of these tests."""
-    values = {"recipe": "plonedeploy.recipe:varnish", "template": f"{ROOT}/templates/varnish.vcl.j2",
+    values = {"recipe": "plonedeploy.recipe:varnish", "template": f"{TEMPLATES_DIRECTORY}/varnish.vcl.j2",
               "bind": "127.0.0.1:18681", "backend": "127.0.0.1:18688", "clients": "instance client2 uploads"}
     values.update({k.replace("_", "-"): v for k, v in options.items()})
     # Continues buildout()'s [buildout] section: put it first in ``extra``.
@@ -336,7 +338,11 @@ BAD = [
     ("[instance]\nwsgi-ini-template = /tmp/x.ini\n",
      "[instance] wsgi-ini-template is set by plonedeploy.recipe"),
     ("[instance]\ntemplates-directory = /nonexistent\n",
-     "[instance] templates-directory = '/nonexistent': no pyruvate.ini.in there"),
+     "[instance] templates-directory = '/nonexistent' is invalid: expected a directory holding pyruvate.ini.in"),
+    ("[haproxy]\ntemplate = /nonexistent/haproxy.cfg.j2\n",
+     "[haproxy] template = '/nonexistent/haproxy.cfg.j2' is invalid: expected an existing template file"),
+    (varnish_part(template="/nonexistent.vcl"),
+     "[varnish] template = '/nonexistent.vcl' is invalid: expected an existing template file"),
     ("[haproxy]\nbalance = fastest\n",
      "[haproxy] balance = 'fastest' is invalid: expected one of: leastconn, roundrobin"),
     ("[haproxy]\nbackends = instance instance\n",
@@ -458,7 +464,7 @@ def test_metrics_filter_wired_per_client(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     for part, port in (("instance", 18091), ("client2", 18092), ("uploads", 18093)):
         ini = _ini(tmp_path / "parts" / part / "etc" / "wsgi.ini")
-        assert ini["filter:metrics"]["use"] == "egg:plonedeploy.recipe#metrics"
+        assert ini["filter:metrics"]["use"] == "egg:plonedeploy.runtime#metrics"
         assert ini["filter:metrics"]["address"] == f"127.0.0.1:{port}"
         assert ini["pipeline:main"]["pipeline"].split()[:2] == ["blobsendfile", "metrics"]
         assert "prometheus_client-0.26.0" in (tmp_path / "bin" / part).read_text()
@@ -542,7 +548,7 @@ def test_server_ini_pool_size_and_eggs(servers_build, server):
     part = directory / "parts" / f"c_{server}"
     section = _ini(part / "etc" / "wsgi.ini")["server:main"]
     threads = 1 if server in SINGLE else 2
-    assert section["use"] == SERVER_USE.get(server, f"egg:plonedeploy.recipe#{server}")
+    assert section["use"] == SERVER_USE.get(server, f"egg:plonedeploy.runtime#{server}")
     address = (f"{section['host']}:{section['port']}" if "host" in section
                else section.get("socket") or section["listen"])
     assert address == f"127.0.0.1:{ports[server]}"
@@ -552,7 +558,7 @@ def test_server_ini_pool_size_and_eggs(servers_build, server):
     assert re.findall(r"^\s*pool-size (\d+)$", main[:main.index("</zodb_db>")], re.MULTILINE) == [str(threads)]
     script = (directory / "bin" / f"c_{server}").read_text()
     for egg in SERVERS[server]:
-        if egg != "plonedeploy.recipe":  # a develop egg: its src directory is on the path
+        if egg != "plonedeploy.runtime":  # a develop egg: its src directory is on the path
             assert re.search(rf"/{re.escape(egg)}-[\d.]+(post\d+)?-py3", script), egg
 
 
@@ -573,7 +579,7 @@ def test_runner_entry_point_loads_and_reads_the_template_keys(servers_build, ser
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     value, keys = json.loads(out.stdout.splitlines()[-1])
-    assert value.startswith(f"plonedeploy.recipe.servers.{server}:")
+    assert value.startswith(f"plonedeploy.runtime.servers.{server}:")
     assert set(keys) == set(section) - {"use"}
 
 

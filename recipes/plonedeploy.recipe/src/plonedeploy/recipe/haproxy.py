@@ -107,7 +107,9 @@ server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and 
     the pool. The plain ``bind`` never uses the cache (the A/B comparison runs there).
     PURGE and BAN from visitors get 405.
 ``template``
-    Jinja2 template, default ``${buildout:directory}/haproxy/haproxy.cfg.j2``.
+    Jinja2 template file, default ``haproxy.cfg.j2`` of this package
+    (``plonedeploy/recipe/templates/``, ``options.TEMPLATES_DIRECTORY``); a path that is
+    not a file is a ``UserError`` naming ``template``.
 ``haproxy``
     The haproxy binary used for ``haproxy -c -f`` (default: ``haproxy`` on PATH, else
     ``/usr/sbin/haproxy``).
@@ -134,6 +136,7 @@ from plonedeploy.recipe.options import (
     parse_positive_int,
     parse_switch,
     render_template,
+    template_option,
     write_checked,
 )
 from plonedeploy.recipe.rules import fd_limit_needed
@@ -162,7 +165,6 @@ class Recipe:
 
     def __init__(self, buildout, name, options):
         self.name, self.options = name, options
-        directory = buildout["buildout"]["directory"]
         names = options.get("backends", "").split()
         if not names:
             raise zc.buildout.UserError(
@@ -242,7 +244,7 @@ class Recipe:
             parse_network(name, "manage-networks", value)
             for value in options.setdefault("manage-networks", "").split()
         ]
-        options.setdefault("template", os.path.join(directory, "haproxy", "haproxy.cfg.j2"))
+        options["template"] = template_option(name, options, "template", "haproxy.cfg.j2")
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         options["config"] = os.path.join(options["location"], "haproxy.cfg")
         options.setdefault(

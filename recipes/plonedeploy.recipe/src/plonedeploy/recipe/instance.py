@@ -7,7 +7,8 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eg
 ``wsgi-server``
     ``pyruvate`` (default), ``waitress``, ``gunicorn``, ``cheroot``, ``granian``,
     ``bjoern``, ``uwsgi`` or ``gevent`` (``options.SERVERS``; docs/servers.md). Adds that
-    server's eggs to ``eggs`` and renders the part's ``etc/wsgi.ini`` from
+    server's eggs to ``eggs`` (and ``plonedeploy.runtime`` for the servers whose runner
+    lives there) and renders the part's ``etc/wsgi.ini`` from
     ``<templates-directory>/<wsgi-server>.ini.in``.
 ``http-address``
     Required; exactly one ``host:port`` (pyruvate's ``socket``, waitress' ``listen``).
@@ -33,8 +34,9 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eg
     than the budget (docs/tuning.md). Not together with ``zodb-cache-size-bytes``.
 ``blob-sendfile``
     ``on`` (default) or ``off`` (also ``true``/``false``). On: the WSGI filter
-    ``blobsendfile`` (``plonedeploy.recipe.blobfilter``) is put first in the pipeline and
-    ``plonedeploy.recipe`` is added to ``eggs``; whole-file blob downloads then reach the
+    ``blobsendfile`` (``plonedeploy.runtime.blobfilter``) is put first in the pipeline and
+    ``plonedeploy.runtime`` is added to ``eggs`` (never this recipe's own distribution:
+    a client has no use for zc.buildout, Jinja2 or psutil); whole-file blob downloads then reach the
     server's ``wsgi.file_wrapper`` as a real file (pyruvate: ``sendfile(2)``). Off: the
     stock pipeline.
 ``max-request-body-size``
@@ -47,9 +49,9 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eg
 ``metrics-address``
     Optional ``host:port`` (default: none, no metrics): the client's Prometheus metrics
     (requests by status, latency histogram, ZODB pool and caches;
-    ``plonedeploy.recipe.metrics``) are served there by a thread of the client process,
+    ``plonedeploy.runtime.metrics``) are served there by a thread of the client process,
     at ``/metrics``, never through the balancer's frontend. Adds the WSGI filter
-    ``metrics`` after ``blobsendfile`` and ``prometheus-client`` to ``eggs``. Each client
+    ``metrics`` after ``blobsendfile``, and ``plonedeploy.runtime`` and ``prometheus-client`` to ``eggs``. Each client
     needs its own (``plonedeploy.recipe:stack`` refuses two clients on one address), and
     it must differ from ``http-address``.
 ``storage``
@@ -79,7 +81,10 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``, ``eg
     with ``database`` (one cache per client), ``${buildout:directory}/var/relstorage-blobs``
     with ``shared-directory`` (one directory for every client of this buildout).
 ``templates-directory``
-    Where ``<server>.ini.in`` live; default ``${buildout:directory}/templates``.
+    Where ``<server>.ini.in`` (and the ``_common.ini.in`` they include) live; default
+    the templates shipped in this package (``plonedeploy/recipe/templates/``,
+    ``options.TEMPLATES_DIRECTORY``). Copy that directory to start your own. A directory
+    without ``<wsgi-server>.ini.in`` is a ``UserError`` naming ``templates-directory``.
 
 The server template is rendered in two stages: Jinja2 fills ``{{ ... }}`` (server, address,
 threads), then plone.recipe.zope2instance fills ``%(...)s`` (log files, pipeline, zope.conf
@@ -108,6 +113,7 @@ from plonedeploy.recipe.options import (
     METRICS_FILTER,
     RELSTORAGE_BLOBS,
     RELSTORAGE_EGGS,
+    RUNTIME_EGG,
     SERVERS,
     STORAGES,
     add_pipeline_filter,
@@ -124,6 +130,7 @@ from plonedeploy.recipe.options import (
     parse_threads,
     relstorage_lines,
     render_template,
+    template_option,
 )
 
 logger = logging.getLogger("plonedeploy.recipe")
@@ -216,15 +223,7 @@ class Recipe(Zope2InstanceRecipe):
                 f"[{name}] wsgi-ini-template is set by plonedeploy.recipe from "
                 "templates-directory/<wsgi-server>.ini.in; remove it and edit that template"
             )
-        templates = options.setdefault(
-            "templates-directory",
-            os.path.join(buildout["buildout"]["directory"], "templates"),
-        )
-        self.template = os.path.join(templates, f"{self.server}.ini.in")
-        if not os.path.isfile(self.template):
-            raise zc.buildout.UserError(
-                f"[{name}] templates-directory = {templates!r}: no {self.server}.ini.in there"
-            )
+        self.template = template_option(name, options, "templates-directory", f"{self.server}.ini.in")
 
         if self.blob_sendfile and f"[filter:{BLOB_FILTER}]" not in render_template(self.template, self.context()):
             raise zc.buildout.UserError(
@@ -240,11 +239,11 @@ class Recipe(Zope2InstanceRecipe):
 
         eggs = options.get("eggs", "").split()
         eggs += [egg for egg in SERVERS[self.server] if egg not in eggs]
-        if self.blob_sendfile and "plonedeploy.recipe" not in eggs:
-            eggs.append("plonedeploy.recipe")  # egg:plonedeploy.recipe#blobsendfile
+        if self.blob_sendfile and RUNTIME_EGG not in eggs:
+            eggs.append(RUNTIME_EGG)  # egg:plonedeploy.runtime#blobsendfile
         if self.metrics_address:
-            # egg:plonedeploy.recipe#metrics, which imports prometheus_client
-            eggs += [egg for egg in ("plonedeploy.recipe", METRICS_EGG) if egg not in eggs]
+            # egg:plonedeploy.runtime#metrics, which imports prometheus_client
+            eggs += [egg for egg in (RUNTIME_EGG, METRICS_EGG) if egg not in eggs]
         if self.storage == "relstorage":
             eggs += [egg for egg in RELSTORAGE_EGGS if egg not in eggs]
         options["eggs"] = "\n".join(eggs)

@@ -9,18 +9,19 @@ Errors are returned as message strings; the recipes turn them into
 
 #: WSGI servers a ZEO client can run, mapped to the eggs the client needs for them (added
 #: to its ``eggs``). Each needs a ``templates/<name>.ini.in``. Servers without a
-#: PasteDeploy entry point usable with Zope run through a runner of this distribution
-#: (``egg:plonedeploy.recipe#<name>``, plonedeploy/recipe/servers/); ``uwsgi`` is the
+#: PasteDeploy entry point usable with Zope run through a runner of the runtime
+#: distribution (``egg:plonedeploy.runtime#<name>``, recipes/plonedeploy.runtime/src/
+#: plonedeploy/runtime/servers/); ``uwsgi`` is the
 #: uWSGI project's ``pyuwsgi`` wheel (uWSGI as a Python extension). See docs/servers.md.
 SERVERS = {
     "pyruvate": ("pyruvate",),
     "waitress": ("waitress",),
-    "gunicorn": ("plonedeploy.recipe", "gunicorn"),
-    "cheroot": ("plonedeploy.recipe", "cheroot"),
-    "granian": ("plonedeploy.recipe", "granian"),
-    "bjoern": ("plonedeploy.recipe", "bjoern"),
-    "uwsgi": ("plonedeploy.recipe", "pyuwsgi"),
-    "gevent": ("plonedeploy.recipe", "gevent"),
+    "gunicorn": ("plonedeploy.runtime", "gunicorn"),
+    "cheroot": ("plonedeploy.runtime", "cheroot"),
+    "granian": ("plonedeploy.runtime", "granian"),
+    "bjoern": ("plonedeploy.runtime", "bjoern"),
+    "uwsgi": ("plonedeploy.runtime", "pyuwsgi"),
+    "gevent": ("plonedeploy.runtime", "gevent"),
 }
 #: Servers that call the app from one thread, one request at a time (bjoern's libev loop;
 #: gevent's greenlets, which without monkey-patching would share Zope's thread-local

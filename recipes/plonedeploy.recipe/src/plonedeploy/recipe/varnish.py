@@ -31,7 +31,9 @@ Options:
     (``/metrics``; it runs ``varnishstat -n <workdir>`` on each scrape); ``bin/stack`` starts
     it with varnish. Default empty: no exporter. Keep it on a local or admin address.
 ``template``
-    Jinja2 template, default ``${buildout:directory}/templates/varnish.vcl.j2``.
+    Jinja2 template file, default ``varnish.vcl.j2`` of this package
+    (``plonedeploy/recipe/templates/``, ``options.TEMPLATES_DIRECTORY``); a path that is
+    not a file is a ``UserError`` naming ``template``.
 ``varnishd``
     The varnishd binary (default ``varnishd`` on PATH, else ``/usr/sbin/varnishd``).
 
@@ -57,6 +59,7 @@ from plonedeploy.recipe.options import (
     parse_http_address,
     parse_network,
     render_template,
+    template_option,
     write_checked,
 )
 
@@ -150,7 +153,7 @@ class Recipe:
         except ValueError as exc:
             fail(name, "cookie-allowlist", options["cookie-allowlist"], f"cookie names ({exc})")
         options["purge-acl"] = " ".join(self.context["purge_networks"])
-        options.setdefault("template", os.path.join(directory, "templates", "varnish.vcl.j2"))
+        options["template"] = template_option(name, options, "template", "varnish.vcl.j2")
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         options["vcl"] = os.path.join(options["location"], "varnish.vcl")
         options["workdir"] = os.path.join(directory, "var", name)
