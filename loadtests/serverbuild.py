@@ -36,7 +36,7 @@ zeo-address = {zeo_address}
 shared-blob = on
 blob-storage = {blob_storage}
 zodb-cache-size = 30000
-"""
+{client_options}"""
 
 PART = """
 [{name}]
@@ -60,15 +60,17 @@ def build(directory, base_port, zeo_address, blob_storage, timeout=600):
     return build_parts(directory, parts, zeo_address, blob_storage, timeout)
 
 
-def build_parts(directory, parts, zeo_address, blob_storage, timeout=600):
+def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client_options=""):
     """Write ``directory/buildout.cfg`` with the ZEO client ``parts``; run bin/buildout.
 
     ``parts``: ``[(part name, wsgi-server, http port, threads or None for the default)]``.
+    ``client_options``: more ``key = value`` lines (text, newline-terminated) for every
+    part, e.g. a ``metrics-address`` (then build one part only: each needs its own).
     Returns the ``subprocess.CompletedProcess`` (text; stdout and stderr captured).
     """
     directory = pathlib.Path(directory)
     text = HEAD.format(root=ROOT, parts=" ".join(name for name, _, _, _ in parts),
-                       zeo_address=zeo_address, blob_storage=blob_storage)
+                       zeo_address=zeo_address, blob_storage=blob_storage, client_options=client_options)
     for name, server, port, threads in parts:
         text += PART.format(name=name, server=server, port=port,
                             threads="" if threads is None else f"threads = {threads}\n")

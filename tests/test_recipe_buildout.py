@@ -12,6 +12,7 @@ import configparser
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -676,3 +677,40 @@ def test_zeo_stays_the_default(built):
     zope_conf = (directory / "parts" / "instance" / "etc" / "zope.conf").read_text()
     assert "<zeoclient>" in zope_conf and "relstorage" not in zope_conf
     assert "RelStorage" not in (directory / "bin" / "instance").read_text()
+
+
+def test_wheels_carry_the_templates_and_split_the_namespace(tmp_path):
+    """Built as wheels and installed outside this checkout, plonedeploy.recipe finds its
+    templates in its own package (no ${buildout:directory}/templates) and
+    plonedeploy.runtime imports beside it in the shared ``plonedeploy`` namespace, with its
+    PasteDeploy entry points; neither wheel carries the other's modules."""
+    pip = os.path.join(ROOT, ".venv-buildout", "bin", "pip")
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    # Copies: setuptools builds in the source tree and would leave build/ in the checkout.
+    sources = [str(shutil.copytree(os.path.join(ROOT, "recipes", name), tmp_path / "src" / name,
+                                   ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__")))
+               for name in ("plonedeploy.recipe", "plonedeploy.runtime")]
+    subprocess.run([pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), *sources],
+                   check=True, capture_output=True, timeout=300)
+    subprocess.run([pip, "install", "-q", "--no-deps", "--target", str(target), *map(str, wheels.glob("*.whl"))],
+                   check=True, capture_output=True, timeout=300)
+    assert not (target / "plonedeploy" / "__init__.py").exists()  # PEP 420: no portion owns it
+    assert not (target / "plonedeploy" / "recipe" / "servers").exists()
+    code = (
+        "import json, importlib.metadata as m\n"
+        "from plonedeploy.recipe import options\n"
+        "import plonedeploy.runtime.blobfilter as b\n"
+        "eps = {e.group + ':' + e.name: e.value for e in m.distribution('plonedeploy.runtime').entry_points}\n"
+        "print(json.dumps([options.TEMPLATES_DIRECTORY, b.__file__, sorted(eps.items())]))\n"
+    )
+    # The test venv's python: Jinja2 and zc.buildout importable, plonedeploy only from ``target``.
+    out = subprocess.run([os.path.join(ROOT, ".venv", "bin", "python"), "-c", code], cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(target)), capture_output=True, text=True,
+                         timeout=60, check=True)
+    templates, blobfilter, entry_points = json.loads(out.stdout)
+    assert templates == str(target / "plonedeploy" / "recipe" / "templates")
+    assert blobfilter.startswith(str(target))
+    for name in [f"{server}.ini.in" for server in SERVERS] + ["_common.ini.in", "haproxy.cfg.j2", "varnish.vcl.j2"]:
+        assert os.path.isfile(os.path.join(templates, name)), name
+    assert ["paste.filter_factory:blobsendfile", "plonedeploy.runtime.blobfilter:filter_factory"] in entry_points
+    assert ["paste.server_factory:gunicorn", "plonedeploy.runtime.servers.gunicorn:server_factory"] in entry_points
