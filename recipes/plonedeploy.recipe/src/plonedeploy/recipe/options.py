@@ -18,7 +18,7 @@ import zc.buildout
 # The server and thread rules live in rules.py (plain Python, which Ansible imports too);
 # re-exported here for the recipes and tools that import them from options.
 from plonedeploy.recipe.rules import (  # noqa: E402,F401
-    DEFAULT_SERVER, DEFAULT_THREADS, SERVERS, SINGLE_THREADED, auto_threads, default_threads, threads_error)
+    DEFAULT_SERVER, DEFAULT_THREADS, RUNTIME_EGG, SERVERS, SINGLE_THREADED, auto_threads, default_threads, threads_error)
 
 #: Values of an on/off option (``blob-sendfile``), mapped to their meaning.
 SWITCH_VALUES = {"on": True, "off": False, "true": True, "false": False}
@@ -30,11 +30,6 @@ BLOB_FILTER = "blobsendfile"
 #: egg it needs in the client.
 METRICS_FILTER = "metrics"
 METRICS_EGG = "prometheus-client"
-
-#: The distribution of what a ZEO client runs (server runners, the blobsendfile and metrics
-#: filters): added to a client's ``eggs`` instead of this recipe's, whose zc.buildout,
-#: Jinja2 and psutil the client has no use for.
-RUNTIME_EGG = "plonedeploy.runtime"
 
 #: The templates shipped with this package (package data; a directory on disk because the
 #: distribution is not zip-safe): ``<server>.ini.in``, ``_common.ini.in``,

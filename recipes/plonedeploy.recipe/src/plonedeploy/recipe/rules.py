@@ -7,6 +7,11 @@ Errors are returned as message strings; the recipes turn them into
 ``zc.buildout.UserError``, the roles into a failed ``assert``.
 """
 
+#: The distribution of what a ZEO client runs (server runners, the blobsendfile and metrics
+#: filters): added to a client's ``eggs`` instead of plonedeploy.recipe, whose zc.buildout,
+#: Jinja2 and psutil the client has no use for.
+RUNTIME_EGG = "plonedeploy.runtime"
+
 #: WSGI servers a ZEO client can run, mapped to the eggs the client needs for them (added
 #: to its ``eggs``). Each needs a ``templates/<name>.ini.in``. Servers without a
 #: PasteDeploy entry point usable with Zope run through a runner of the runtime
@@ -16,12 +21,12 @@ Errors are returned as message strings; the recipes turn them into
 SERVERS = {
     "pyruvate": ("pyruvate",),
     "waitress": ("waitress",),
-    "gunicorn": ("plonedeploy.runtime", "gunicorn"),
-    "cheroot": ("plonedeploy.runtime", "cheroot"),
-    "granian": ("plonedeploy.runtime", "granian"),
-    "bjoern": ("plonedeploy.runtime", "bjoern"),
-    "uwsgi": ("plonedeploy.runtime", "pyuwsgi"),
-    "gevent": ("plonedeploy.runtime", "gevent"),
+    "gunicorn": (RUNTIME_EGG, "gunicorn"),
+    "cheroot": (RUNTIME_EGG, "cheroot"),
+    "granian": (RUNTIME_EGG, "granian"),
+    "bjoern": (RUNTIME_EGG, "bjoern"),
+    "uwsgi": (RUNTIME_EGG, "pyuwsgi"),
+    "gevent": (RUNTIME_EGG, "gevent"),
 }
 #: Servers that call the app from one thread, one request at a time (bjoern's libev loop;
 #: gevent's greenlets, which without monkey-patching would share Zope's thread-local
