@@ -248,7 +248,7 @@ def zeo_server(config):
 
 def render_haproxy(config, **changes):
     """Text of an HAProxy config for a variant of the stack: the project's template
-    (``haproxy_template`` of stack.json, haproxy/haproxy.cfg.j2) rendered with the variables
+    (``haproxy_template`` of stack.json, the recipe's templates/haproxy.cfg.j2) rendered with the variables
     the stack's HAProxy was rendered with (``haproxy_context``), each key of ``changes``
     replacing one (``balance="roundrobin"``, ``bind="127.0.0.1:8090"``, ``servers=[{"name",
     "host", "port", "maxconn", "wsgi_server"}]``, ...). Raises NotReady when stack.json has no

@@ -10,7 +10,7 @@ Builds ``--build`` (a buildout with one pyruvate ZEO client part ``s<threads>_<i
 threads value and client number, all ZEO clients of the stack's zeoserver, ports
 ``--port`` + 10 x (index of the threads value) + i) unless built. Then, per threads value:
 starts clients 1..max one after another, and for each client count n (rounds alternate
-the order: 1..N, then N..1) renders the project's haproxy/haproxy.cfg.j2 with the stack's variables for clients
+the order: 1..N, then N..1) renders the recipe's templates/haproxy.cfg.j2 with the stack's variables for clients
 1..n (leastconn, maxconn = threads) into a temporary HAProxy on ``--port`` + 90/91,
 warms up for 3 s, and runs wrk with ``--connections`` keep-alive connections on
 ``--path`` for ``--duration`` seconds. The clients are stopped after their threads value.

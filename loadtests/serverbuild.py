@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAD = """\
 [buildout]
 extends = {root}/versions.cfg
-develop = {root}/recipes/plonedeploy.recipe
+develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
 eggs-directory = {root}/eggs
 newest = false
 allow-picked-versions = false
@@ -29,14 +29,13 @@ parts = {parts}
 
 [client]
 recipe = plonedeploy.recipe:instance
-templates-directory = {root}/templates
 eggs = Plone
 zeo-client = on
 zeo-address = {zeo_address}
 shared-blob = on
 blob-storage = {blob_storage}
 zodb-cache-size = 30000
-"""
+{client_options}"""
 
 PART = """
 [{name}]
@@ -59,18 +58,20 @@ def build(directory, base_port, zeo_address, blob_storage, timeout=600):
     return build_parts(directory, parts, zeo_address, blob_storage, timeout)
 
 
-def build_parts(directory, parts, zeo_address, blob_storage, timeout=600):
+def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client_options=""):
     """Write ``directory/buildout.cfg`` with the ZEO client ``parts`` and build it with
     :func:`loadtests.extrabuild.build` (the one builder of the load tools).
 
     ``parts``: ``[(part name, wsgi-server, http port, threads or None for the default)]``;
     ``zeo_address``: ``host:port`` of the ZEO server, ``blob_storage`` its blob directory
-    (:func:`loadtests.core.zeo_server`). Returns the seconds buildout ran; its output is in
+    (:func:`loadtests.core.zeo_server`); ``client_options``: more ``key = value`` lines
+    (text, newline-terminated) for every part, e.g. a ``metrics-address`` (then build one
+    part only: each needs its own). Returns the seconds buildout ran; its output is in
     ``directory/buildout.log``. Raises RuntimeError (config, log, output's tail) when it
     fails, ``subprocess.TimeoutExpired`` after ``timeout`` seconds.
     """
     text = HEAD.format(root=ROOT, parts=" ".join(name for name, _, _, _ in parts),
-                       zeo_address=zeo_address, blob_storage=blob_storage)
+                       zeo_address=zeo_address, blob_storage=blob_storage, client_options=client_options)
     for name, server, port, threads in parts:
         text += PART.format(name=name, server=server, port=port,
                             threads="" if threads is None else f"threads = {threads}\n")

@@ -10,7 +10,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE_SRC = os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src")
-for path in (ROOT, RECIPE_SRC):
+# The runtime distribution (server runners, filters): the unit tests import it directly.
+RUNTIME_SRC = os.path.join(ROOT, "recipes", "plonedeploy.runtime", "src")
+for path in (ROOT, RECIPE_SRC, RUNTIME_SRC):
     if path not in sys.path:
         sys.path.insert(0, path)
 

@@ -342,7 +342,7 @@ def verify():
     haproxy_cfg = open(f"{WORK}/lb1/haproxy/haproxy.cfg", encoding="utf-8").read()
     maxconn = re.search(r"^\s*server client3 \S+ .*\bmaxconn (\d+)", haproxy_cfg, re.MULTILINE)
     check(f"client3: gunicorn with threads auto = {expected} ({cores} cores, 4 clients), HAProxy maxconn the same",
-          "egg:plonedeploy.recipe#gunicorn" in ini and threads == expected and maxconn
+          "egg:plonedeploy.runtime#gunicorn" in ini and threads == expected and maxconn
           and int(maxconn.group(1)) == expected, f"wsgi.ini threads {threads}, maxconn {maxconn and maxconn.group(1)}")
     served = set()
     for _ in range(30):  # POSTs: past the cache tier, straight to the pool

@@ -56,7 +56,7 @@ def test_clients_run_the_filter_first(stack):
         ini = configparser.ConfigParser(interpolation=None)
         ini.read(os.path.join(ROOT, "parts", name, "etc", "wsgi.ini"))
         assert ini["pipeline:main"]["pipeline"].split()[0] == "blobsendfile", name
-        assert ini["filter:blobsendfile"]["use"] == "egg:plonedeploy.recipe#blobsendfile", name
+        assert ini["filter:blobsendfile"]["use"] == "egg:plonedeploy.runtime#blobsendfile", name
 
 
 @pytest.mark.parametrize("base", list(BASES))

@@ -1,4 +1,4 @@
-"""Unit tests of the ``blobsendfile`` WSGI filter (``plonedeploy.recipe.blobfilter``).
+"""Unit tests of the ``blobsendfile`` WSGI filter (``plonedeploy.runtime.blobfilter``).
 
 Real files, the real classes of the client's eggs (plone.namedfile's
 ``filestream_range_iterator``, Zope's ``filestream_iterator``, pyruvate's ``FileWrapper``,
@@ -18,7 +18,7 @@ import wsgiref.util
 import pytest
 
 from conftest import ROOT
-from plonedeploy.recipe import blobfilter
+from plonedeploy.runtime import blobfilter
 
 INTERPRETER = os.path.join(ROOT, "parts", "instance", "bin", "interpreter")
 SIZE = 3 * 65536 + 12345  # not a multiple of any block size

@@ -20,7 +20,7 @@ from plonedeploy.recipe import options, varnish
 # The demo's certificate is self-signed.
 pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 
-TEMPLATE = os.path.join(ROOT, "templates", "varnish.vcl.j2")
+TEMPLATE = os.path.join(options.TEMPLATES_DIRECTORY, "varnish.vcl.j2")
 
 
 def render(tmp_path, **overrides):

@@ -136,7 +136,7 @@ def test_hello_ini_keeps_server_section_on_another_port():
     ini = matrix_servers.hello_ini(text, 9510, 9511)
     assert "socket = 127.0.0.1:9511\nworkers = 2" in ini
     assert "9510" not in ini and "egg:Zope" not in ini and "[app:zope]" not in ini
-    assert ini.endswith("[app:main]\nuse = egg:plonedeploy.recipe#hello\n")
+    assert ini.endswith("[app:main]\nuse = egg:plonedeploy.runtime#hello\n")
     with pytest.raises(ValueError):
         matrix_servers.hello_ini("[app:main]\n", 9510, 9511)
 

@@ -18,7 +18,7 @@ SCRIPT = r'''
 import transaction, ZODB
 from ZODB.ActivityMonitor import ActivityMonitor
 from prometheus_client import CollectorRegistry, generate_latest
-from plonedeploy.recipe.metrics import Metrics, Middleware, ZODBCollector, install_monitor
+from plonedeploy.runtime.metrics import Metrics, Middleware, ZODBCollector, install_monitor
 
 db = ZODB.DB(None, pool_size=3, cache_size=500)
 previous = ActivityMonitor()

@@ -78,7 +78,7 @@ def test_single_threaded_servers_refuse_more_threads(server):
 
 def test_every_server_has_a_template():
     for server in options.SERVERS:
-        assert os.path.isfile(os.path.join(ROOT, "templates", f"{server}.ini.in")), server
+        assert os.path.isfile(os.path.join(options.TEMPLATES_DIRECTORY, f"{server}.ini.in")), server
 
 
 ZOPE_CONF = """\
@@ -120,7 +120,7 @@ def _render_stage_one(server, blob_sendfile=True, metrics_address=None):
     context = {"part": "p", "server": server, "host": "127.0.0.1", "port": 8081,
                "http_address": "127.0.0.1:8081", "threads": 3, "blob_sendfile": blob_sendfile,
                "metrics_address": metrics_address}
-    return options.render_template(os.path.join(ROOT, "templates", f"{server}.ini.in"), context)
+    return options.render_template(os.path.join(options.TEMPLATES_DIRECTORY, f"{server}.ini.in"), context)
 
 
 def test_pyruvate_template_sets_only_keys_pyruvate_reads():
@@ -173,7 +173,7 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
     pem = tmp_path / "site.pem"
     if with_tls:
         tls.make_self_signed(str(pem), ["127.0.0.1"])
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(ROOT, "haproxy")),
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(options.TEMPLATES_DIRECTORY),
                              undefined=jinja2.StrictUndefined, trim_blocks=trim_blocks,
                              keep_trailing_newline=True)
     text = env.get_template("haproxy.cfg.j2").render(
@@ -243,7 +243,7 @@ def test_blob_filter_goes_first_in_pipeline():
 def test_template_defines_blob_filter_only_when_on(server):
     on = configparser.ConfigParser(interpolation=None)
     on.read_string(_render_stage_one(server, blob_sendfile=True))
-    assert dict(on["filter:blobsendfile"]) == {"use": "egg:plonedeploy.recipe#blobsendfile"}
+    assert dict(on["filter:blobsendfile"]) == {"use": "egg:plonedeploy.runtime#blobsendfile"}
     off = configparser.ConfigParser(interpolation=None)
     off.read_string(_render_stage_one(server, blob_sendfile=False))
     assert "filter:blobsendfile" not in off
@@ -254,7 +254,7 @@ def test_template_defines_blob_filter_only_when_on(server):
 def test_template_defines_metrics_filter_only_with_address(server):
     on = configparser.ConfigParser(interpolation=None)
     on.read_string(_render_stage_one(server, metrics_address="127.0.0.1:8091"))
-    assert dict(on["filter:metrics"]) == {"use": "egg:plonedeploy.recipe#metrics", "address": "127.0.0.1:8091"}
+    assert dict(on["filter:metrics"]) == {"use": "egg:plonedeploy.runtime#metrics", "address": "127.0.0.1:8091"}
     off = configparser.ConfigParser(interpolation=None)
     off.read_string(_render_stage_one(server))
     assert set(off.sections()) == set(on.sections()) - {"filter:metrics"}

@@ -12,12 +12,13 @@ import configparser
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
 
 from conftest import ROOT
-from plonedeploy.recipe.options import SERVERS, render_template
+from plonedeploy.recipe.options import SERVERS, TEMPLATES_DIRECTORY, render_template
 
 pytestmark = pytest.mark.buildout
 
@@ -26,7 +27,7 @@ BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
 BASE = """\
 [buildout]
 extends = {root}/versions.cfg
-develop = {root}/recipes/plonedeploy.recipe
+develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
 eggs-directory = {root}/eggs
 newest = false
 allow-picked-versions = false
@@ -38,7 +39,6 @@ zeo-address = 127.0.0.1:18100
 
 [instance]
 recipe = plonedeploy.recipe:instance
-templates-directory = {root}/templates
 http-address = 127.0.0.1:18081
 zeo-client = on
 zeo-address = 127.0.0.1:18100
@@ -58,7 +58,6 @@ threads = 1
 
 [haproxy]
 recipe = plonedeploy.recipe:haproxy
-template = {root}/haproxy/haproxy.cfg.j2
 backends = instance client2
 upload-backends = uploads
 bind = 127.0.0.1:18080
@@ -116,9 +115,13 @@ def test_blob_filter_on_by_default(built, part):
     ini = _ini(directory / "parts" / part / "etc" / "wsgi.ini")
     assert ini["pipeline:main"]["pipeline"].split() == [
         "blobsendfile", "translogger", "egg:Zope#httpexceptions", "zope"]
-    assert ini["filter:blobsendfile"]["use"] == "egg:plonedeploy.recipe#blobsendfile"
-    # the filter's distribution is on the client's path (egg:plonedeploy.recipe#...)
-    assert os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src") in (directory / "bin" / part).read_text()
+    assert ini["filter:blobsendfile"]["use"] == "egg:plonedeploy.runtime#blobsendfile"
+    # the filter's distribution is on the client's path (egg:plonedeploy.runtime#...), the
+    # recipe's own (zc.buildout, Jinja2, psutil) is not
+    script = (directory / "bin" / part).read_text()
+    assert os.path.join(ROOT, "recipes", "plonedeploy.runtime", "src") in script
+    assert os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src") not in script
+    assert "/Jinja2-" not in script and "/psutil-" not in script
 
 
 def test_blob_filter_off(tmp_path):
@@ -127,7 +130,7 @@ def test_blob_filter_off(tmp_path):
     ini = _ini(tmp_path / "parts" / "instance" / "etc" / "wsgi.ini")
     assert ini["pipeline:main"]["pipeline"].split() == ["translogger", "egg:Zope#httpexceptions", "zope"]
     assert "filter:blobsendfile" not in ini
-    assert "plonedeploy.recipe" not in (tmp_path / "bin" / "instance").read_text()
+    assert "plonedeploy." not in (tmp_path / "bin" / "instance").read_text()
     # client2 (<= instance) inherits it, as any other option of the macro
     assert "blobsendfile" not in _ini(tmp_path / "parts" / "client2" / "etc" / "wsgi.ini")["pipeline:main"]["pipeline"]
 
@@ -217,7 +220,7 @@ def test_stack_script_and_config(built):
     assert config["blob_storage"] is None  # BASE's zeoserver part sets no blob-storage
     # The template and its variables reproduce the rendered haproxy.cfg byte for byte, so a
     # variant rendered from them differs only in what the tool changed.
-    assert config["haproxy_template"] == os.path.join(ROOT, "haproxy", "haproxy.cfg.j2")
+    assert config["haproxy_template"] == os.path.join(TEMPLATES_DIRECTORY, "haproxy.cfg.j2")
     assert config["haproxy_context"]["balance"] == "leastconn"
     assert render_template(config["haproxy_template"], config["haproxy_context"]) == \
         (directory / "parts" / "haproxy" / "haproxy.cfg").read_text()
@@ -294,7 +297,7 @@ def test_second_buildout_keeps_parts(built):
 def varnish_part(**options):
     """Buildout text adding a cache tier ([varnish], not in BASE's parts) with ``options``
     (keys with ``_`` for ``-``) over the defaults of these tests."""
-    values = {"recipe": "plonedeploy.recipe:varnish", "template": f"{ROOT}/templates/varnish.vcl.j2",
+    values = {"recipe": "plonedeploy.recipe:varnish", "template": f"{TEMPLATES_DIRECTORY}/varnish.vcl.j2",
               "bind": "127.0.0.1:18681", "backend": "127.0.0.1:18688", "clients": "instance client2 uploads"}
     values.update({k.replace("_", "-"): v for k, v in options.items()})
     # Continues buildout()'s [buildout] section: put it first in ``extra``.
@@ -374,7 +377,11 @@ BAD = [
     ("[instance]\nwsgi-ini-template = /tmp/x.ini\n",
      "[instance] wsgi-ini-template is set by plonedeploy.recipe"),
     ("[instance]\ntemplates-directory = /nonexistent\n",
-     "[instance] templates-directory = '/nonexistent': no pyruvate.ini.in there"),
+     "[instance] templates-directory = '/nonexistent' is invalid: expected a directory holding pyruvate.ini.in"),
+    ("[haproxy]\ntemplate = /nonexistent/haproxy.cfg.j2\n",
+     "[haproxy] template = '/nonexistent/haproxy.cfg.j2' is invalid: expected an existing template file"),
+    (varnish_part(template="/nonexistent.vcl"),
+     "[varnish] template = '/nonexistent.vcl' is invalid: expected an existing template file"),
     ("[haproxy]\nbalance = fastest\n",
      "[haproxy] balance = 'fastest' is invalid: expected one of: leastconn, roundrobin"),
     ("[haproxy]\nbackends = instance instance\n",
@@ -496,7 +503,7 @@ def test_metrics_filter_wired_per_client(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     for part, port in (("instance", 18091), ("client2", 18092), ("uploads", 18093)):
         ini = _ini(tmp_path / "parts" / part / "etc" / "wsgi.ini")
-        assert ini["filter:metrics"]["use"] == "egg:plonedeploy.recipe#metrics"
+        assert ini["filter:metrics"]["use"] == "egg:plonedeploy.runtime#metrics"
         assert ini["filter:metrics"]["address"] == f"127.0.0.1:{port}"
         assert ini["pipeline:main"]["pipeline"].split()[:2] == ["blobsendfile", "metrics"]
         assert "prometheus_client-0.26.0" in (tmp_path / "bin" / part).read_text()
@@ -578,7 +585,7 @@ def test_server_ini_pool_size_and_eggs(servers_build, server):
     part = directory / "parts" / f"c_{server}"
     section = _ini(part / "etc" / "wsgi.ini")["server:main"]
     threads = 1 if server in SINGLE else 2
-    assert section["use"] == SERVER_USE.get(server, f"egg:plonedeploy.recipe#{server}")
+    assert section["use"] == SERVER_USE.get(server, f"egg:plonedeploy.runtime#{server}")
     address = (f"{section['host']}:{section['port']}" if "host" in section
                else section.get("socket") or section["listen"])
     assert address == f"127.0.0.1:{ports[server]}"
@@ -588,7 +595,7 @@ def test_server_ini_pool_size_and_eggs(servers_build, server):
     assert re.findall(r"^\s*pool-size (\d+)$", main[:main.index("</zodb_db>")], re.MULTILINE) == [str(threads)]
     script = (directory / "bin" / f"c_{server}").read_text()
     for egg in SERVERS[server]:
-        if egg != "plonedeploy.recipe":  # a develop egg: its src directory is on the path
+        if egg != "plonedeploy.runtime":  # a develop egg: its src directory is on the path
             assert re.search(rf"/{re.escape(egg)}-[\d.]+(post\d+)?-py3", script), egg
 
 
@@ -609,7 +616,7 @@ def test_runner_entry_point_loads_and_reads_the_template_keys(servers_build, ser
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     value, keys = json.loads(out.stdout.splitlines()[-1])
-    assert value.startswith(f"plonedeploy.recipe.servers.{server}:")
+    assert value.startswith(f"plonedeploy.runtime.servers.{server}:")
     assert set(keys) == set(section) - {"use"}
 
 
@@ -709,19 +716,13 @@ def test_zeo_stays_the_default(built):
 
 
 # relstorage.cfg itself, built in a directory of its own: only what must point back into
-# this checkout (the recipe's source, the eggs, the templates) is overridden.
+# this checkout (the recipes' source, the eggs, the logrotate template) is overridden.
 RELSTORAGE_CFG = """\
 [buildout]
 extends = {root}/relstorage.cfg
-develop = {root}/recipes/plonedeploy.recipe
+develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
 eggs-directory = {root}/eggs
 newest = false
-[instance]
-templates-directory = {root}/templates
-[haproxy]
-template = {root}/haproxy/haproxy.cfg.j2
-[varnish]
-template = {root}/templates/varnish.vcl.j2
 [logrotate]
 input = {root}/templates/logrotate.conf.in
 """
@@ -758,3 +759,40 @@ def test_relstorage_cfg_builds_nothing_of_zeo(tmp_path):
     for part in ("instance", "client2", "uploads"):
         zope_conf = (tmp_path / "parts" / part / "etc" / "zope.conf").read_text()
         assert "<relstorage>" in zope_conf and "<zeoclient>" not in zope_conf and "blobstorage" not in zope_conf
+
+
+def test_wheels_carry_the_templates_and_split_the_namespace(tmp_path):
+    """Built as wheels and installed outside this checkout, plonedeploy.recipe finds its
+    templates in its own package (no ${buildout:directory}/templates) and
+    plonedeploy.runtime imports beside it in the shared ``plonedeploy`` namespace, with its
+    PasteDeploy entry points; neither wheel carries the other's modules."""
+    pip = os.path.join(ROOT, ".venv-buildout", "bin", "pip")
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    # Copies: setuptools builds in the source tree and would leave build/ in the checkout.
+    sources = [str(shutil.copytree(os.path.join(ROOT, "recipes", name), tmp_path / "src" / name,
+                                   ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__")))
+               for name in ("plonedeploy.recipe", "plonedeploy.runtime")]
+    subprocess.run([pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), *sources],
+                   check=True, capture_output=True, timeout=300)
+    subprocess.run([pip, "install", "-q", "--no-deps", "--target", str(target), *map(str, wheels.glob("*.whl"))],
+                   check=True, capture_output=True, timeout=300)
+    assert not (target / "plonedeploy" / "__init__.py").exists()  # PEP 420: no portion owns it
+    assert not (target / "plonedeploy" / "recipe" / "servers").exists()
+    code = (
+        "import json, importlib.metadata as m\n"
+        "from plonedeploy.recipe import options\n"
+        "import plonedeploy.runtime.blobfilter as b\n"
+        "eps = {e.group + ':' + e.name: e.value for e in m.distribution('plonedeploy.runtime').entry_points}\n"
+        "print(json.dumps([options.TEMPLATES_DIRECTORY, b.__file__, sorted(eps.items())]))\n"
+    )
+    # The test venv's python: Jinja2 and zc.buildout importable, plonedeploy only from ``target``.
+    out = subprocess.run([os.path.join(ROOT, ".venv", "bin", "python"), "-c", code], cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(target)), capture_output=True, text=True,
+                         timeout=60, check=True)
+    templates, blobfilter, entry_points = json.loads(out.stdout)
+    assert templates == str(target / "plonedeploy" / "recipe" / "templates")
+    assert blobfilter.startswith(str(target))
+    for name in [f"{server}.ini.in" for server in SERVERS] + ["_common.ini.in", "haproxy.cfg.j2", "varnish.vcl.j2"]:
+        assert os.path.isfile(os.path.join(templates, name)), name
+    assert ["paste.filter_factory:blobsendfile", "plonedeploy.runtime.blobfilter:filter_factory"] in entry_points
+    assert ["paste.server_factory:gunicorn", "plonedeploy.runtime.servers.gunicorn:server_factory"] in entry_points

@@ -56,7 +56,7 @@ PORTS = {"haproxy": 9650, "instance": 9651, "postgresql": 9652, "uploads": 9653,
 CONFIG = """\
 [buildout]
 extends = {root}/relstorage.cfg
-develop = {root}/recipes/plonedeploy.recipe
+develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
 eggs-directory = {root}/eggs
 newest = false
 parts = postgresql instance client2 uploads haproxy stack relstorage-tools migration filesite converted
@@ -65,10 +65,8 @@ parts = postgresql instance client2 uploads haproxy stack relstorage-tools migra
 {ports}
 
 [instance]
-templates-directory = {root}/templates
 
 [haproxy]
-template = {root}/haproxy/haproxy.cfg.j2
 # two page clients: one serves while bin/stack restart drains the other
 backends = instance client2
 # The cache tier is the same on either storage (tests/test_cache.py): left out here.

@@ -1,8 +1,8 @@
-"""Unit tests of the server runners' ini parsing (plonedeploy.recipe.servers), no server
+"""Unit tests of the server runners' ini parsing (plonedeploy.runtime.servers), no server
 imported: the keys each runner accepts, and what it makes of them."""
 import pytest
 
-from plonedeploy.recipe.servers import as_bool, as_int, gunicorn, take, uwsgi
+from plonedeploy.runtime.servers import as_bool, as_int, gunicorn, take, uwsgi
 
 UWSGI = {"host": "127.0.0.1", "port": "9389", "threads": "3", "listen": "100",
          "buffer_size": "32768", "http_keepalive": "true", "http_timeout": "30"}
@@ -34,7 +34,7 @@ def test_uwsgi_runs_one_process_without_master_on_the_loaded_app():
 
     assert value("--http11-socket") == "127.0.0.1:9389"
     assert value("--processes") == "1" and value("--threads") == "3"
-    assert value("--module") == "plonedeploy.recipe.servers.uwsgi:application"
+    assert value("--module") == "plonedeploy.runtime.servers.uwsgi:application"
     assert value("--buffer-size") == "32768"
     assert "--master" not in args
     assert "--tcp-nodelay" in args  # else ~40 ms per kept-alive response (Nagle vs. delayed ACK)

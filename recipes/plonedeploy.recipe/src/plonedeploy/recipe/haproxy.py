@@ -47,6 +47,7 @@ from plonedeploy.recipe.options import (
     parse_positive_int,
     parse_switch,
     render_template,
+    template_option,
     write_checked,
 )
 from plonedeploy.recipe.rules import fd_limit_needed
@@ -77,7 +78,6 @@ class Recipe:
         self.name, self.options = name, options
         # Reads go through the table (an undeclared option raises); writes to options.
         opts = DeclaredOptions(name, options, HAPROXY)
-        directory = buildout["buildout"]["directory"]
         names = opts.get("backends", "").split()
         if not names:
             raise zc.buildout.UserError(
@@ -157,7 +157,7 @@ class Recipe:
             parse_network(name, "manage-networks", value)
             for value in opts.setdefault("manage-networks").split()
         ]
-        opts.setdefault("template", os.path.join(directory, "haproxy", "haproxy.cfg.j2"))
+        options["template"] = template_option(name, opts, "template", "haproxy.cfg.j2")
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         options["config"] = os.path.join(options["location"], "haproxy.cfg")
         opts.setdefault(
@@ -170,7 +170,7 @@ class Recipe:
         options["template-context"] = json.dumps(self.context, sort_keys=True).replace("$", "\\u0024")
 
     def template_context(self):
-        """The variables of ``haproxy/haproxy.cfg.j2`` (a JSON-able dict): what ``install``
+        """The variables of ``templates/haproxy.cfg.j2`` (a JSON-able dict): what ``install``
         renders, and what option ``template-context`` records for the stack part, whose
         stack.json hands it to tools that render variants (other ports or balance mode)."""
         options = self.options

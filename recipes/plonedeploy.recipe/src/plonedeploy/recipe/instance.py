@@ -45,6 +45,7 @@ from plonedeploy.recipe.options import (
     METRICS_FILTER,
     RELSTORAGE_BLOBS,
     RELSTORAGE_EGGS,
+    RUNTIME_EGG,
     SERVERS,
     STORAGES,
     add_pipeline_filter,
@@ -61,6 +62,7 @@ from plonedeploy.recipe.options import (
     parse_threads,
     relstorage_lines,
     render_template,
+    template_option,
 )
 
 logger = logging.getLogger("plonedeploy.recipe")
@@ -155,15 +157,7 @@ class Recipe(Zope2InstanceRecipe):
                 f"[{name}] wsgi-ini-template is set by plonedeploy.recipe from "
                 "templates-directory/<wsgi-server>.ini.in; remove it and edit that template"
             )
-        templates = opts.setdefault(
-            "templates-directory",
-            os.path.join(buildout["buildout"]["directory"], "templates"),
-        )
-        self.template = os.path.join(templates, f"{self.server}.ini.in")
-        if not os.path.isfile(self.template):
-            raise zc.buildout.UserError(
-                f"[{name}] templates-directory = {templates!r}: no {self.server}.ini.in there"
-            )
+        self.template = template_option(name, opts, "templates-directory", f"{self.server}.ini.in")
 
         if self.blob_sendfile and f"[filter:{BLOB_FILTER}]" not in render_template(self.template, self.context()):
             raise zc.buildout.UserError(
@@ -179,11 +173,11 @@ class Recipe(Zope2InstanceRecipe):
 
         eggs = opts.get("eggs", "").split()
         eggs += [egg for egg in SERVERS[self.server] if egg not in eggs]
-        if self.blob_sendfile and "plonedeploy.recipe" not in eggs:
-            eggs.append("plonedeploy.recipe")  # egg:plonedeploy.recipe#blobsendfile
+        if self.blob_sendfile and RUNTIME_EGG not in eggs:
+            eggs.append(RUNTIME_EGG)  # egg:plonedeploy.runtime#blobsendfile
         if self.metrics_address:
-            # egg:plonedeploy.recipe#metrics, which imports prometheus_client
-            eggs += [egg for egg in ("plonedeploy.recipe", METRICS_EGG) if egg not in eggs]
+            # egg:plonedeploy.runtime#metrics, which imports prometheus_client
+            eggs += [egg for egg in (RUNTIME_EGG, METRICS_EGG) if egg not in eggs]
         if self.storage == "relstorage":
             eggs += [egg for egg in RELSTORAGE_EGGS if egg not in eggs]
         options["eggs"] = "\n".join(eggs)

@@ -5,6 +5,7 @@ without a build. Every validation error is a ``zc.buildout.UserError`` whose mes
 the part, the option, the value given and what is allowed, so ``bin/buildout`` stops with
 one readable line instead of a traceback.
 """
+import importlib.resources
 import ipaddress
 import os
 import re
@@ -19,7 +20,7 @@ from plonedeploy.recipe import storage as _storage
 # The server and thread rules live in rules.py (plain Python, which Ansible imports too);
 # re-exported here for the recipes and tools that import them from options.
 from plonedeploy.recipe.rules import (  # noqa: E402,F401
-    DEFAULT_SERVER, DEFAULT_THREADS, SERVERS, SINGLE_THREADED, auto_threads, default_threads, threads_error)
+    DEFAULT_SERVER, DEFAULT_THREADS, RUNTIME_EGG, SERVERS, SINGLE_THREADED, auto_threads, default_threads, threads_error)
 
 #: Values of an on/off option (``blob-sendfile``), mapped to their meaning.
 SWITCH_VALUES = {"on": True, "off": False, "true": True, "false": False}
@@ -31,6 +32,12 @@ BLOB_FILTER = "blobsendfile"
 #: egg it needs in the client.
 METRICS_FILTER = "metrics"
 METRICS_EGG = "prometheus-client"
+
+#: The templates shipped with this package (package data; a directory on disk because the
+#: distribution is not zip-safe): ``<server>.ini.in``, ``_common.ini.in``,
+#: ``haproxy.cfg.j2``, ``varnish.vcl.j2``. The default of ``templates-directory`` and
+#: ``template``.
+TEMPLATES_DIRECTORY = str(importlib.resources.files("plonedeploy.recipe") / "templates")
 
 # The storage rules (storages, blob modes, DSN keywords) live in storage.py, plain Python
 # that Ansible imports too; re-exported here for the recipes that import them from options.
@@ -212,6 +219,28 @@ def check_choice(part, option, value, choices):
     if value not in choices:
         fail(part, option, value, "one of: " + ", ".join(choices))
     return value
+
+
+def template_option(part, options, option, filename):
+    """Resolve a part's template option; return the template file's absolute path.
+
+    ``option`` is ``templates-directory`` (a directory that must hold ``filename``) or
+    ``template`` (the file itself); unset, it defaults to the package's own
+    (:data:`TEMPLATES_DIRECTORY`, or ``filename`` in it) and is written back into
+    ``options`` so that ``bin/buildout annotate`` shows what was used.
+
+    Raises ``zc.buildout.UserError`` naming the part, the option and the value when the
+    directory or the file does not exist.
+    """
+    default = TEMPLATES_DIRECTORY if option == "templates-directory" else os.path.join(TEMPLATES_DIRECTORY, filename)
+    value = options.get(option, "").strip() or default
+    options[option] = value
+    path = os.path.join(value, filename) if option == "templates-directory" else value
+    if not os.path.isfile(path):
+        fail(part, option, value,
+             f"a directory holding {filename}" if option == "templates-directory"
+             else f"an existing template file such as {os.path.join(TEMPLATES_DIRECTORY, filename)}")
+    return os.path.abspath(path)
 
 
 def render_template(path, context):

@@ -73,6 +73,11 @@ class DeclaredOptions:
         self.declared(key)
         return self.options.get(key, default)
 
+    def __setitem__(self, key, value):
+        """Store the resolved value of the declared option ``key`` (zc.buildout records it)."""
+        self.declared(key)
+        self.options[key] = value
+
     def setdefault(self, key, default=None):
         """The option's text; when unset, ``default`` (else the declared default) is stored
         in the part's options first, so zc.buildout records it (a changed default then
@@ -134,7 +139,7 @@ INSTANCE = (
            "naming one whose option is off is an error", "plone.recipe.zope2instance's"),
     Option("metrics-address", "", _HOST_PORT + ", not `http-address`, one per client",
            "the client's Prometheus metrics (`/metrics`): the WSGI filter `metrics` "
-           "(`plonedeploy.recipe.metrics`) and prometheus-client's HTTP server in a thread of the "
+           "(`plonedeploy.runtime.metrics`) and prometheus-client's HTTP server in a thread of the "
            "client; adds `prometheus-client` to `eggs`. A part made with `<= instance` inherits it: "
            "set it per client ([operations.md, Metrics](operations.md#metrics))",
            "unset (buildout.cfg: `127.0.0.1:8071`, `:8072`, `:8073`)"),
@@ -161,7 +166,8 @@ INSTANCE = (
            "plone.recipe.zope2instance's option, refused here: written from `storage = relstorage` and the `relstorage-*` options",
            "unset"),
     Option("templates-directory", None, "a directory with `<server>.ini.in`",
-           "where the server templates are", "`${buildout:directory}/templates`"),
+           "where the server templates are (a directory of your own to change them)",
+           "this package's `templates/` (`options.TEMPLATES_DIRECTORY`)"),
     Option("wsgi-ini-template", "", "nothing",
            "plone.recipe.zope2instance's option, refused here: written from `templates-directory`", "unset"),
     Option("eggs", "", "egg names",
@@ -240,8 +246,8 @@ HAPROXY = (
            "over TLS, GET and HEAD without a body go to it (backend `cache`) while HAProxy's check "
            "of it passes; HAProxy binds its `backend` as the `cache_fill` listener. Needs `tls-bind` "
            "(buildout.cfg: `varnish`, [Cache](operations.md#cache))", "empty (no cache)"),
-    Option("template", None, "a Jinja2 template", "the config template",
-           "`${buildout:directory}/haproxy/haproxy.cfg.j2`"),
+    Option("template", None, "a Jinja2 template", "the config template (the Ansible role renders it too)",
+           "`haproxy.cfg.j2` of this package's `templates/`"),
     Option("haproxy", "", "a program", "the binary for `haproxy -c -f` and `bin/stack`",
            "`haproxy` on PATH, else `/usr/sbin/haproxy`"),
     Option("run-directory", None, "a directory", "where the admin socket `haproxy.sock` is "
@@ -271,7 +277,7 @@ VARNISH = (
     Option("exporter", "prometheus-varnish-exporter", "a program",
            "the exporter binary, with `metrics-address`"),
     Option("template", None, "a Jinja2 template", "the VCL template (the Ansible role renders it too)",
-           "`${buildout:directory}/templates/varnish.vcl.j2`"),
+           "`varnish.vcl.j2` of this package's `templates/`"),
     Option("varnishd", "", "a program", "the binary for `varnishd -C` and `bin/stack`",
            "`varnishd` on PATH, else `/usr/sbin/varnishd`"),
 )

@@ -7,20 +7,26 @@ Errors are returned as message strings; the recipes turn them into
 ``zc.buildout.UserError``, the roles into a failed ``assert``.
 """
 
+#: The distribution of what a ZEO client runs (server runners, the blobsendfile and metrics
+#: filters): added to a client's ``eggs`` instead of plonedeploy.recipe, whose zc.buildout,
+#: Jinja2 and psutil the client has no use for.
+RUNTIME_EGG = "plonedeploy.runtime"
+
 #: WSGI servers a ZEO client can run, mapped to the eggs the client needs for them (added
 #: to its ``eggs``). Each needs a ``templates/<name>.ini.in``. Servers without a
-#: PasteDeploy entry point usable with Zope run through a runner of this distribution
-#: (``egg:plonedeploy.recipe#<name>``, plonedeploy/recipe/servers/); ``uwsgi`` is the
+#: PasteDeploy entry point usable with Zope run through a runner of the runtime
+#: distribution (``egg:plonedeploy.runtime#<name>``, recipes/plonedeploy.runtime/src/
+#: plonedeploy/runtime/servers/); ``uwsgi`` is the
 #: uWSGI project's ``pyuwsgi`` wheel (uWSGI as a Python extension). See docs/servers.md.
 SERVERS = {
     "pyruvate": ("pyruvate",),
     "waitress": ("waitress",),
-    "gunicorn": ("plonedeploy.recipe", "gunicorn"),
-    "cheroot": ("plonedeploy.recipe", "cheroot"),
-    "granian": ("plonedeploy.recipe", "granian"),
-    "bjoern": ("plonedeploy.recipe", "bjoern"),
-    "uwsgi": ("plonedeploy.recipe", "pyuwsgi"),
-    "gevent": ("plonedeploy.recipe", "gevent"),
+    "gunicorn": (RUNTIME_EGG, "gunicorn"),
+    "cheroot": (RUNTIME_EGG, "cheroot"),
+    "granian": (RUNTIME_EGG, "granian"),
+    "bjoern": (RUNTIME_EGG, "bjoern"),
+    "uwsgi": (RUNTIME_EGG, "pyuwsgi"),
+    "gevent": (RUNTIME_EGG, "gevent"),
 }
 #: Servers that call the app from one thread, one request at a time (bjoern's libev loop;
 #: gevent's greenlets, which without monkey-patching would share Zope's thread-local
@@ -74,7 +80,7 @@ def fd_limit_needed(maxconn, servers):
     return maxconn + 16 + sum(int(s["maxconn"]) for s in servers) + 64
 
 
-#: HAProxy backends of the page pool and the upload lane (haproxy/haproxy.cfg.j2), by which
+#: HAProxy backends of the page pool and the upload lane (templates/haproxy.cfg.j2), by which
 #: the A/B tool and ``bin/stack restart`` find the clients in HAProxy's stats.
 POOL_BACKEND = "zeoclients"
 UPLOAD_BACKEND = "uploads"

@@ -226,7 +226,7 @@ def contract(*, haproxy, clients, part="stack", processes=(), run_dir="", log_di
     the load tools and tests may know about a stack (they read it through
     ``loadtests.core``, never from haproxy.cfg or wsgi.ini).
 
-    ``haproxy``: the variables ``haproxy/haproxy.cfg.j2`` was rendered with (the haproxy
+    ``haproxy``: the variables ``templates/haproxy.cfg.j2`` was rendered with (the haproxy
     part's option ``template-context``: ``servers``/``upload_servers`` as dicts with
     ``name``, ``host``, ``port``, ``maxconn``, ``wsgi_server``; ``bind``, ``stats_bind``,
     ``tls_bind``, ``balance``, ``maxconn``, ``run_directory`` ...). ``clients``:

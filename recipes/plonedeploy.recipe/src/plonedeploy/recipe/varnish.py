@@ -32,6 +32,7 @@ from plonedeploy.recipe.options import (
     parse_http_address,
     parse_network,
     render_template,
+    template_option,
     write_checked,
 )
 
@@ -127,7 +128,7 @@ class Recipe:
         except ValueError as exc:
             fail(name, "cookie-allowlist", opts["cookie-allowlist"], f"cookie names ({exc})")
         options["purge-acl"] = " ".join(self.context["purge_networks"])
-        opts.setdefault("template", os.path.join(directory, "templates", "varnish.vcl.j2"))
+        options["template"] = template_option(name, opts, "template", "varnish.vcl.j2")
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         options["vcl"] = os.path.join(options["location"], "varnish.vcl")
         options["workdir"] = os.path.join(directory, "var", name)

@@ -1,4 +1,4 @@
-"""``egg:plonedeploy.recipe#hello``: a hello-world WSGI app, and a runner that serves it.
+"""``egg:plonedeploy.runtime#hello``: a hello-world WSGI app, and a runner that serves it.
 
 The benchmark matrix (loadtests/matrix.py) measures each WSGI server on a trivial app
 as well as on Zope, so its figures compare with the old server benchmarks (which served
@@ -7,10 +7,10 @@ with ``200 OK``, ``Content-Type: text/plain`` and the 13 bytes ``Hello, world!``
 
 Served by the same server runner as a ZEO client, without loading Zope::
 
-    parts/<part>/bin/interpreter -m plonedeploy.recipe.hello <hello.ini>
+    parts/<part>/bin/interpreter -m plonedeploy.runtime.hello <hello.ini>
 
 where ``hello.ini`` has the ``[server:main]`` section of the client's ``etc/wsgi.ini``
-(another port) and ``[app:main] use = egg:plonedeploy.recipe#hello``. :func:`main` does
+(another port) and ``[app:main] use = egg:plonedeploy.runtime#hello``. :func:`main` does
 what Zope's runwsgi does (PasteDeploy ``loadserver``, ``loadapp``, ``server(app)``) but
 sets up no logging and writes no pidfile. The supervisor factories (gunicorn, granian)
 load the app in their worker from the same ini, so they serve hello too.
@@ -42,7 +42,7 @@ def main(argv=None):
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m plonedeploy.recipe.hello HELLO.INI", file=sys.stderr)
+        print("usage: python -m plonedeploy.runtime.hello HELLO.INI", file=sys.stderr)
         return 2
     uri = "config:" + os.path.abspath(argv[0])
     server = loadserver(uri, name="main")

@@ -1,10 +1,10 @@
-"""``egg:plonedeploy.recipe#cheroot``: cheroot (CherryPy's HTTP server), threads, in-process.
+"""``egg:plonedeploy.runtime#cheroot``: cheroot (CherryPy's HTTP server), threads, in-process.
 
 cheroot's ``wsgi.Server`` runs a fixed pool of ``numthreads`` worker threads in this
 process (the one runwsgi started, with the Zope app it loaded) and queues accepted
 connections for them; it has no PasteDeploy entry point of its own.
 
-ini keys (``templates/cheroot.ini.in``): ``host``, ``port``, ``threads`` (-> ``numthreads``
+ini keys (plonedeploy.recipe's ``templates/cheroot.ini.in``): ``host``, ``port``, ``threads`` (-> ``numthreads``
 and ``max``: a fixed pool, = ZODB pool-size), ``request_queue_size`` (listen backlog),
 ``timeout`` (seconds a connection may be idle, also keep-alive), ``shutdown_timeout``
 (seconds to finish requests on SIGTERM), ``max_request_header_size`` (bytes, 0 = no
@@ -12,7 +12,7 @@ limit), ``max_request_body_size`` (bytes, 0 = no limit).
 """
 import signal
 
-from plonedeploy.recipe.servers import as_int, take
+from plonedeploy.runtime.servers import as_int, take
 
 KEYS = ("host", "port", "threads", "request_queue_size", "timeout", "shutdown_timeout",
         "max_request_header_size", "max_request_body_size")

@@ -1,14 +1,14 @@
-"""``egg:plonedeploy.recipe#gunicorn``: gunicorn, one ``gthread`` worker with ``threads`` threads.
+"""``egg:plonedeploy.runtime#gunicorn``: gunicorn, one ``gthread`` worker with ``threads`` threads.
 
 gunicorn's own ``egg:gunicorn#main`` (gunicorn.app.pasterapp) serves the app runwsgi
 already loaded and forks its worker from there: the forked ZEO client has no client
-thread (see :mod:`plonedeploy.recipe.servers`). This factory instead runs gunicorn's
+thread (see :mod:`plonedeploy.runtime.servers`). This factory instead runs gunicorn's
 arbiter as soon as runwsgi loads the server, before Zope is loaded; the arbiter forks
 *one* worker (``workers = 1``: one ZEO client, one client cache) of class ``gthread``
 with ``threads`` threads (= ZODB pool-size), and that worker loads Zope from the ini.
 The arbiter is the process ``bin/<part>`` started (bin/stack's PID); SIGTERM stops both.
 
-ini keys (``templates/gunicorn.ini.in``): ``host``, ``port``, ``threads``, ``keepalive``
+ini keys (plonedeploy.recipe's ``templates/gunicorn.ini.in``): ``host``, ``port``, ``threads``, ``keepalive``
 (seconds an idle keep-alive connection stays open), ``timeout`` (seconds the arbiter
 waits for a silent worker; it also covers Zope's start in the worker),
 ``graceful_timeout`` (seconds for running requests on SIGTERM), ``backlog``,
@@ -17,7 +17,7 @@ waits for a silent worker; it also covers Zope's start in the worker),
 """
 import sys
 
-from plonedeploy.recipe.servers import as_int, close_zope_databases, load_app, take
+from plonedeploy.runtime.servers import as_int, close_zope_databases, load_app, take
 
 KEYS = ("host", "port", "threads", "keepalive", "timeout", "graceful_timeout", "backlog",
         "limit_request_line", "limit_request_fields", "limit_request_field_size")

@@ -42,7 +42,7 @@ PasteDeploy (``plonedeploy.recipe:instance`` writes this when ``metrics-address`
 after ``blobsendfile``::
 
     [filter:metrics]
-    use = egg:plonedeploy.recipe#metrics
+    use = egg:plonedeploy.runtime#metrics
     address = 127.0.0.1:8091
 
     [pipeline:main]
@@ -269,7 +269,7 @@ def exporter(address):
 
 
 def filter_factory(global_conf, address):
-    """PasteDeploy ``paste.filter_factory`` (``use = egg:plonedeploy.recipe#metrics``).
+    """PasteDeploy ``paste.filter_factory`` (``use = egg:plonedeploy.runtime#metrics``).
 
     ``address``: ``host:port`` of the metrics HTTP server (required).
     """

@@ -1,4 +1,4 @@
-"""``egg:plonedeploy.recipe#uwsgi``: uWSGI (``pyuwsgi`` wheel), threads, in-process.
+"""``egg:plonedeploy.runtime#uwsgi``: uWSGI (``pyuwsgi`` wheel), threads, in-process.
 
 ``pyuwsgi`` is uWSGI built as a Python extension (the uWSGI project's own wheels; the
 ``uwsgi`` sdist would compile a separate binary). ``pyuwsgi.run(args)`` runs uWSGI inside
@@ -7,12 +7,12 @@ is handed over as :data:`application` (``--module``). Without ``--master`` and w
 ``--processes 1`` uWSGI does not fork: this process is its one worker, with ``threads``
 threads (``--threads``, = ZODB pool-size). SIGTERM ends it.
 
-ini keys (``templates/uwsgi.ini.in``): ``host``, ``port``, ``threads``, ``listen`` (backlog),
+ini keys (plonedeploy.recipe's ``templates/uwsgi.ini.in``): ``host``, ``port``, ``threads``, ``listen`` (backlog),
 ``buffer_size`` (bytes: largest request line + headers; uWSGI's default 4096 is too small
 for Plone's cookies), ``http_keepalive`` (true: ``--http11-socket``, HTTP/1.1 keep-alive;
 false: ``--http-socket``), ``http_timeout`` (seconds, ``--socket-timeout``).
 """
-from plonedeploy.recipe.servers import as_bool, as_int, take
+from plonedeploy.runtime.servers import as_bool, as_int, take
 
 KEYS = ("host", "port", "threads", "listen", "buffer_size", "http_keepalive", "http_timeout")
 

@@ -51,7 +51,7 @@ In a PasteDeploy pipeline (``plonedeploy.recipe:instance`` writes this when
 filter can wrap the server's file wrapper::
 
     [filter:blobsendfile]
-    use = egg:plonedeploy.recipe#blobsendfile
+    use = egg:plonedeploy.runtime#blobsendfile
 
     [pipeline:main]
     pipeline = blobsendfile translogger egg:Zope#httpexceptions zope
@@ -254,7 +254,7 @@ class BlobSendfile:
 
 
 def filter_factory(global_conf, enabled="true"):
-    """PasteDeploy ``paste.filter_factory`` (``use = egg:plonedeploy.recipe#blobsendfile``).
+    """PasteDeploy ``paste.filter_factory`` (``use = egg:plonedeploy.runtime#blobsendfile``).
 
     ``enabled = false`` (or 0, no, off) makes the filter a pass-through.
     """

@@ -1,4 +1,4 @@
-"""``egg:plonedeploy.recipe#granian``: granian (Rust, hyper/tokio), WSGI interface.
+"""``egg:plonedeploy.runtime#granian``: granian (Rust, hyper/tokio), WSGI interface.
 
 granian's supervisor forks its workers (``MPServer``; its thread-based ``MTServer`` runs
 only on free-threaded Python builds and refuses 3.11 with ``FatalError: gil``). So, as
@@ -8,13 +8,13 @@ loads Zope from the ini. In the worker, granian's Rust runtime (``runtime_thread
 does the HTTP/1.1 I/O and hands each request to one of ``blocking_threads`` Python
 threads (``threads``, = ZODB pool-size) that call the app.
 
-ini keys (``templates/granian.ini.in``): ``host``, ``port``, ``threads``, ``backlog``,
+ini keys (plonedeploy.recipe's ``templates/granian.ini.in``): ``host``, ``port``, ``threads``, ``backlog``,
 ``http1_keep_alive`` (true/false), ``http1_header_read_timeout`` (milliseconds),
 ``http1_max_buffer_size`` (bytes: largest request head granian buffers).
 """
 import sys
 
-from plonedeploy.recipe.servers import as_bool, as_int, load_app, take
+from plonedeploy.runtime.servers import as_bool, as_int, load_app, take
 
 KEYS = ("host", "port", "threads", "backlog", "http1_keep_alive", "http1_header_read_timeout",
         "http1_max_buffer_size")

@@ -1,4 +1,4 @@
-"""``egg:plonedeploy.recipe#gevent``: gevent's pywsgi, one request in Zope at a time, in-process.
+"""``egg:plonedeploy.runtime#gevent``: gevent's pywsgi, one request in Zope at a time, in-process.
 
 gevent.pywsgi serves each connection in a greenlet of gevent's event loop, all in one
 thread. Without ``gevent.monkey.patch_all()`` (which would also patch the threads and
@@ -11,12 +11,12 @@ keep-alive connection must not stop the others (with ``spawn=Pool(1)`` it did: a
 one request from python-requests the server accepted nothing more). One request at a
 time, so the recipe requires ``threads = 1``.
 
-ini keys (``templates/gevent.ini.in``): ``host``, ``port``, ``threads`` (must be 1: the
+ini keys (plonedeploy.recipe's ``templates/gevent.ini.in``): ``host``, ``port``, ``threads`` (must be 1: the
 lock's size), ``backlog``.
 """
 import signal
 
-from plonedeploy.recipe.servers import as_int, take
+from plonedeploy.runtime.servers import as_int, take
 
 KEYS = ("host", "port", "threads", "backlog")
 

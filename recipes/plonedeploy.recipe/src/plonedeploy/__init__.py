@@ -1,1 +1,0 @@
-"""plonedeploy: deployment kit for Plone on pyruvate behind HAProxy."""
