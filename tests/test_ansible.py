@@ -150,7 +150,7 @@ def test_varnish_rules_match_the_recipe():
     # (the defaults of the varnish options: test_role_defaults_and_choices_are_the_recipes)
     # the monitoring role scrapes the exporter at the varnish role's default address
     prometheus = text("monitoring", "templates", "prometheus.yml.j2")
-    assert prometheus.count(f"varnish_metrics_listen | default('{value(defaults, 'varnish_metrics_listen')}')") == 2
+    assert prometheus.count(f"varnish_metrics_listen | default('{value(defaults, 'varnish_metrics_listen')}')") == 1
     haproxy = text("haproxy", "defaults", "main.yml")
     assert f"default('{varnish.DEFAULT_BIND}')" in value(haproxy, "haproxy_cache_server")
     assert f"default('{varnish.DEFAULT_BACKEND}')" in value(haproxy, "haproxy_cache_fill_bind")
