@@ -2,6 +2,7 @@
 import json
 import os
 import socket
+import signal
 import subprocess
 import sys
 from urllib.parse import urlsplit
@@ -84,6 +85,22 @@ def while_loaded(url, action, threads=4, send=None, expect=200, log=None):
         for worker in workers:
             worker.join(60)
     return result, seconds, done[0], failures
+
+
+def stop_group(proc, timeout=60):
+    """Stop ``proc`` (a Popen started with ``start_new_session=True``) and its process group:
+    SIGTERM, then SIGKILL after ``timeout`` seconds. Returns True if SIGKILL was needed."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    try:
+        proc.wait(timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        return True
 
 
 def port_taken(port, host="127.0.0.1"):

@@ -30,7 +30,7 @@ import time
 import pytest
 import requests
 
-from conftest import port_taken
+from conftest import port_taken, stop_group
 from loadtests import serverbuild
 
 pytestmark = pytest.mark.buildout
@@ -126,8 +126,8 @@ def test_running_zeo_client_loads_no_build_module(client_build):
         metrics = requests.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10)
         assert metrics.status_code == 200 and "zope_http_requests_total" in metrics.text
     finally:
-        serverbuild.stop(client)
-        serverbuild.stop(zeo)
+        stop_group(client)
+        stop_group(zeo)
     before, after = module_files(trace.read_text())
     assert before, "no ctl imports traced before the execve of serve.py"
     for package in RUNTIME_PACKAGES:

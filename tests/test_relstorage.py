@@ -29,7 +29,6 @@ import hashlib
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
 import tempfile
@@ -39,7 +38,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import ROOT, port_taken, run, while_loaded
+from conftest import ROOT, port_taken, run, stop_group, while_loaded
 
 pytestmark = pytest.mark.integration
 
@@ -372,12 +371,7 @@ def test_zodbconvert_moves_the_demo_site_into_postgresql(relstack):
         assert answer.status_code == 200 and len(answer.content) == BLOB_SIZE
         assert hashlib.sha256(answer.content).hexdigest() == _blob_sha256_in_database(directory, "migrated")
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        stop_group(process)
 
 
 def test_dump_and_restore_bring_back_content_and_blob(relstack):
