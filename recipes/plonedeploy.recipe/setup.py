@@ -18,8 +18,8 @@ Entry points (use them as ``recipe = plonedeploy.recipe:<name>``):
 
 Every template they render ships with this package (``plonedeploy/recipe/templates/``,
 package data): the wsgi ini of each server (``<server>.ini.in`` and ``_common.ini.in``),
-``haproxy.cfg.j2`` and ``varnish.vcl.j2``; the Ansible roles render the same two files from
-there. ``templates-directory`` (instance) and ``template`` (haproxy, varnish) point a part at
+``haproxy.cfg.j2`` (in the checkout a link to the project's one copy, ``haproxy/``) and
+``varnish.vcl.j2``; the Ansible roles render the same two files. ``templates-directory`` (instance) and ``template`` (haproxy, varnish) point a part at
 your own.
 
 What a ZEO client runs (the server runners, the ``blobsendfile`` and ``metrics`` filters,
