@@ -17,17 +17,15 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from conftest import BUILDOUT, ROOT, develop_eggs
 from plonedeploy.recipe.options import SERVERS, TEMPLATES_DIRECTORY, render_template
 
 pytestmark = pytest.mark.buildout
 
-BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
-
 BASE = """\
 [buildout]
 extends = {root}/versions.cfg
-develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
+develop-eggs-directory = {develop_eggs}
 eggs-directory = {root}/eggs
 newest = false
 allow-picked-versions = false
@@ -74,7 +72,7 @@ haproxy = haproxy
 
 def buildout(directory, extra=""):
     """Write base.cfg (BASE) and buildout.cfg (extends it, plus ``extra``); run bin/buildout."""
-    (directory / "base.cfg").write_text(BASE.format(root=ROOT))
+    (directory / "base.cfg").write_text(BASE.format(root=ROOT, develop_eggs=develop_eggs()))
     cfg = directory / "buildout.cfg"
     cfg.write_text("[buildout]\nextends = base.cfg\n" + extra)
     return subprocess.run([BUILDOUT, "-c", str(cfg)], cwd=directory, capture_output=True,
@@ -720,7 +718,9 @@ def test_zeo_stays_the_default(built):
 RELSTORAGE_CFG = """\
 [buildout]
 extends = {root}/relstorage.cfg
-develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
+# buildout.cfg's develop eggs, made once per session (conftest.develop_eggs)
+develop =
+develop-eggs-directory = {develop_eggs}
 eggs-directory = {root}/eggs
 newest = false
 [logrotate]
@@ -734,7 +734,7 @@ def test_relstorage_cfg_builds_nothing_of_zeo(tmp_path):
     config signals no ZEO pidfile; zodbconvert still reads the ZEO build's var/filestorage;
     the clients are RelStorage clients and the stack starts PostgreSQL."""
     cfg = tmp_path / "buildout.cfg"
-    cfg.write_text(RELSTORAGE_CFG.format(root=ROOT))
+    cfg.write_text(RELSTORAGE_CFG.format(root=ROOT, develop_eggs=develop_eggs()))
     result = subprocess.run([BUILDOUT, "-c", str(cfg)], cwd=tmp_path, capture_output=True, text=True,
                             timeout=300, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
