@@ -97,12 +97,13 @@ class NotReady(RuntimeError):
 
 def exits_2_when_not_ready(prog):
     """Decorator for a tool's ``main(argv)``: a NotReady it raises is printed as
-    ``<prog>: <message>`` on stderr and main returns 2 (nothing was run)."""
+    ``<prog>: <message>`` on stderr and main returns 2 (nothing was run). Keyword
+    arguments pass through (an alias's ``prog``)."""
     def decorate(main):
         @functools.wraps(main)
-        def run(argv=None):
+        def run(argv=None, **kwargs):
             try:
-                return main(argv)
+                return main(argv, **kwargs)
             except NotReady as exc:
                 print(f"{prog}: {exc}", file=sys.stderr)
                 return 2
@@ -369,6 +370,22 @@ def raise_fd_limit(needed):
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
+def listen_overflows():
+    """``TcpExt: ListenOverflows`` of /proc/net/netstat (int): connections the kernel dropped
+    because a listening socket's accept queue (its backlog, at most net.core.somaxconn)
+    was full. Counts for the whole network namespace since boot; 0 where the file is
+    missing."""
+    try:
+        with open("/proc/net/netstat", encoding="ascii") as fp:
+            lines = fp.read().splitlines()
+    except OSError:
+        return 0
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:])).get("ListenOverflows", 0))
+    return 0
+
+
 # ----------------------------------------------------------------------------- waiting for quiet
 
 def foreign_cores(procs, seconds=2.0):
@@ -482,6 +499,17 @@ def percentile(values, fraction):
     if len(values) == 0:
         return None
     return np.quantile(np.asarray(values), fraction, method="inverted_cdf").item()
+
+
+def littles_law(connections, rps, p99):
+    """``{"littles_law_mean_s", "p99_over_littles_mean"}`` of a closed-loop run: the mean
+    latency (seconds) ``connections`` must show at ``rps`` requests/s if every connection is
+    served in turn (Little's law: connections / rps), and the p99 latency ``p99`` (seconds)
+    over it, a measure of unfairness (1 is as fair as a queue gets). Rounded to 3 and 2
+    places; None where rps is 0 (or ``p99`` None: no completed request)."""
+    little = connections / rps if rps else None
+    return {"littles_law_mean_s": round(little, 3) if little else None,
+            "p99_over_littles_mean": round(p99 / little, 2) if little and p99 is not None else None}
 
 
 def histogram_percentile(histogram, fraction):
