@@ -52,7 +52,6 @@ every run had no error (and, with ``--fairness``, served every connection), 1 ot
 when the stack is not ready, wrk is missing, the descriptor limit is too low or an option is
 invalid. Traffic goes only to 127.0.0.1.
 """
-import argparse
 import sys
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
@@ -60,26 +59,24 @@ from urllib.parse import urlsplit
 import psutil
 
 from loadtests import closedloop, haproxy_stats
-from loadtests.core import (PATHS, add_run_arguments, add_stack_arguments, cpu_seconds, exits_2_when_not_ready,
-                            fetch_stats, finish_report, frontend_maxconn, listen_overflows, littles_law, load_stack,
-                            machine_busy_seconds, markdown_table, own_cpu_seconds, parse_counts, raise_fd_limit,
-                            report_folder, require_wrk, run_wrk, stack_pids, wait_backend_idle)
+from loadtests.core import (PATHS, add_counts_argument, add_run_arguments, add_stack_arguments, cpu_seconds,
+                            exits_2_when_not_ready, fetch_stats, finish_report, frontend_maxconn,
+                            listen_overflows, littles_law, load_stack, machine_busy_seconds, markdown_table,
+                            new_parser, own_cpu_seconds, raise_fd_limit, report_folder, require_wrk, run_wrk,
+                            stack_pids, wait_backend_idle)
 
-PROG = "python -m loadtests connections"
 #: Defaults that depend on the load generator: {option: (wrk, closed loop)}.
 DEFAULTS = {"paths": (",".join(PATHS), "/"), "warmup": (3.0, 0.0), "baseline": (0, 10)}
 #: Options of one generator only: {option: (generator, default)}.
 ONLY = {"threads": ("wrk", 2), "connect_rate": ("fairness", 2000.0)}
 
 
-def parse_args(argv, prog=PROG):
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="N keep-alive connections per path through HAProxy: errors, requests/s, latency "
+def parse_args(argv, name="connections"):
+    parser = new_parser(
+        name, "N keep-alive connections per path through HAProxy: errors, requests/s, latency "
         "percentiles and p99 / Little's-law mean, with wrk or (--fairness) the closed-loop client that "
         "counts completions per connection (is every connection served?).")
-    parser.add_argument("--connections", default="1000",
-                        help="comma-separated connection counts, one run each (default 1000)")
+    add_counts_argument(parser, "--connections", "1000", "comma-separated connection counts, one run each")
     parser.add_argument("--fairness", action="store_true",
                         help="use the closed-loop client and count completions per connection "
                         "(default: wrk, totals only)")
@@ -120,7 +117,6 @@ def parse_args(argv, prog=PROG):
                          f"{'--fairness' if only == 'fairness' else 'wrk (without --fairness)'}")
     if args.timeout is None:
         args.timeout = args.duration * 0.75 if args.fairness else 90.0
-    args.connections = parse_counts(parser, "--connections", args.connections)
     args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     bad = [p for p in args.paths if p not in PATHS and not p.startswith("/")]
     if bad or not args.paths:
@@ -296,8 +292,9 @@ def clean(row):
 
 
 @exits_2_when_not_ready("connections")
-def main(argv=None, prog=PROG):
-    args = parse_args(argv, prog)
+def main(argv=None, name="connections"):
+    """Entry point (module docstring); ``name``: the subcommand as called (the alias passes "fairness")."""
+    args = parse_args(argv, name)
     generate = closed_loop_generator(args.connect_rate) if args.fairness else wrk_generator(require_wrk(),
                                                                                             args.threads)
     config = load_stack(args.stack_config)

@@ -14,7 +14,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     print("note: 'fairness' is 'connections --fairness' now; this alias goes in the next release",
           file=sys.stderr)
-    return connections.main(["--fairness", *argv], prog="python -m loadtests fairness")
+    return connections.main(["--fairness", *argv], name="fairness")
 
 
 if __name__ == "__main__":

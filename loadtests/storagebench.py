@@ -59,7 +59,6 @@ sites, and at 100 connections the waits (up to 60 s) until a client finished the
 left queued. Writes at 100 connections mostly complete none within 5 s (2 workers, ~2
 POSTs/s): measure them with longer runs.
 """
-import argparse
 import base64
 import os
 import secrets
@@ -76,9 +75,9 @@ import psutil
 import requests
 
 from loadtests import extrabuild
-from loadtests.core import (BLOB_SIZE, PATHS, ROOT, WRK_POST_SCRIPT, NotReady, add_run_arguments,
+from loadtests.core import (BLOB_SIZE, PATHS, ROOT, WRK_POST_SCRIPT, add_counts_argument, add_run_arguments,
                             add_stack_arguments, exits_2_when_not_ready, finish_report, format_spread,
-                            load_stack, machine_busy_seconds, markdown_table, new_figure, parse_counts,
+                            load_stack, machine_busy_seconds, markdown_table, new_figure, new_parser, NotReady,
                             report_folder, require_wrk, run_wrk, save_figure, spread, spread_bars,
                             tree_cpu_seconds, wait_tree_idle)
 
@@ -106,17 +105,15 @@ DEFAULT_WORK_DIR = os.path.join(ROOT, "var", "storagebench")
 def parse_args(argv):
     from plonedeploy.recipe.options import SERVERS
 
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests storage",
-        description="ZEO vs RelStorage on PostgreSQL side by side: req/s, p50/p99, CPU per request "
+    parser = new_parser(
+        "storage", "ZEO vs RelStorage on PostgreSQL side by side: req/s, p50/p99, CPU per request "
         "of client and database, database size, on stacks of its own (ports --base-port and up).")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated storages to build and compare, zeo first; of {', '.join(VARIANTS)} "
                         f"(default all; ratios are to zeo)")
     parser.add_argument("--paths", default=",".join(LABELS),
                         help=f"comma-separated paths of {', '.join(LABELS)} (default all)")
-    parser.add_argument("--connections", default="1,10,100",
-                        help="comma-separated wrk connection counts (default 1,10,100)")
+    add_counts_argument(parser, "--connections", "1,10,100", "comma-separated wrk connection counts")
     parser.add_argument("--server", default="pyruvate", choices=SERVERS,
                         help="the ZEO client's WSGI server, the same for every variant (default pyruvate)")
     add_run_arguments(parser, duration=5, warmup=2, rounds=3,
@@ -132,7 +129,6 @@ def parse_args(argv):
         parser.error(f"--variants: expected {BASELINE} and at least one of "
                      f"{', '.join(v for v in VARIANTS if v != BASELINE)}, got {','.join(args.variants)}")
     args.paths = _choose(parser, "--paths", args.paths, LABELS)
-    args.connections = parse_counts(parser, "--connections", args.connections)
     if args.duration < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--duration and --rounds must be >= 1, --warmup >= 0")
     if not 1024 <= args.base_port <= 65535 - PORT_STRIDE * len(args.variants):

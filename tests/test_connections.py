@@ -125,9 +125,9 @@ def test_report_columns_follow_the_generator_and_clean_needs_every_connection_se
 
 def test_fairness_is_connections_with_the_closed_loop(monkeypatch, capsys):
     seen = []
-    monkeypatch.setattr(connections, "main", lambda argv, prog: seen.append((argv, prog)) or 0)
+    monkeypatch.setattr(connections, "main", lambda argv, name: seen.append((argv, name)) or 0)
     assert fairness.main(["--connections", "200"]) == 0
-    assert seen == [(["--fairness", "--connections", "200"], "python -m loadtests fairness")]
+    assert seen == [(["--fairness", "--connections", "200"], "fairness")]
     assert "this alias goes in the next release" in capsys.readouterr().err
 
 
