@@ -42,7 +42,7 @@ PART = """
 <= client
 wsgi-server = {server}
 http-address = 127.0.0.1:{port}
-{threads}"""
+{threads}{options}"""
 
 
 def ports(base_port):
@@ -58,7 +58,7 @@ def build(directory, base_port, zeo_address, blob_storage, timeout=600):
     return build_parts(directory, parts, zeo_address, blob_storage, timeout)
 
 
-def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client_options=""):
+def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client_options="", part_options=None):
     """Write ``directory/buildout.cfg`` with the ZEO client ``parts`` and build it with
     :func:`loadtests.extrabuild.build` (the one builder of the load tools).
 
@@ -66,7 +66,8 @@ def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client
     ``zeo_address``: ``host:port`` of the ZEO server, ``blob_storage`` its blob directory
     (:func:`loadtests.core.zeo_server`); ``client_options``: more ``key = value`` lines
     (text, newline-terminated) for every part, e.g. a ``metrics-address`` (then build one
-    part only: each needs its own). Returns the seconds buildout ran; its output is in
+    part only: each needs its own, or give it per part); ``part_options``: ``{part name: such
+    lines}`` for one part each (the matrix's ``hello-address``). Returns the seconds buildout ran; its output is in
     ``directory/buildout.log``. Raises RuntimeError (config, log, output's tail) when it
     fails, ``subprocess.TimeoutExpired`` after ``timeout`` seconds.
     """
@@ -74,7 +75,8 @@ def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client
                        zeo_address=zeo_address, blob_storage=blob_storage, client_options=client_options)
     for name, server, port, threads in parts:
         text += PART.format(name=name, server=server, port=port,
-                            threads="" if threads is None else f"threads = {threads}\n")
+                            threads="" if threads is None else f"threads = {threads}\n",
+                            options=(part_options or {}).get(name, ""))
     return extrabuild.build(os.path.abspath(directory), text, f"buildout of {len(parts)} ZEO client part(s)",
                             timeout)
 

@@ -374,6 +374,9 @@ BAD = [
      "[instance] blob-sendfile = 'maybe' is invalid: expected on or off"),
     ("[instance]\nblob-sendfile = off\npipeline = blobsendfile zope\n",
      "[instance] pipeline names blobsendfile but blob-sendfile = off"),
+    ("[instance]\nhello-address = 127.0.0.1:18081\n",
+     "[instance] hello-address = '127.0.0.1:18081' is invalid: expected a host:port other than "
+     "http-address = 127.0.0.1:18081"),
     ("[instance]\nwsgi-ini-template = /tmp/x.ini\n",
      "[instance] wsgi-ini-template is set by plonedeploy.recipe"),
     ("[instance]\ntemplates-directory = /nonexistent\n",
@@ -494,6 +497,26 @@ BAD = [
 METRICS = ("[instance]\nmetrics-address = 127.0.0.1:18091\n"
            "[client2]\nmetrics-address = 127.0.0.1:18092\n"
            "[uploads]\nmetrics-address = 127.0.0.1:18093\n")
+
+
+def test_hello_address_writes_the_hello_ini_through_both_stages(tmp_path):
+    """etc/hello.ini: the client's [server:main] (stage 2 filled: waitress has %(...)s keys)
+    on hello-address, and the hello app; etc/wsgi.ini stays the Zope client's."""
+    # client2 and uploads are "<= instance": each needs its own address
+    result = buildout(tmp_path, "[instance]\nhello-address = 127.0.0.1:18095\n"
+                                "[client2]\nhello-address = 127.0.0.1:18096\n"
+                                "[uploads]\nhello-address = 127.0.0.1:18097\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for part, server_port, hello_port in (("instance", 18081, 18095), ("client2", 18082, 18096),
+                                          ("uploads", 18079, 18097)):
+        etc = tmp_path / "parts" / part / "etc"
+        hello, client = _ini(etc / "hello.ini"), _ini(etc / "wsgi.ini")
+        assert hello.sections() == ["server:main", "app:main"], part
+        assert dict(hello["app:main"]) == {"use": "egg:plonedeploy.runtime#hello"}
+        assert "%(" not in (etc / "hello.ini").read_text()
+        assert {k: v.replace(str(hello_port), str(server_port)) for k, v in hello["server:main"].items()} \
+            == dict(client["server:main"]), part
+        assert "pipeline:main" in client and "egg:Zope#main" in (etc / "wsgi.ini").read_text()
 
 
 def test_metrics_filter_wired_per_client(tmp_path):
