@@ -18,15 +18,7 @@ from plonedeploy.recipe.options import SERVERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-HEAD = """\
-[buildout]
-extends = {root}/versions.cfg
-develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
-eggs-directory = {root}/eggs
-newest = false
-allow-picked-versions = false
-parts = {parts}
-
+CLIENT = """
 [client]
 recipe = plonedeploy.recipe:instance
 eggs = Plone
@@ -71,8 +63,8 @@ def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client
     ``directory/buildout.log``. Raises RuntimeError (config, log, output's tail) when it
     fails, ``subprocess.TimeoutExpired`` after ``timeout`` seconds.
     """
-    text = HEAD.format(root=ROOT, parts=" ".join(name for name, _, _, _ in parts),
-                       zeo_address=zeo_address, blob_storage=blob_storage, client_options=client_options)
+    text = extrabuild.checkout_header(os.path.join(ROOT, "versions.cfg"), [name for name, _, _, _ in parts])
+    text += CLIENT.format(zeo_address=zeo_address, blob_storage=blob_storage, client_options=client_options)
     for name, server, port, threads in parts:
         text += PART.format(name=name, server=server, port=port,
                             threads="" if threads is None else f"threads = {threads}\n",

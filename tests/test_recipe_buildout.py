@@ -18,21 +18,17 @@ import subprocess
 import pytest
 
 from conftest import ROOT
+from loadtests.extrabuild import checkout_header
 from plonedeploy.recipe.options import SERVERS, TEMPLATES_DIRECTORY, render_template
 
 pytestmark = pytest.mark.buildout
 
 BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
 
-BASE = """\
-[buildout]
-extends = {root}/versions.cfg
-develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
-eggs-directory = {root}/eggs
-newest = false
-allow-picked-versions = false
-parts = zeoserver instance client2 uploads haproxy stack
-
+# The [buildout] section is loadtests.extrabuild.checkout_header's, as the load tools' own
+# builds have it; the rest is str.format'ed with root=ROOT.
+BASE = checkout_header(os.path.join(ROOT, "versions.cfg"),
+                       ["zeoserver", "instance", "client2", "uploads", "haproxy", "stack"]) + """
 [zeoserver]
 recipe = plone.recipe.zeoserver
 zeo-address = 127.0.0.1:18100
@@ -740,12 +736,7 @@ def test_zeo_stays_the_default(built):
 
 # relstorage.cfg itself, built in a directory of its own: only what must point back into
 # this checkout (the recipes' source, the eggs, the logrotate template) is overridden.
-RELSTORAGE_CFG = """\
-[buildout]
-extends = {root}/relstorage.cfg
-develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
-eggs-directory = {root}/eggs
-newest = false
+RELSTORAGE_CFG = checkout_header(os.path.join(ROOT, "relstorage.cfg")) + """
 [logrotate]
 input = {root}/templates/logrotate.conf.in
 """
