@@ -59,8 +59,8 @@ from urllib.parse import urlsplit
 import psutil
 
 from loadtests import closedloop, haproxy_stats
-from loadtests.core import (PATHS, add_counts_argument, add_run_arguments, add_stack_arguments, cpu_seconds,
-                            exits_2_when_not_ready, fetch_stats, finish_report, frontend_maxconn,
+from loadtests.core import (PATHS, add_counts_argument, add_run_arguments, add_stack_arguments, check_servers_up,
+                            cpu_seconds, exits_2_when_not_ready, finish_report, frontend_maxconn,
                             listen_overflows, littles_law, load_stack, machine_busy_seconds, markdown_table,
                             new_parser, own_cpu_seconds, raise_fd_limit, report_folder, require_wrk, run_wrk,
                             stack_pids, wait_backend_idle)
@@ -298,7 +298,7 @@ def main(argv=None, name="connections"):
     generate = closed_loop_generator(args.connect_rate) if args.fairness else wrk_generator(require_wrk(),
                                                                                             args.threads)
     config = load_stack(args.stack_config)
-    fetch_stats(config)
+    check_servers_up(config)  # a server down would show as its share of errors, not as the queue's
     base = (args.url or config["frontend_url"]).rstrip("/")
     if urlsplit(base).hostname != "127.0.0.1":
         print(f"--url must point at 127.0.0.1, got {base}", file=sys.stderr)
