@@ -14,8 +14,9 @@ Subcommand = collections.namedtuple("Subcommand", "module summary")
 #: subcommand -> its module (whose ``main(argv)`` runs it) and one line for --help
 SUBCOMMANDS = {
     "ab": Subcommand("loadtests.abtest", "A/B of the two servers through HAProxy (Locust)"),
-    "connections": Subcommand("loadtests.connections", "N connections per path through HAProxy (wrk)"),
-    "fairness": Subcommand("loadtests.fairness", "is every one of N connections served? (closed loop)"),
+    "connections": Subcommand("loadtests.connections",
+                              "N connections per path through HAProxy (wrk; --fairness: closed loop)"),
+    "fairness": Subcommand("loadtests.fairness", "alias of 'connections --fairness' (goes next release)"),
     "blob": Subcommand("loadtests.blobbench", "blob downloads, blobsendfile filter on/off (wrk)"),
     "matrix": Subcommand("loadtests.matrix", "WSGI servers x threads x paths x connections (wrk)"),
     "scaling": Subcommand("loadtests.scaling", "req/s by number of ZEO clients (wrk)"),

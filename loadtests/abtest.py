@@ -34,7 +34,6 @@ written all the same), 2 when the stack is not ready, an option is invalid (e.g.
 ``--balance`` mode not in ``loadtests.balancers.MODES``) or a temporary HAProxy could
 not start. Traffic goes only to HAProxy frontends on 127.0.0.1.
 """
-import argparse
 import importlib.metadata
 import json
 import os
@@ -48,9 +47,10 @@ from urllib.parse import urlsplit
 import psutil
 
 from loadtests import abslots, abstats, balancers, haproxy_stats, modes_report, report
-from loadtests.core import (add_run_arguments, check_servers_up, cpu_seconds, default_buildout_config,
-                            exits_2_when_not_ready, load_stack, machine_busy_seconds, markdown_table,
-                            own_cpu_seconds, stack_pids, write_report)
+from loadtests.core import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
+                            check_servers_up, cpu_seconds, default_buildout_config, exits_2_when_not_ready,
+                            load_stack, machine_busy_seconds, markdown_table, new_parser, own_cpu_seconds,
+                            stack_pids, write_report)
 from loadtests.weights import DEFAULT_WEIGHTS, parse_weights
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -93,10 +93,7 @@ def saturation_warnings(generator_cores, machine_fraction, cores, processes=1):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests ab",
-        description="A/B load test of the ZEO clients behind HAProxy; writes var/reports/<timestamp>/.",
-    )
+    parser = new_parser("ab", "A/B load test of the ZEO clients behind HAProxy; writes var/reports/<timestamp>/.")
     parser.add_argument("--users", type=int, default=10,
                         help="concurrent Locust users (closed loop, no think time); default 10")
     parser.add_argument("--spawn-rate", type=float, default=10.0,
@@ -121,10 +118,7 @@ def parse_args(argv):
                         help="seconds per time window, the unit the confidence intervals resample; default 5")
     parser.add_argument("--weights", default=DEFAULT_WEIGHTS,
                         help=f"users per traffic shape (root, plone, json, blob); default {DEFAULT_WEIGHTS}")
-    parser.add_argument("--stack-config", default=os.path.join(ROOT, "parts", "stack", "stack.json"),
-                        help="stack.json written by bin/buildout; default parts/stack/stack.json")
-    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
-                        help="directory for report folders; default var/reports")
+    add_stack_arguments(parser)
     parser.add_argument("--balance", default=None,
                         help="comma-separated HAProxy balance modes to compare, each through its own "
                         f"temporary HAProxy; allowed: {', '.join(balancers.MODES)}; default: the "
@@ -149,9 +143,7 @@ def parse_args(argv):
     parser.add_argument("--deployed", action="store_true",
                         help="one run through the deployed HAProxy and clients (instance: pyruvate, "
                         "client2: waitress) instead of rounds; server and slot are then confounded")
-    parser.add_argument("--buildout-config", default=None,
-                        help="config the stack was built with (extended by the slots' buildout "
-                        "var/abslots/buildout.cfg); default local.cfg if it exists, else buildout.cfg")
+    add_buildout_config_argument(parser, "the slots' buildout var/abslots/buildout.cfg")
     parser.add_argument("--balancer-port", type=int, default=None,
                         help="with --balance: 127.0.0.1 port of the temporary HAProxy's frontend, its "
                         "stats on the next port; default the deployed frontend port + 10")

@@ -19,7 +19,6 @@ the per-source request rate from 127.0.0.2 (127.0.0.1 is exempt in the demo); a 
 upload (plone.restapi) of ``--upload-mib`` MiB stored as a blob and read back; an honest
 slow upload of ``--slow-upload-mib`` MiB at 1 MiB/s.
 """
-import argparse
 import base64
 import datetime
 import hashlib
@@ -33,7 +32,7 @@ import time
 
 import numpy
 
-from loadtests.core import STACK_JSON, RssSampler, exits_2_when_not_ready, load_stack, stack_pids
+from loadtests.core import (STACK_JSON, exits_2_when_not_ready, load_stack, new_parser, RssSampler, stack_pids)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -454,7 +453,7 @@ def markdown(rows):
 
 @exits_2_when_not_ready("attacks")
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m loadtests attacks", description=__doc__.split("\n\n")[0])
+    parser = new_parser("attacks", __doc__.split("\n\n")[0])
     parser.add_argument("--stack-config", default=STACK_JSON)
     parser.add_argument("--slow-connections", type=int, default=8,
                         help="slow-body connections at once (default 8, twice the 4 page slots)")

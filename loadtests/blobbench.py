@@ -34,7 +34,6 @@ the clients'. Steps:
 Exit status 0 when every check passed and no request failed, 1 otherwise, 2 when the stack
 or wrk is missing or an option is invalid.
 """
-import argparse
 import csv
 import hashlib
 import json
@@ -51,9 +50,10 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests import extrabuild, offclients
-from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, client_facts, client_urls, cpu_seconds,
+from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_buildout_config_argument, add_counts_argument,
+                            add_run_arguments, add_stack_arguments, client_facts, client_urls, cpu_seconds,
                             default_buildout_config, exits_2_when_not_ready, load_stack, machine_busy_seconds,
-                            new_figure, own_cpu_seconds, parse_counts, require_wrk, run_wrk, save_figure,
+                            new_figure, new_parser, own_cpu_seconds, require_wrk, run_wrk, save_figure,
                             stack_pids, wait_for_quiet)
 BLOB_PATH = PATHS["blob"][0]
 WORK_DIR = os.path.join(ROOT, "var", "blobbench")
@@ -333,12 +333,10 @@ def plot(summary, path):
 # ----------------------------------------------------------------------------- main
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests blob",
-        description="Blob download benchmark of each client with and without the blobsendfile "
-                    "filter (wrk); writes var/reports/blobbench-<timestamp>/.")
-    parser.add_argument("--connections", default="1,2,4,8",
-                        help="wrk connection counts, comma-separated; default 1,2,4,8")
+    parser = new_parser(
+        "blob", "Blob download benchmark of each client with and without the blobsendfile "
+        "filter (wrk); writes var/reports/blobbench-<timestamp>/.")
+    add_counts_argument(parser, "--connections", "1,2,4,8", "wrk connection counts, comma-separated")
     add_run_arguments(parser, duration=10, rounds=3,
                       rounds_help="rounds; every variant runs once per round and connection count")
     parser.add_argument("--variants", default="pyruvate-on,pyruvate-off,waitress-on,waitress-off",
@@ -353,16 +351,13 @@ def parse_args(argv):
                         help="seconds to wait for --max-foreign before running anyway (0: never wait); default 30")
     parser.add_argument("--fd-downloads", type=int, default=10000,
                         help="downloads per target of the descriptor check (0: skip); default 10000")
-    parser.add_argument("--buildout-config", default=None,
-                        help="the config the stack was built with (extended by the extra buildout); "
-                             "default local.cfg if it exists, else buildout.cfg")
+    add_buildout_config_argument(parser, "the -off clients' buildout in var/blobbench")
     parser.add_argument("--keep-off-clients", action="store_true",
                         help="leave the -off clients running afterwards (stop: kill their PIDs in var/blobbench/run)")
     add_stack_arguments(parser)
     parser.add_argument("--report-only", metavar="DIR",
                         help="measure nothing: re-write the summary, tables and plot of DIR/report.json")
     args = parser.parse_args(argv)
-    args.connections = parse_counts(parser, "--connections", args.connections)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for v in args.variants:
         server, _, switch = v.rpartition("-")

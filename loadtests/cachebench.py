@@ -27,7 +27,6 @@ cachebench.png}``. Exit status 0; 1 when a run had socket errors or non-2xx answ
 the stack has no cache tier, is not running, or an option is invalid. The varnish server is
 always put back in service, also on errors. Traffic goes only to the stack on 127.0.0.1.
 """
-import argparse
 import json
 import os
 import statistics
@@ -39,8 +38,8 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests import haproxy_stats
-from loadtests.core import (add_run_arguments, add_stack_arguments, exits_2_when_not_ready, load_stack,
-                            machine_busy_seconds, markdown_table, new_figure, NotReady, parse_counts,
+from loadtests.core import (add_counts_argument, add_run_arguments, add_stack_arguments, exits_2_when_not_ready,
+                            load_stack, machine_busy_seconds, markdown_table, new_figure, new_parser, NotReady,
                             report_folder, require_wrk, run_wrk, save_figure, stack_pids, tree_cpu_seconds,
                             write_report)
 from plonedeploy.recipe.stack import StackError, runtime_api
@@ -50,19 +49,16 @@ COUNTERS = ("MAIN.cache_hit", "MAIN.cache_miss", "MAIN.cache_hitpass", "MAIN.s_p
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests cache",
-        description="Requests/s, p50/p99, hit ratio and CPU per request of anonymous pages "
+    parser = new_parser(
+        "cache", "Requests/s, p50/p99, hit ratio and CPU per request of anonymous pages "
         "through the HTTPS edge with the cache tier on and off, side by side.")
-    parser.add_argument("--connections", default="10,100",
-                        help="comma-separated connection counts held by wrk (default 10,100)")
+    add_counts_argument(parser, "--connections", "10,100", "comma-separated connection counts held by wrk")
     add_run_arguments(parser, duration=20, warmup=3, rounds=2,
                       rounds_help="rounds of on/off pairs, alternating which goes first")
     parser.add_argument("--path", default="/Plone", help="URL path (default /Plone)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
-    args.connections = parse_counts(parser, "--connections", args.connections)
     if min(args.connections) < args.threads:
         parser.error(f"--connections: each count must be at least --threads ({args.threads})")
     for name in ("duration", "rounds", "threads"):

@@ -5,6 +5,7 @@ The subcommands (``python -m loadtests <subcommand>``) import what they need fro
 never from each other. Units: seconds for times and CPU, bytes for sizes, requests/s for
 rates, unless a name says otherwise (``_us`` microseconds, ``_ms`` milliseconds).
 """
+import argparse
 import datetime
 import functools
 import json
@@ -44,6 +45,13 @@ BLOB_SIZE = 5 * 1024 * 1024
 
 # ----------------------------------------------------------------------------- arguments
 
+def new_parser(subcommand, description, **kwargs):
+    """The ``argparse.ArgumentParser`` of a subcommand: ``prog`` is how it is called,
+    ``python -m loadtests <subcommand>`` (its usage and errors say so), ``description`` the
+    one line under it; ``kwargs`` go to ArgumentParser (``epilog``, ...)."""
+    return argparse.ArgumentParser(prog=f"python -m loadtests {subcommand}", description=description, **kwargs)
+
+
 def add_stack_arguments(parser, stack_config=True):
     """Add the options every tool shares to an ``argparse`` parser: ``--stack-config`` (the
     stack's contract, default parts/stack/stack.json; left out with ``stack_config=False``,
@@ -55,15 +63,16 @@ def add_stack_arguments(parser, stack_config=True):
                         help="folder for the report folder (default var/reports)")
 
 
-def add_run_arguments(parser, *, duration, warmup=None, rounds=None, warmup_help="", rounds_help=""):
+def add_run_arguments(parser, *, duration, warmup=None, rounds=None, duration_help="", warmup_help="",
+                      rounds_help=""):
     """Add ``--duration`` (measured seconds per run) and, where a default is given,
     ``--warmup`` (uncounted seconds of load before each run) and ``--rounds`` (repetitions
-    of the whole set, int), with the subcommand's defaults in the help; ``warmup_help`` and
-    ``rounds_help`` replace the generic help text (the default is appended). Each seconds
+    of the whole set, int), with the subcommand's defaults in the help; ``duration_help``,
+    ``warmup_help`` and ``rounds_help`` replace the generic help text (the default is appended). Each seconds
     option parses as the type of its default (int for tools that hand it to wrk or Locust as
     whole seconds). Checks no bounds: the caller knows its own."""
     parser.add_argument("--duration", type=type(duration), default=duration,
-                        help=f"measured seconds per run (default {duration:g})")
+                        help=(duration_help or "measured seconds per run") + f" (default {duration:g})")
     if warmup is not None:
         parser.add_argument("--warmup", type=type(warmup), default=warmup, help=(
             warmup_help or "seconds of uncounted load before each run (caches, ZODB connections, "
@@ -72,6 +81,26 @@ def add_run_arguments(parser, *, duration, warmup=None, rounds=None, warmup_help
         parser.add_argument("--rounds", type=int, default=rounds, help=(
             rounds_help or "repetitions of the whole set, alternating the order, so every "
             "comparison is of runs minutes apart under the same foreign load") + f" (default {rounds})")
+
+
+def add_counts_argument(parser, option, default, help):
+    """Add ``option`` (such as ``--connections``): a comma-separated list of integers >= 1,
+    turned into a list by :func:`parse_counts` while argparse reads the command line, so
+    ``args`` holds ``[int]`` (the default too, given as text such as ``"10,100"``; None stays
+    None for a default the caller fills in). ``help`` gets ``(default ...)`` appended unless
+    the default is None. A bad value exits 2 naming the option."""
+    parser.add_argument(option, type=lambda text: parse_counts(parser, option, text), default=default,
+                        help=help if default is None else f"{help} (default {default})")
+
+
+def add_buildout_config_argument(parser, extended_by):
+    """Add ``--buildout-config``: the config the stack was built with, which the tool's extra
+    buildout (``extended_by``, text for the help) extends. Its default is None: the caller
+    takes :func:`default_buildout_config` then (what ``make build`` recorded, else local.cfg
+    or buildout.cfg), read when the tool runs rather than when --help is shown."""
+    parser.add_argument("--buildout-config", default=None,
+                        help=f"the config the stack was built with, extended by {extended_by}; default: what "
+                        "make build recorded (var/buildout-config), else local.cfg if it exists, else buildout.cfg")
 
 
 def parse_counts(parser, option, text, minimum=1):
@@ -97,12 +126,13 @@ class NotReady(RuntimeError):
 
 def exits_2_when_not_ready(prog):
     """Decorator for a tool's ``main(argv)``: a NotReady it raises is printed as
-    ``<prog>: <message>`` on stderr and main returns 2 (nothing was run)."""
+    ``<prog>: <message>`` on stderr and main returns 2 (nothing was run). Keyword
+    arguments pass through (the subcommand name an alias gives)."""
     def decorate(main):
         @functools.wraps(main)
-        def run(argv=None):
+        def run(argv=None, **kwargs):
             try:
-                return main(argv)
+                return main(argv, **kwargs)
             except NotReady as exc:
                 print(f"{prog}: {exc}", file=sys.stderr)
                 return 2
@@ -369,6 +399,22 @@ def raise_fd_limit(needed):
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
+def listen_overflows():
+    """``TcpExt: ListenOverflows`` of /proc/net/netstat (int): connections the kernel dropped
+    because a listening socket's accept queue (its backlog, at most net.core.somaxconn)
+    was full. Counts for the whole network namespace since boot; 0 where the file is
+    missing."""
+    try:
+        with open("/proc/net/netstat", encoding="ascii") as fp:
+            lines = fp.read().splitlines()
+    except OSError:
+        return 0
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:])).get("ListenOverflows", 0))
+    return 0
+
+
 # ----------------------------------------------------------------------------- waiting for quiet
 
 def foreign_cores(procs, seconds=2.0):
@@ -482,6 +528,17 @@ def percentile(values, fraction):
     if len(values) == 0:
         return None
     return np.quantile(np.asarray(values), fraction, method="inverted_cdf").item()
+
+
+def littles_law(connections, rps, p99):
+    """``{"littles_law_mean_s", "p99_over_littles_mean"}`` of a closed-loop run: the mean
+    latency (seconds) ``connections`` must show at ``rps`` requests/s if every connection is
+    served in turn (Little's law: connections / rps), and the p99 latency ``p99`` (seconds)
+    over it, a measure of unfairness (1 is as fair as a queue gets). Rounded to 3 and 2
+    places; None where rps is 0 (or ``p99`` None: no completed request)."""
+    little = connections / rps if rps else None
+    return {"littles_law_mean_s": round(little, 3) if little else None,
+            "p99_over_littles_mean": round(p99 / little, 2) if little and p99 is not None else None}
 
 
 def histogram_percentile(histogram, fraction):

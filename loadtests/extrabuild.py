@@ -53,6 +53,30 @@ def config(work_dir, extends, parts, sections, comment):
     return "\n".join(lines + list(sections))
 
 
+def checkout_header(extends, parts=None, comment=None, develop_eggs=None):
+    """Text of the ``[buildout]`` section of a build that stands on its own, not derived from
+    the stack's config (:func:`config` is for those): it ``extends`` the given config
+    (absolute path: ``versions.cfg`` for bare client parts, ``buildout.cfg`` or
+    ``relstorage.cfg`` for a whole stack), takes this checkout's recipes as develop eggs and
+    its ``eggs`` directory, fetches nothing newer and picks no unpinned version. ``parts``:
+    part names (list), or None to keep the extended config's; ``comment``: one line saying who
+    generated the file, without the ``#``; ``develop_eggs``: a develop-eggs directory that
+    holds the two develop eggs already (the tests make one per session): it is used instead
+    of developing them again, which costs pip's editable install of both on every run (~8 s).
+    Returns ``\n``-terminated lines; the part sections follow."""
+    recipes = os.path.join(ROOT, "recipes")
+    lines = ([f"# {comment}"] if comment else []) + [
+        "[buildout]",
+        f"extends = {extends}",
+    ] + ([f"develop = {os.path.join(recipes, 'plonedeploy.recipe')} {os.path.join(recipes, 'plonedeploy.runtime')}"]
+         if develop_eggs is None else ["develop =", f"develop-eggs-directory = {develop_eggs}"]) + [
+        f"eggs-directory = {os.path.join(ROOT, 'eggs')}",
+        "newest = false",
+        "allow-picked-versions = false",
+    ] + ([] if parts is None else ["parts = " + " ".join(parts)])
+    return "\n".join(lines) + "\n"
+
+
 def build(work_dir, text, label="extra buildout", timeout=900):
     """Write ``text`` to ``work_dir/buildout.cfg`` and run the checkout's buildout on it.
 

@@ -68,3 +68,10 @@ def deltas(before, after, backend):
         result[name] = {c: _int(row.get(c)) - _int(base.get(c)) for c in COUNTERS}
         result[name]["status"] = row.get("status", "")
     return result
+
+
+def frontend_5xx(rows):
+    """Sum of ``hrsp_5xx`` over the FRONTEND rows of a stats fetch, the stats listener
+    excluded: every 5xx the clients got, HAProxy's own 503s (queue timeout, no server up)
+    included, which the servers' rows do not count."""
+    return sum(_int(r["hrsp_5xx"]) for r in rows if r["svname"] == "FRONTEND" and r["pxname"] != "stats")

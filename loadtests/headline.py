@@ -29,7 +29,6 @@ stack is not running, wrk is missing or the pool lacks a pyruvate or a waitress 
 The default run (3 rounds of 14 runs of 8 s, plus warm-up, the off clients' build and
 start) takes about 8 minutes on 2 cores.
 """
-import argparse
 import os
 import sys
 import time
@@ -39,10 +38,11 @@ import numpy as np
 import psutil
 
 from loadtests import extrabuild, offclients
-from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_run_arguments, add_stack_arguments, check_servers_up,
-                            client_urls, default_buildout_config, exits_2_when_not_ready, finish_report,
-                            format_spread, load_stack, markdown_table, new_figure, report_folder, require_wrk,
-                            run_wrk, save_figure, spread, spread_bars)
+from loadtests.core import (BLOB_SIZE, PATHS, ROOT, add_buildout_config_argument, add_run_arguments,
+                            add_stack_arguments, check_servers_up, client_urls, default_buildout_config,
+                            exits_2_when_not_ready, finish_report, format_spread, load_stack, markdown_table,
+                            new_figure, new_parser, report_folder, require_wrk, run_wrk, save_figure, spread,
+                            spread_bars)
 
 WORK_DIR = os.path.join(ROOT, "var", "headline")
 #: The servers compared directly; the recipe's A/B pair.
@@ -52,9 +52,8 @@ OFF = tuple(f"{s}-off" for s in SERVERS)
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests headline",
-        description="The docs' headline figures in one run: pyruvate vs waitress directly and "
+    parser = new_parser(
+        "headline", "The docs' headline figures in one run: pyruvate vs waitress directly and "
         "through HAProxy on the four paths, blob-sendfile on/off, each with its spread over rounds.")
     parser.add_argument("--connections", type=int, default=4,
                         help="wrk connections of every run (default 4: twice the pool's 2 slots per "
@@ -62,9 +61,7 @@ def parse_args(argv):
     add_run_arguments(parser, duration=8, rounds=3)
     parser.add_argument("--no-off", action="store_true",
                         help="leave out the blob-sendfile = off clients (no extra build)")
-    parser.add_argument("--buildout-config", default=None,
-                        help="the config the stack was built with (the off clients extend it); "
-                        "default: what make build recorded, else local.cfg or buildout.cfg")
+    add_buildout_config_argument(parser, "the off clients' buildout in var/headline")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     if args.connections < 1 or args.duration < 1 or args.rounds < 1:

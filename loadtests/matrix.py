@@ -44,7 +44,6 @@ interrupted (the report covers what was measured), 2 when the stack is not runni
 RelStorage build (no ZEO server for the parts; core.running_zeo_server), wrk is missing, an option is invalid or the servers could not be built or started. Traffic
 goes only to 127.0.0.1.
 """
-import argparse
 import json
 import os
 import random
@@ -56,32 +55,32 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests import extrabuild, matrix_plan, matrix_report, matrix_servers
-from loadtests.core import (ROOT, STACK_JSON, exits_2_when_not_ready, load_stack, raise_fd_limit, require_wrk,
+from loadtests.core import (ROOT, add_counts_argument, add_run_arguments, add_stack_arguments,
+                            exits_2_when_not_ready, load_stack, new_parser, raise_fd_limit, require_wrk,
                             run_wrk, running_zeo_server, stack_pids, wait_tree_idle, zeo_server)
 from loadtests.matrix_measure import MATRIX_PATHS, measure
 from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED
 from plonedeploy.recipe.stack import StackError
+# --duration and --warmup (1 s each) are the same with and without --quick: their parser defaults.
 DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 100, 1000],
-            "threads": [1, 2, 4], "sweep_at": 100, "runs": 3, "duration": 1, "max_duration": 20, "warmup": 1}
+            "threads": [1, 2, 4], "sweep_at": 100, "runs": 3, "max_duration": 20}
 # --quick keeps 1 s runs (CI time): its cells say whether they reached the steady state.
 QUICK = {"servers": ["pyruvate", "waitress"], "paths": list(MATRIX_PATHS), "connections": [1, 50],
-         "threads": [2], "sweep_at": None, "runs": 4, "duration": 1, "max_duration": 1, "warmup": 1}
+         "threads": [2], "sweep_at": None, "runs": 4, "max_duration": 1}
 PLAN_KEYS = ("servers", "paths", "connections", "threads", "sweep_at", "runs", "duration", "max_duration",
              "requests_per_connection", "warmup", "timeout", "seed", "noisy_pct", "drain_max")
 #: What a matrix stored before steady-state runs (options.json without these keys) ran with.
 OLD_PLAN = {"max_duration": None, "requests_per_connection": 0}
 
 
-def _list(parser, option, allowed=None, kind=str):
+def _list(parser, option, allowed):
+    """argparse ``type`` of a comma-separated list of names from ``allowed`` (lists of
+    integers: :func:`loadtests.core.add_counts_argument`)."""
     def parse(text):
-        try:
-            values = [kind(v.strip()) for v in text.split(",") if v.strip()]
-        except ValueError:
-            parser.error(f"{option}: {text!r} is not a comma-separated list of integers")
-        bad = [v for v in values if (allowed is not None and v not in allowed) or (kind is int and v < 1)]
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in allowed]
         if bad or not values:
-            allowed_text = ", ".join(map(str, allowed)) if allowed else "positive integers"
-            parser.error(f"{option}: {', '.join(map(str, bad)) or 'empty'} not allowed; allowed: {allowed_text}")
+            parser.error(f"{option}: {', '.join(bad) or 'empty'} not allowed; allowed: {', '.join(allowed)}")
         return values
     return parse
 
@@ -89,31 +88,28 @@ def _list(parser, option, allowed=None, kind=str):
 def parse_args(argv):
     """Options (argparse.Namespace); plan options left None are filled from DEFAULTS or
     QUICK (``--quick``). Exits with status 2 and a message naming the option on bad values."""
-    parser = argparse.ArgumentParser(prog="python -m loadtests matrix", description=__doc__.split("\n\n")[0],
-                                     epilog="See docs/servers.md, 'Benchmark matrix'.")
+    parser = new_parser("matrix", __doc__.split("\n\n")[0], epilog="See docs/servers.md, 'Benchmark matrix'.")
     parser.add_argument("--quick", action="store_true",
                         help="CI mode: pyruvate and waitress, connections 1,50, threads 2, 1 s runs")
     parser.add_argument("--servers", type=_list(parser, "--servers", SERVERS),
                         help=f"comma-separated wsgi-server values from {', '.join(SERVERS)} (default: all)")
     parser.add_argument("--paths", type=_list(parser, "--paths", list(MATRIX_PATHS)),
                         help=f"comma-separated path labels from {', '.join(MATRIX_PATHS)} (default: all)")
-    parser.add_argument("--connections", type=_list(parser, "--connections", kind=int),
-                        help="comma-separated wrk connection counts (default 1,10,100,1000)")
-    parser.add_argument("--threads", type=_list(parser, "--threads", kind=int),
-                        help="comma-separated threads values swept at --sweep-at connections (default 1,2,4; "
-                        "single-threaded servers only 1)")
+    add_counts_argument(parser, "--connections", None, "comma-separated wrk connection counts (default 1,10,100,1000)")
+    add_counts_argument(parser, "--threads", None, "comma-separated threads values swept at --sweep-at connections "
+                        "(default 1,2,4; single-threaded servers only 1)")
     parser.add_argument("--sweep-at", help="connection count at which --threads are swept (default 100; "
                         "'all': at every connection count)")
     parser.add_argument("--runs", type=int, help="runs per cell (default 3: their median; 4: mean of the middle "
                         "two; --quick 4)")
-    parser.add_argument("--duration", type=int, help="seconds per run at least (default 1)")
+    add_run_arguments(parser, duration=1, warmup=1, duration_help="seconds per run at least",
+                      warmup_help="seconds of warm-up per cell, 0: none")
     parser.add_argument("--max-duration", type=int,
                         help="seconds per run at most (default 20; --quick 1): a run lasts long enough for "
                         "--requests-per-connection at the rate the cell served in its warm-up or last run")
     parser.add_argument("--requests-per-connection", type=int, default=3,
                         help="requests each connection should complete per run on average (default 3): sizes "
                         "the runs and marks cells that fall short as not steady (0: fixed --duration runs)")
-    parser.add_argument("--warmup", type=int, help="seconds of warm-up per cell (default 1; 0: none)")
     parser.add_argument("--timeout", type=int, default=5,
                         help="seconds wrk waits for a response before counting a timeout error (default 5)")
     parser.add_argument("--drain-max", type=int, default=20,
@@ -122,8 +118,6 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, help="random seed of the run order (default: random, stored)")
     parser.add_argument("--noisy-pct", type=float, default=25.0,
                         help="a cell is noisy when foreign CPU exceeds this %% of all cores (default 25)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"),
-                        help="folder for the matrix-<timestamp> output folder (default var/reports)")
     parser.add_argument("--resume", metavar="DIR",
                         help="continue the matrix in DIR (its options.json; runs in results.jsonl are skipped)")
     parser.add_argument("--build", default=os.path.join(ROOT, "var", "matrix"),
@@ -132,8 +126,7 @@ def parse_args(argv):
                         help="first port of the servers (two per part: Zope, hello; default 9510)")
     parser.add_argument("--port-limit", type=int, default=matrix_servers.PORT_RANGE[1],
                         help="last port the servers may use (default 9599)")
-    parser.add_argument("--stack-config", default=STACK_JSON,
-                        help="stack.json written by bin/buildout (default parts/stack/stack.json)")
+    add_stack_arguments(parser)
     parser.add_argument("--estimate", action="store_true", help="print the plan and its estimate, run nothing")
     args = parser.parse_args(argv)
     if args.resume:

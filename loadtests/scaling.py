@@ -26,7 +26,6 @@ running or is a RelStorage build (no ZEO server for the clients; core.running_ze
 wrk is missing, an option is invalid or a client does not start.
 Traffic goes only to 127.0.0.1.
 """
-import argparse
 import os
 import sys
 from datetime import datetime, timezone
@@ -35,21 +34,19 @@ import psutil
 
 from loadtests import extrabuild, haproxy_stats, serverbuild
 from loadtests.balancers import BalancerError, TemporaryBalancer
-from loadtests.core import (add_run_arguments, cpu_seconds, exits_2_when_not_ready, fetch_stats, load_stack,
-                            machine_busy_seconds, markdown_table, new_figure, parse_counts, report_folder,
-                            require_wrk, run_wrk, running_zeo_server, save_figure, stack_pids, write_report,
-                            zeo_server)
+from loadtests.core import (add_counts_argument, add_run_arguments, add_stack_arguments, cpu_seconds,
+                            exits_2_when_not_ready, fetch_stats, load_stack, machine_busy_seconds,
+                            markdown_table, new_figure, new_parser, report_folder, require_wrk, run_wrk,
+                            running_zeo_server, save_figure, stack_pids, write_report, zeo_server)
 from plonedeploy.recipe.stack import StackError
 
 ROOT = serverbuild.ROOT
 BACKEND = "zeoclients"
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m loadtests scaling", description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", default="1,2,3,4",
-                        help="client counts to measure (default 1,2,3,4)")
-    parser.add_argument("--threads", default="1,2,4",
-                        help="threads per client (default 1,2,4); pool-size follows")
+    parser = new_parser("scaling", __doc__.split("\n")[0])
+    add_counts_argument(parser, "--clients", "1,2,3,4", "client counts to measure")
+    add_counts_argument(parser, "--threads", "1,2,4", "threads per client; pool-size follows")
     add_run_arguments(parser, duration=20, rounds=1)
     parser.add_argument("--connections", type=int, default=32,
                         help="wrk connections, the same for every cell (default 32)")
@@ -58,10 +55,9 @@ def parse_args(argv):
                         help="buildout directory for the clients (default var/scaling)")
     parser.add_argument("--port", type=int, default=8300,
                         help="first port (default 8300: clients 8301.., balancer 8390/8391)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "var", "reports"), help="report folder")
+    add_stack_arguments(parser, stack_config=False)
     args = parser.parse_args(argv)
-    args.clients = sorted(set(parse_counts(parser, "--clients", args.clients)))
-    args.threads = sorted(set(parse_counts(parser, "--threads", args.threads)))
+    args.clients, args.threads = sorted(set(args.clients)), sorted(set(args.threads))
     for name in ("duration", "connections", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer")

@@ -18,15 +18,7 @@ from plonedeploy.recipe.options import SERVERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-HEAD = """\
-[buildout]
-extends = {root}/versions.cfg
-develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
-eggs-directory = {root}/eggs
-newest = false
-allow-picked-versions = false
-parts = {parts}
-
+CLIENT = """
 [client]
 recipe = plonedeploy.recipe:instance
 eggs = Plone
@@ -42,7 +34,7 @@ PART = """
 <= client
 wsgi-server = {server}
 http-address = 127.0.0.1:{port}
-{threads}"""
+{threads}{options}"""
 
 
 def ports(base_port):
@@ -58,7 +50,7 @@ def build(directory, base_port, zeo_address, blob_storage, timeout=600):
     return build_parts(directory, parts, zeo_address, blob_storage, timeout)
 
 
-def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client_options=""):
+def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client_options="", part_options=None):
     """Write ``directory/buildout.cfg`` with the ZEO client ``parts`` and build it with
     :func:`loadtests.extrabuild.build` (the one builder of the load tools).
 
@@ -66,15 +58,17 @@ def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client
     ``zeo_address``: ``host:port`` of the ZEO server, ``blob_storage`` its blob directory
     (:func:`loadtests.core.zeo_server`); ``client_options``: more ``key = value`` lines
     (text, newline-terminated) for every part, e.g. a ``metrics-address`` (then build one
-    part only: each needs its own). Returns the seconds buildout ran; its output is in
+    part only: each needs its own, or give it per part); ``part_options``: ``{part name: such
+    lines}`` for one part each (the matrix's ``hello-address``). Returns the seconds buildout ran; its output is in
     ``directory/buildout.log``. Raises RuntimeError (config, log, output's tail) when it
     fails, ``subprocess.TimeoutExpired`` after ``timeout`` seconds.
     """
-    text = HEAD.format(root=ROOT, parts=" ".join(name for name, _, _, _ in parts),
-                       zeo_address=zeo_address, blob_storage=blob_storage, client_options=client_options)
+    text = extrabuild.checkout_header(os.path.join(ROOT, "versions.cfg"), [name for name, _, _, _ in parts])
+    text += CLIENT.format(zeo_address=zeo_address, blob_storage=blob_storage, client_options=client_options)
     for name, server, port, threads in parts:
         text += PART.format(name=name, server=server, port=port,
-                            threads="" if threads is None else f"threads = {threads}\n")
+                            threads="" if threads is None else f"threads = {threads}\n",
+                            options=(part_options or {}).get(name, ""))
     return extrabuild.build(os.path.abspath(directory), text, f"buildout of {len(parts)} ZEO client part(s)",
                             timeout)
 

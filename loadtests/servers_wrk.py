@@ -19,7 +19,6 @@ compare ratios within one run, not absolute figures across runs.
 Exit status: 0, or 2 if the stack is not running, is a RelStorage build (no ZEO server for
 the clients; core.running_zeo_server) or wrk is missing. Traffic goes only to 127.0.0.1.
 """
-import argparse
 import os
 import sys
 import time
@@ -29,8 +28,8 @@ import requests
 
 from loadtests import extrabuild, serverbuild
 from loadtests.core import (ROOT, add_run_arguments, client_urls, cpu_seconds, exits_2_when_not_ready,
-                            load_stack, machine_busy_seconds, require_wrk, run_wrk, running_zeo_server, stack_pids,
-                            tree_processes, zeo_server)
+                            load_stack, machine_busy_seconds, new_parser, require_wrk, run_wrk,
+                            running_zeo_server, stack_pids, tree_processes, zeo_server)
 from plonedeploy.recipe.stack import StackError
 
 
@@ -62,8 +61,7 @@ def group_processes(proc):
 
 @exits_2_when_not_ready("servers_wrk")
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m loadtests servers-wrk",
-                                     description=__doc__.split("\n\n")[0])
+    parser = new_parser("servers-wrk", __doc__.split("\n\n")[0])
     others = [s for s in serverbuild.SERVERS if s != "pyruvate"]
     parser.add_argument("--servers", default=",".join(others),
                         help=f"comma-separated wsgi-server values (default: {','.join(others)})")

@@ -322,8 +322,8 @@ def test_markdown_table_aligns_figures_right_and_text_left():
 def test_report_folder_and_write_report(tmp_path):
     import datetime
 
-    folder = core.report_folder(str(tmp_path), "fairness", datetime.datetime(2026, 11, 24, 10, 5, 9))
-    assert folder == str(tmp_path / "fairness-20261124-100509") and os.path.isdir(folder)
+    folder = core.report_folder(str(tmp_path), "connections", datetime.datetime(2026, 11, 24, 10, 5, 9))
+    assert folder == str(tmp_path / "connections-20261124-100509") and os.path.isdir(folder)
     drawn = []
     paths = core.write_report(folder, {"b": 1, "a": [2]}, "# title\n",
                               [("x.png", lambda path: drawn.append(path) or open(path, "wb").close())])
@@ -385,3 +385,38 @@ def test_finish_report_writes_prints_and_gives_the_status(tmp_path, capsys):
     assert core.finish_report(str(tmp_path), {"a": 1}, "# t\n", problems=["run 3: 2 errors"]) == 1
     assert "problem: run 3: 2 errors\n" in capsys.readouterr().out
     assert json.loads((tmp_path / "report.json").read_text()) == {"a": 1}
+
+
+def test_littles_law_mean_and_p99_over_it():
+    # 200 connections at 40 req/s: each must wait 5 s on average if all are served in turn
+    assert core.littles_law(200, 40.0, 6.5) == {"littles_law_mean_s": 5.0, "p99_over_littles_mean": 1.3}
+    assert core.littles_law(200, 0.0, None) == {"littles_law_mean_s": None, "p99_over_littles_mean": None}
+    assert core.littles_law(10, 5.0, None) == {"littles_law_mean_s": 2.0, "p99_over_littles_mean": None}
+
+
+def test_listen_overflows_reads_the_kernels_counter():
+    value = core.listen_overflows()
+    assert isinstance(value, int) and value >= 0
+    with open("/proc/net/netstat", encoding="ascii") as fp:
+        lines = fp.read().splitlines()
+    names, values = next((n, v) for n, v in zip(lines[::2], lines[1::2]) if n.startswith("TcpExt:"))
+    # the counter only grows: what was read first is at most what the file says now
+    assert value <= int(dict(zip(names.split()[1:], values.split()[1:]))["ListenOverflows"])
+
+
+def test_frontend_5xx_counts_every_frontend_but_the_stats_listener():
+    rows = [{"pxname": "http-in", "svname": "FRONTEND", "hrsp_5xx": "3"},
+            {"pxname": "https-in", "svname": "FRONTEND", "hrsp_5xx": ""},
+            {"pxname": "stats", "svname": "FRONTEND", "hrsp_5xx": "9"},
+            {"pxname": "plone", "svname": "BACKEND", "hrsp_5xx": "2"},
+            {"pxname": "plone", "svname": "instance", "hrsp_5xx": "2"}]
+    assert haproxy_stats.frontend_5xx(rows) == 3
+
+
+def test_exits_2_passes_keyword_arguments_through():
+    @core.exits_2_when_not_ready("tool")
+    def main(argv=None, prog="tool"):
+        return (argv, prog)
+
+    assert main(["-x"], prog="alias") == (["-x"], "alias")
+

@@ -130,15 +130,23 @@ def test_run_lasts_long_enough_for_several_requests_per_connection():
 
 # -- hello ini, aggregation, options --------------------------------------------------
 
-def test_hello_ini_keeps_server_section_on_another_port():
-    text = ("[server:main]\nuse = egg:pyruvate#main\nsocket = 127.0.0.1:9510\nworkers = 2\n\n"
-            "[app:zope]\nuse = egg:Zope#main\nport = 9510\n")
-    ini = matrix_servers.hello_ini(text, 9510, 9511)
-    assert "socket = 127.0.0.1:9511\nworkers = 2" in ini
-    assert "9510" not in ini and "egg:Zope" not in ini and "[app:zope]" not in ini
-    assert ini.endswith("[app:main]\nuse = egg:plonedeploy.runtime#hello\n")
-    with pytest.raises(ValueError):
-        matrix_servers.hello_ini("[app:main]\n", 9510, 9511)
+def test_hello_servers_are_the_recipes_hello_address(tmp_path, monkeypatch):
+    """Each part gets ``hello-address`` on its hello port (the recipe renders etc/hello.ini;
+    tests/test_options.py and tests/test_recipe_buildout.py check what it writes), and the
+    hello process serves that file."""
+    built = {}
+    monkeypatch.setattr(matrix_servers.serverbuild, "build_parts",
+                        lambda directory, parts, zeo, blobs, part_options: built.update(parts=parts, options=part_options) or 7.0)
+    pairs = [("pyruvate", 2), ("waitress", 1)]
+    ports = matrix_servers.assign_ports(pairs, 9510)
+    assert matrix_servers.build(str(tmp_path), pairs, ports, "127.0.0.1:8100", "/blobs") == 7.0
+    assert built["parts"] == [("m_pyruvate_t2", "pyruvate", 9510, 2), ("m_waitress_t1", "waitress", 9512, 1)]
+    assert built["options"] == {"m_pyruvate_t2": "hello-address = 127.0.0.1:9511\n",
+                                "m_waitress_t1": "hello-address = 127.0.0.1:9513\n"}
+    config = matrix_servers.run_config(str(tmp_path), pairs, ports)
+    hello = next(p for p in config["processes"] if p["name"] == "m_waitress_t1-hello")
+    assert hello["argv"][-1] == str(tmp_path / "parts" / "m_waitress_t1" / "etc" / "hello.ini")
+    assert hello["ready"] == {"http": "http://127.0.0.1:9513/"}
 
 
 def test_aggregate_trims_sums_errors_and_flags_noisy():

@@ -116,11 +116,28 @@ def test_insert_pool_size_needs_main_db():
         options.insert_pool_size("<zodb_db other>\n</zodb_db>\n", 2)
 
 
-def _render_stage_one(server, blob_sendfile=True, metrics_address=None):
-    context = {"part": "p", "server": server, "host": "127.0.0.1", "port": 8081,
-               "http_address": "127.0.0.1:8081", "threads": 3, "blob_sendfile": blob_sendfile,
-               "metrics_address": metrics_address}
+def _render_stage_one(server, blob_sendfile=True, metrics_address=None, hello_port=None):
+    port = hello_port or 8081
+    context = {"part": "p", "server": server, "host": "127.0.0.1", "port": port,
+               "http_address": f"127.0.0.1:{port}", "threads": 3, "blob_sendfile": blob_sendfile,
+               "metrics_address": metrics_address, "hello_app": hello_port is not None}
     return options.render_template(os.path.join(options.TEMPLATES_DIRECTORY, f"{server}.ini.in"), context)
+
+
+@pytest.mark.parametrize("server", list(options.SERVERS))
+def test_hello_ini_is_the_clients_server_section_on_its_own_address(server):
+    """hello-address: the same template renders etc/hello.ini, whose [server:main] is the
+    client's but for the address, and whose only other section is the hello app."""
+    client = configparser.ConfigParser(interpolation=None)
+    client.read_string(_render_stage_one(server))
+    hello = configparser.ConfigParser(interpolation=None)
+    hello.read_string(_render_stage_one(server, blob_sendfile=False, hello_port=9511))
+    assert hello.sections() == ["server:main", "app:main"]
+    assert dict(hello["app:main"]) == {"use": options.HELLO_APP}
+    changed = {k: (v, hello["server:main"].get(k)) for k, v in client["server:main"].items()
+               if hello["server:main"].get(k) != v}
+    assert set(hello["server:main"]) == set(client["server:main"])
+    assert changed and all(old.replace("8081", "9511") == new for old, new in changed.values()), changed
 
 
 def test_pyruvate_template_sets_only_keys_pyruvate_reads():

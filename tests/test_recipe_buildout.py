@@ -18,19 +18,17 @@ import subprocess
 import pytest
 
 from conftest import BUILDOUT, ROOT, develop_eggs
+from loadtests.extrabuild import checkout_header
 from plonedeploy.recipe.options import SERVERS, TEMPLATES_DIRECTORY, render_template
 
 pytestmark = pytest.mark.buildout
 
-BASE = """\
-[buildout]
-extends = {root}/versions.cfg
-develop-eggs-directory = {develop_eggs}
-eggs-directory = {root}/eggs
-newest = false
-allow-picked-versions = false
-parts = zeoserver instance client2 uploads haproxy stack
-
+# The [buildout] section is loadtests.extrabuild.checkout_header's, as the load tools' own
+# builds have it, with the session's develop eggs (conftest.develop_eggs); the rest is
+# str.format'ed with root=ROOT and develop_eggs.
+BASE = checkout_header(os.path.join(ROOT, "versions.cfg"),
+                       ["zeoserver", "instance", "client2", "uploads", "haproxy", "stack"],
+                       develop_eggs="{develop_eggs}") + """
 [zeoserver]
 recipe = plone.recipe.zeoserver
 zeo-address = 127.0.0.1:18100
@@ -372,6 +370,9 @@ BAD = [
      "[instance] blob-sendfile = 'maybe' is invalid: expected on or off"),
     ("[instance]\nblob-sendfile = off\npipeline = blobsendfile zope\n",
      "[instance] pipeline names blobsendfile but blob-sendfile = off"),
+    ("[instance]\nhello-address = 127.0.0.1:18081\n",
+     "[instance] hello-address = '127.0.0.1:18081' is invalid: expected a host:port other than "
+     "http-address = 127.0.0.1:18081"),
     ("[instance]\nwsgi-ini-template = /tmp/x.ini\n",
      "[instance] wsgi-ini-template is set by plonedeploy.recipe"),
     ("[instance]\ntemplates-directory = /nonexistent\n",
@@ -492,6 +493,26 @@ BAD = [
 METRICS = ("[instance]\nmetrics-address = 127.0.0.1:18091\n"
            "[client2]\nmetrics-address = 127.0.0.1:18092\n"
            "[uploads]\nmetrics-address = 127.0.0.1:18093\n")
+
+
+def test_hello_address_writes_the_hello_ini_through_both_stages(tmp_path):
+    """etc/hello.ini: the client's [server:main] (stage 2 filled: waitress has %(...)s keys)
+    on hello-address, and the hello app; etc/wsgi.ini stays the Zope client's."""
+    # client2 and uploads are "<= instance": each needs its own address
+    result = buildout(tmp_path, "[instance]\nhello-address = 127.0.0.1:18095\n"
+                                "[client2]\nhello-address = 127.0.0.1:18096\n"
+                                "[uploads]\nhello-address = 127.0.0.1:18097\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for part, server_port, hello_port in (("instance", 18081, 18095), ("client2", 18082, 18096),
+                                          ("uploads", 18079, 18097)):
+        etc = tmp_path / "parts" / part / "etc"
+        hello, client = _ini(etc / "hello.ini"), _ini(etc / "wsgi.ini")
+        assert hello.sections() == ["server:main", "app:main"], part
+        assert dict(hello["app:main"]) == {"use": "egg:plonedeploy.runtime#hello"}
+        assert "%(" not in (etc / "hello.ini").read_text()
+        assert {k: v.replace(str(hello_port), str(server_port)) for k, v in hello["server:main"].items()} \
+            == dict(client["server:main"]), part
+        assert "pipeline:main" in client and "egg:Zope#main" in (etc / "wsgi.ini").read_text()
 
 
 def test_metrics_filter_wired_per_client(tmp_path):
@@ -715,14 +736,7 @@ def test_zeo_stays_the_default(built):
 
 # relstorage.cfg itself, built in a directory of its own: only what must point back into
 # this checkout (the recipes' source, the eggs, the logrotate template) is overridden.
-RELSTORAGE_CFG = """\
-[buildout]
-extends = {root}/relstorage.cfg
-# buildout.cfg's develop eggs, made once per session (conftest.develop_eggs)
-develop =
-develop-eggs-directory = {develop_eggs}
-eggs-directory = {root}/eggs
-newest = false
+RELSTORAGE_CFG = checkout_header(os.path.join(ROOT, "relstorage.cfg"), develop_eggs="{develop_eggs}") + """
 [logrotate]
 input = {root}/templates/logrotate.conf.in
 """

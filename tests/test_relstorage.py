@@ -39,6 +39,7 @@ import pytest
 import requests
 
 from conftest import ROOT, port_taken, run, stop_group, while_loaded
+from loadtests.extrabuild import checkout_header
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +53,10 @@ PORTS = {"haproxy": 9650, "instance": 9651, "postgresql": 9652, "uploads": 9653,
          # buildout.cfg's cache tier, not built here; moved off the demo's ports all the same
          "varnish": 9660, "cache-fill": 9661, "varnish-metrics": 9662}
 
-CONFIG = """\
-[buildout]
-extends = {root}/relstorage.cfg
-develop = {root}/recipes/plonedeploy.recipe {root}/recipes/plonedeploy.runtime
-eggs-directory = {root}/eggs
-newest = false
-parts = postgresql instance client2 uploads haproxy stack relstorage-tools migration filesite converted
+# The [buildout] section is loadtests.extrabuild.checkout_header's; the rest is str.format'ed.
+CONFIG = checkout_header(os.path.join(ROOT, "relstorage.cfg"), [
+    "postgresql", "instance", "client2", "uploads", "haproxy", "stack", "relstorage-tools", "migration",
+    "filesite", "converted"]) + """
 
 [ports]
 {ports}

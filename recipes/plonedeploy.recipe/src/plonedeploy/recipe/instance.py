@@ -20,6 +20,11 @@ each; docs/recipe.md's table is generated from it). The reasons behind them:
   part made with ``<= instance`` switches by this one option; ``relstorage-dsn`` must not
   hold a password because zope.conf is world-readable (``options.parse_dsn``).
 
+- ``hello-address`` writes ``etc/hello.ini`` beside ``etc/wsgi.ini``: the same template with
+  ``hello_app`` true, so the hello-world app is served by exactly the server section the
+  client has (same keys, same stage 2), on another address; the benchmark matrix compares
+  the two (loadtests/matrix_servers.py).
+
 The server template is rendered in two stages: Jinja2 fills ``{{ ... }}`` (server, address,
 threads), then plone.recipe.zope2instance fills ``%(...)s`` (log files, pipeline, zope.conf
 path) as it does for its own ``wsgi-ini-template``; a literal ``%`` must be written ``%%``.
@@ -41,6 +46,7 @@ from plonedeploy.recipe.edge import default_body_cap
 from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
+    HELLO_APP,
     METRICS_EGG,
     METRICS_FILTER,
     RELSTORAGE_BLOBS,
@@ -149,6 +155,14 @@ class Recipe(Zope2InstanceRecipe):
                 f"[{name}] pipeline names {METRICS_FILTER} but metrics-address is not set; "
                 "set metrics-address = host:port or remove it from pipeline"
             )
+        self.hello_address = None
+        if opts.get("hello-address", "").strip():
+            hello = parse_http_address(name, opts["hello-address"], "hello-address")
+            if hello == (self.host, self.port):
+                fail(name, "hello-address", opts["hello-address"],
+                     f"a host:port other than http-address = {options['http-address'].strip()}")
+            self.hello_address = hello
+            options["hello-address"] = f"{hello[0]}:{hello[1]}"
 
         self.storage = self.configure_storage(buildout, name, options)
 
@@ -171,10 +185,16 @@ class Recipe(Zope2InstanceRecipe):
                 "(see templates/_common.ini.in); add it or remove metrics-address"
             )
 
+        if self.hello_address and HELLO_APP not in render_template(self.template, self.hello_context()):
+            raise zc.buildout.UserError(
+                f"[{name}] hello-address is set but {self.template} renders no {HELLO_APP} app when "
+                "hello_app is true (see templates/_common.ini.in); add it or remove hello-address"
+            )
+
         eggs = opts.get("eggs", "").split()
         eggs += [egg for egg in SERVERS[self.server] if egg not in eggs]
-        if self.blob_sendfile and RUNTIME_EGG not in eggs:
-            eggs.append(RUNTIME_EGG)  # egg:plonedeploy.runtime#blobsendfile
+        if (self.blob_sendfile or self.hello_address) and RUNTIME_EGG not in eggs:
+            eggs.append(RUNTIME_EGG)  # egg:plonedeploy.runtime#blobsendfile, #hello
         if self.metrics_address:
             # egg:plonedeploy.runtime#metrics, which imports prometheus_client
             eggs += [egg for egg in (RUNTIME_EGG, METRICS_EGG) if egg not in eggs]
@@ -274,19 +294,43 @@ class Recipe(Zope2InstanceRecipe):
             "threads": self.threads,
             "blob_sendfile": self.blob_sendfile,
             "metrics_address": self.metrics_address,
+            "hello_app": False,
         }
 
+    def hello_context(self):
+        """:meth:`context` for ``etc/hello.ini``: the hello address, the hello app, no filters."""
+        host, port = self.hello_address
+        return {**self.context(), "host": host, "port": port, "http_address": f"{host}:{port}",
+                "blob_sendfile": False, "metrics_address": None, "hello_app": True}
+
     def build_wsgi_ini(self):
-        text = render_template(self.template, self.context())
-        os.makedirs(os.path.dirname(self.options["wsgi-ini-template"]), exist_ok=True)
-        with open(self.options["wsgi-ini-template"], "w", encoding="utf-8") as fp:
-            fp.write(text)
+        etc = os.path.dirname(self.options["wsgi-ini-template"])
+        os.makedirs(etc, exist_ok=True)
+        if self.hello_address:
+            # Both stages as for wsgi.ini (waitress's section has stage-2 values too), but the
+            # stock code writes only etc/wsgi.ini: the hello text goes through it first and is
+            # moved to hello.ini before the client's own wsgi.ini is written.
+            self.write_stage_one(self.hello_context())
+            super().build_wsgi_ini()
+            os.replace(os.path.join(etc, "wsgi.ini"), os.path.join(etc, "hello.ini"))
+        else:
+            try:
+                os.remove(os.path.join(etc, "hello.ini"))  # hello-address removed since the last build
+            except FileNotFoundError:
+                pass
+        self.write_stage_one(self.context())
         super().build_wsgi_ini()
         logger.info(
             "%s: %s on %s:%s, %s threads, ZODB pool-size %s, blob-sendfile %s, metrics %s",
             self.name, self.server, self.host, self.port, self.threads, self.threads,
             self.options["blob-sendfile"], self.metrics_address or "off",
         )
+
+    def write_stage_one(self, context):
+        """Render the server template with ``context`` into ``wsgi-ini-template`` (stage 1),
+        which the stock recipe's build_wsgi_ini reads and %-formats (stage 2)."""
+        with open(self.options["wsgi-ini-template"], "w", encoding="utf-8") as fp:
+            fp.write(render_template(self.template, context))
 
     def build_zope_conf(self):
         super().build_zope_conf()

@@ -28,6 +28,8 @@ SWITCH_VALUES = {"on": True, "off": False, "true": True, "false": False}
 #: Name of the blob WSGI filter in the clients' pipeline (``[filter:blobsendfile]``).
 BLOB_FILTER = "blobsendfile"
 
+#: PasteDeploy ``use`` of the hello-world app (``hello-address``: etc/hello.ini).
+HELLO_APP = "egg:plonedeploy.runtime#hello"
 #: Name of the Prometheus WSGI filter (``[filter:metrics]``, ``metrics-address``) and the
 #: egg it needs in the client.
 METRICS_FILTER = "metrics"

@@ -143,6 +143,12 @@ INSTANCE = (
            "client; adds `prometheus-client` to `eggs`. A part made with `<= instance` inherits it: "
            "set it per client ([operations.md, Metrics](operations.md#metrics))",
            "unset (buildout.cfg: `127.0.0.1:8071`, `:8072`, `:8073`)"),
+    Option("hello-address", "", _HOST_PORT + ", not `http-address`",
+           "also write `etc/hello.ini`: the same server with the same settings on this address, "
+           "serving the hello-world app `egg:plonedeploy.runtime#hello` instead of Zope (run as "
+           "`bin/interpreter -m plonedeploy.runtime.hello etc/hello.ini`; the benchmark matrix's "
+           "`hello` path, [benchmarks.md](benchmarks.md)); adds `plonedeploy.runtime` to `eggs`",
+           "unset"),
     Option("max-request-body-size", None, _BYTES,
            "the largest request body this client may receive: waitress spools bodies to disk and "
            "enforces it itself; the others hold a body in memory, so `[haproxy]` refuses a build in "

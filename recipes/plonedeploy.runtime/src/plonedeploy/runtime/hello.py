@@ -9,8 +9,9 @@ Served by the same server runner as a ZEO client, without loading Zope::
 
     parts/<part>/bin/interpreter -m plonedeploy.runtime.hello <hello.ini>
 
-where ``hello.ini`` has the ``[server:main]`` section of the client's ``etc/wsgi.ini``
-(another port) and ``[app:main] use = egg:plonedeploy.runtime#hello``. :func:`main` does
+where ``hello.ini`` (``parts/<part>/etc/hello.ini``, written by plonedeploy.recipe when the
+part sets ``hello-address``) has the ``[server:main]`` section of the client's
+``etc/wsgi.ini`` on that address and ``[app:main] use = egg:plonedeploy.runtime#hello``. :func:`main` does
 what Zope's runwsgi does (PasteDeploy ``loadserver``, ``loadapp``, ``server(app)``) but
 sets up no logging and writes no pidfile. The supervisor factories (gunicorn, granian)
 load the app in their worker from the same ini, so they serve hello too.
