@@ -21,7 +21,7 @@ nothing changed) that extends the stack's own config with
 
 ``buildout:directory`` stays the checkout, so blobs, ZEO and logs are the stack's own;
 parts, bin and .installed.cfg live under ``var/abslots``. :class:`Slots` starts and stops
-the pair a round needs with :mod:`loadtests.extrabuild`'s start/stop, by PID.
+the pair a round needs with :mod:`loadtests.extrabuild`'s start/stop.
 """
 import os
 import time
@@ -94,9 +94,9 @@ def pair_config(server_a, server_b):
 class Slots:
     """The running slot clients; ``ensure(server_a, server_b)`` makes exactly that pair run.
 
-    Started and stopped by :func:`loadtests.extrabuild.start`/``stop`` (pidfiles in
-    ``var/abslots/run``, logs in ``log_dir``). Use as a context manager: on exit every slot
-    client this object started is stopped by PID.
+    Started and stopped by :func:`loadtests.extrabuild.start`/``stop`` (a supervisord
+    of their own in ``var/abslots/run``, logs in ``log_dir``). Use as a context manager: on
+    exit every slot client this object started is stopped, and that supervisord with them.
     """
 
     def __init__(self, ports, log_dir, timeout=300):
@@ -125,7 +125,7 @@ class Slots:
         return {part(slot, server): proc.pid for slot, (server, proc) in self.running.items()}
 
     def stop(self):
-        """Stop every running slot client by PID."""
+        """Stop every running slot client (and their supervisord)."""
         extrabuild.stop(self.config, [part(slot, server) for slot, (server, _) in self.running.items()], 60)
         self.running.clear()
 

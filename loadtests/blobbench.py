@@ -10,7 +10,7 @@ Variants: ``<server>-on`` is the stack's own client of that server (built with
 ``blob-sendfile = on``, the default); ``<server>-off`` is the same client part built with
 ``blob-sendfile = off`` by a small extra buildout in ``var/blobbench/`` (``<part>-off`` on
 the client's port + number of clients, e.g. 9183 and 9184 next to 9181 and 9182), started
-for the run next to the stack (same ZEO server, same blob storage) and stopped by PID at
+for the run next to the stack (same ZEO server, same blob storage) and stopped again at
 the end. Optional: ``haproxy-on`` is the stack's HAProxy (both clients behind it),
 ``haproxy-off`` a second HAProxy part in the extra buildout in front of the ``-off``
 clients (next free ports, e.g. 9185 and stats 9186); their server CPU is HAProxy's plus
@@ -65,20 +65,19 @@ class Variant:
     """One configuration under test: a client part (or an HAProxy and its clients), its URL
     and the processes whose CPU time is the server's."""
 
-    def __init__(self, name, part, server, sendfile, url, pidfiles):
+    def __init__(self, name, part, server, sendfile, url, run_config, names):
         self.name, self.part, self.server, self.sendfile = name, part, server, sendfile
-        self.url, self.pidfiles = url, pidfiles
+        self.url, self.run_config, self.names = url, run_config, names
 
     @property
     def blob_url(self):
         return self.url + BLOB_PATH
 
     def processes(self):
-        procs = []
-        for path in self.pidfiles:
-            with open(path, encoding="ascii") as fp:
-                procs.append(psutil.Process(int(fp.read().split()[0])))
-        return procs
+        """psutil processes of ``names``, as the supervisord of ``run_config`` has them;
+        KeyError when one does not run."""
+        procs = stack_pids(self.run_config)
+        return [procs[name] for name in self.names]
 
     def process(self):
         """The first process: the client (or HAProxy)."""
@@ -396,8 +395,6 @@ def main(argv=None):
         first = max(ports.values()) + 1
         off_haproxy = (haproxy_name, first, first + 1)
     off_config = offclients.stack_config(WORK_DIR, off_clients, ports, off_haproxy, config["haproxy_binary"])
-    run_dir = config["run_dir"]
-
     variants = {}
     for client in clients:
         if not client_facts(config, client)["blob_sendfile"]:
@@ -405,18 +402,18 @@ def main(argv=None):
                   file=sys.stderr)
             return 2
         variants[f"{kinds[client]}-on"] = Variant(f"{kinds[client]}-on", client, kinds[client], True, urls[client],
-                                                  [os.path.join(run_dir, f"{client}.pid")])
+                                                  config, [client])
     variants["haproxy-on"] = Variant(
         "haproxy-on", haproxy_name, "haproxy", True, config["frontend_url"],
-        [os.path.join(run_dir, f"{n}.pid") for n in [haproxy_name] + clients])
+        config, [haproxy_name] + clients)
     for client in off_clients:
         variants[f"{kinds[client]}-off"] = Variant(
             f"{kinds[client]}-off", f"{client}-off", kinds[client], False, f"http://127.0.0.1:{ports[client]}",
-            [os.path.join(off_config["run_dir"], f"{client}-off.pid")])
+            off_config, [f"{client}-off"])
     if off_haproxy:
         variants["haproxy-off"] = Variant(
             "haproxy-off", f"{haproxy_name}-off", "haproxy", False, f"http://127.0.0.1:{off_haproxy[1]}",
-            [os.path.join(off_config["run_dir"], f"{n}-off.pid") for n in [haproxy_name] + off_clients])
+            off_config, [f"{n}-off" for n in [haproxy_name] + off_clients])
     order = [v for v in args.variants if v in variants]
 
     started = datetime.now(timezone.utc)

@@ -210,14 +210,16 @@ def default_buildout_config():
 
 
 def stack_pids(config):
-    """Return ``{process name: psutil.Process}`` for the stack's running processes (from
-    their pidfiles in ``config["run_dir"]``); processes not running are left out."""
+    """Return ``{process name: psutil.Process}`` for the stack's running processes (as the
+    stack's supervisord says: plonedeploy.recipe.stack.running_pids); processes not
+    running are left out."""
+    from plonedeploy.recipe.stack import running_pids
+
     procs = {}
-    for proc in config["processes"]:
+    for name, pid in running_pids(config).items():
         try:
-            with open(os.path.join(config["run_dir"], f"{proc['name']}.pid"), encoding="ascii") as fp:
-                procs[proc["name"]] = psutil.Process(int(fp.read().split()[0]))
-        except (OSError, ValueError, psutil.Error):
+            procs[name] = psutil.Process(pid)
+        except psutil.Error:
             pass
     return procs
 

@@ -12,15 +12,18 @@ develop-eggs live in the work directory (e.g. ``var/abslots``), so building it n
 uninstalls nor rewrites the stack's parts.
 
 :func:`start` and :func:`stop` run what such a build made as bin/stack runs the stack
-(plonedeploy.recipe.stack's helpers: own session, pidfile, log, readiness probe,
-SIGTERM then SIGKILL by PID), from process descriptions such as a stack.json's or
-:func:`client_process`'s.
+(plonedeploy.recipe.stack's helpers: a supervisord of the work directory's own, rendered
+from the same templates at start time, stages, log, readiness probe; supervisord stops a
+process group with SIGTERM, SIGKILL after 30 s), from process descriptions such as a
+stack.json's or :func:`client_process`'s.
 """
 import os
 import subprocess
 import time
 
 import psutil
+
+from plonedeploy.recipe import stack as runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
@@ -120,11 +123,13 @@ def client_process(work_dir, part, url, stage=0):
 
 def run_config(work_dir, processes, stats_url=None, backend="zeoclients", servers=(), log_dir=None):
     """The dict plonedeploy.recipe.stack's start/stop helpers take for ``processes`` (dicts
-    as :func:`client_process` returns, or a stack.json's): pidfiles in ``work_dir/run``,
-    logs in ``log_dir`` (default ``work_dir/log``); with ``stats_url`` (an HAProxy among
-    them) :func:`start` also waits until its ``backend`` has ``servers`` UP."""
+    as :func:`client_process` returns, or a stack.json's): the supervisord's socket and
+    pidfile in ``work_dir/run``, its config in ``work_dir/run/supervisor/`` (written by
+    :func:`start`), logs in ``log_dir`` (default ``work_dir/log``), the processes run in the
+    checkout; with ``stats_url`` (an HAProxy among them) :func:`start` also waits until its
+    ``backend`` has ``servers`` UP."""
     config = {"run_dir": os.path.join(work_dir, "run"), "log_dir": log_dir or os.path.join(work_dir, "log"),
-              "processes": list(processes), "backend": backend, "servers": list(servers)}
+              "directory": ROOT, "processes": list(processes), "backend": backend, "servers": list(servers)}
     if stats_url:
         config["stats_url"] = stats_url
     return config
@@ -132,14 +137,12 @@ def run_config(work_dir, processes, stats_url=None, backend="zeoclients", server
 
 def start(config, names=None, timeout=300):
     """Start the processes of ``config`` (:func:`run_config`) named in ``names`` (default
-    all), stage by stage as bin/stack does (each in its own session, PID in a pidfile,
-    output appended to ``<log_dir>/<name>.stdout.log``), each ready within ``timeout``
-    seconds; then, if ``config`` has a ``stats_url``, wait up to 120 s for its servers UP.
-    Processes already running (their pidfile says so) are left alone. Returns ``{name:
+    all), stage by stage as bin/stack does (under the supervisord of ``config``, started
+    first if it does not run; output appended to ``<log_dir>/<name>.stdout.log``), each
+    ready within ``timeout`` seconds; then, if ``config`` has a ``stats_url``, wait up to
+    120 s for its servers UP. Processes already running are left alone. Returns ``{name:
     psutil.Process}`` of the named processes. Raises plonedeploy.recipe.stack.StackError
     when one does not start or become ready, after stopping those this call started."""
-    from plonedeploy.recipe import stack as runtime
-
     chosen = [p for p in config["processes"] if names is None or p["name"] in names]
     try:
         for stage in sorted({p["stage"] for p in chosen}):
@@ -149,15 +152,14 @@ def start(config, names=None, timeout=300):
     except runtime.StackError:
         stop(config, [p["name"] for p in chosen])
         raise
-    return {p["name"]: psutil.Process(runtime.read_pid(config, p["name"])) for p in chosen}
+    pids = runtime.running_pids(config)
+    return {p["name"]: psutil.Process(pids[p["name"]]) for p in chosen}
 
 
-def stop(config, names=None, timeout=30.0):
-    """Stop the processes of ``config`` named in ``names`` (default all) by PID, last stage
-    first: SIGTERM to each process group, SIGKILL after ``timeout`` seconds. Those not
-    running are skipped."""
-    from plonedeploy.recipe import stack as runtime
-
-    for p in sorted(config["processes"], key=lambda p: p["stage"], reverse=True):
-        if names is None or p["name"] in names:
-            runtime.stop_process(config, p["name"], timeout)
+def stop(config, names=None, timeout=runtime.STOP_WAIT + 30):
+    """Stop the processes of ``config`` named in ``names`` (default all), last stage first,
+    through their supervisord (SIGTERM to each process group, SIGKILL after
+    ``runtime.STOP_WAIT`` seconds), waiting up to ``timeout`` seconds for each; then that
+    supervisord too once nothing of it runs. Those not running are skipped. Raises
+    plonedeploy.recipe.stack.StackError when one is still there after ``timeout``."""
+    runtime.stop_processes(config, names, timeout)

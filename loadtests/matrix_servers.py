@@ -10,9 +10,9 @@ and both stages, as for ``etc/wsgi.ini``), started as
 ``parts/<part>/bin/interpreter -m plonedeploy.runtime.hello parts/<part>/etc/hello.ini``
 (see plonedeploy/runtime/hello.py); it never loads Zope.
 
-All processes start at once with :func:`loadtests.extrabuild.start` (each in its own
-process group, pidfile in ``var/matrix/run``) and are stopped by
-:func:`loadtests.extrabuild.stop` (SIGTERM to the group, SIGKILL after a timeout).
+All processes start at once with :func:`loadtests.extrabuild.start` (under a
+supervisord of their own in ``var/matrix/run``, each in its own process group) and are
+stopped by :func:`loadtests.extrabuild.stop` (SIGTERM to the group, SIGKILL after 30 s).
 """
 import os
 
@@ -53,7 +53,7 @@ def build(directory, pairs, ports, zeo_address, blob_storage):
 
 def run_config(directory, pairs, ports):
     """Every pair's Zope client (``bin/<part> console``) and hello server, all in one start
-    stage, for :func:`loadtests.extrabuild.start`/``stop`` (pidfiles in ``directory/run``,
+    stage, for :func:`loadtests.extrabuild.start`/``stop`` (their supervisord in ``directory/run``,
     logs in ``directory/log``). Process names: the part, and ``<part>-hello``."""
     directory = os.path.abspath(directory)
     processes = []

@@ -6,7 +6,7 @@ the filter. The ``-off`` clients are parts ``<client>-off`` (``<= <client>``,
 ``blob-sendfile = off``, on ports of their own, no metrics port) of an extra buildout
 (:mod:`loadtests.extrabuild`) in ``work_dir``, optionally with an HAProxy ``<haproxy>-off``
 in front of them; they share the stack's ZEO server and blob storage. Started and stopped
-by PID with :func:`loadtests.extrabuild.start` and ``stop``, like bin/stack does.
+with :func:`loadtests.extrabuild.start` and ``stop``, like bin/stack does (supervisord).
 """
 import os
 
@@ -56,7 +56,7 @@ def build(work_dir, extends, clients, ports, haproxy=None, tool="loadtests"):
 
 def stack_config(work_dir, clients, ports, haproxy=None, binary="haproxy"):
     """The processes of the build for :func:`loadtests.extrabuild.start`/``stop``
-    (:func:`loadtests.extrabuild.run_config`: pidfiles in ``work_dir/run``, logs in
+    (:func:`loadtests.extrabuild.run_config`: their supervisord in ``work_dir/run``, logs in
     ``work_dir/log``): one stage per client, the HAProxy ``<part>-off`` (``haproxy`` as in
     :func:`buildout_config`, run with ``binary``) last, whose servers ``start`` waits for."""
     processes = [extrabuild.client_process(work_dir, f"{part}-off", f"http://127.0.0.1:{ports[part]}", stage)

@@ -76,7 +76,7 @@ def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client
 def run_config(directory, parts):
     """The processes of client ``parts`` (``[(part name, http port)]``) of the build in
     ``directory``, each its own stage, for :func:`loadtests.extrabuild.start`/``stop``
-    (pidfiles in ``directory/run``, logs ``directory/log/<part>.stdout.log``)."""
+    (their supervisord in ``directory/run``, logs ``directory/log/<part>.stdout.log``)."""
     directory = os.path.abspath(directory)
     return extrabuild.run_config(directory, [
         extrabuild.client_process(directory, name, f"http://127.0.0.1:{port}", stage)

@@ -253,11 +253,11 @@ class Variant:
         return stack_runtime.read_pid(self.config, name)
 
     def stop(self):
-        """Stop the client, then the database, by PID (SIGTERM, SIGKILL after 60 s)."""
+        """Stop the client, then the database, then the variant's supervisord (SIGTERM to each
+        process group, SIGKILL after 30 s)."""
         from plonedeploy.recipe import stack as stack_runtime
 
-        for name in ("instance", self.database):
-            stack_runtime.stop_process(self.config, name, 60)
+        stack_runtime.stop_processes(self.config)
 
     def create_site(self):
         """Run scripts/create_site.py with bin/instance (the database running, the client

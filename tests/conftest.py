@@ -175,13 +175,10 @@ class Stack:
         return bases
 
     def pids(self):
-        """``{process name: PID}`` from the pidfiles of the processes that run now."""
-        pids = {}
-        for proc in self.config["processes"]:
-            path = os.path.join(self.config["run_dir"], f"{proc['name']}.pid")
-            if os.path.exists(path):
-                pids[proc["name"]] = int(open(path).read().split()[0])
-        return pids
+        """``{process name: PID}`` of the processes that run now (the stack's supervisord says)."""
+        from plonedeploy.recipe.stack import running_pids
+
+        return running_pids(self.config)
 
     def states(self):
         """``{server: HAProxy status}`` of the backend (plus "BACKEND")."""

@@ -4,6 +4,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 
 import psutil
 import pytest
@@ -105,10 +106,19 @@ def test_check_servers_up(monkeypatch):
         core.check_servers_up(config)
 
 
-def test_stack_pids_and_cpu_seconds(tmp_path):
-    (tmp_path / "me.pid").write_text(f"{os.getpid()}\n")
-    (tmp_path / "gone.pid").write_text("not a pid\n")
+def _supervised(monkeypatch, pids):
+    """What the stack's supervisord would say runs: ``{name: PID}`` (plonedeploy.recipe.stack)."""
+    from plonedeploy.recipe import stack as runtime
+
+    monkeypatch.setattr(runtime, "running_pids", lambda config: dict(pids))
+
+
+def test_stack_pids_and_cpu_seconds(tmp_path, monkeypatch):
     config = {"run_dir": str(tmp_path), "processes": [{"name": "me"}, {"name": "gone"}, {"name": "never"}]}
+    assert core.stack_pids(config) == {}  # no supervisord in tmp_path: nothing runs
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    _supervised(monkeypatch, {"me": os.getpid(), "gone": gone.pid})
     procs = core.stack_pids(config)
     assert list(procs) == ["me"] and procs["me"].pid == os.getpid()
     assert core.cpu_seconds(procs)["me"] > 0
@@ -128,19 +138,19 @@ def _stack_config(tmp_path, storage):
             "haproxy_binary": "haproxy"}
 
 
-def test_running_zeo_server_or_what_is_missing(tmp_path):
+def test_running_zeo_server_or_what_is_missing(tmp_path, monkeypatch):
     """The ZEO server's host:port when it runs; NotReady naming RelStorage on a RelStorage
     build (its PostgreSQL listens on TCP too, but is no ZEO server), naming the process when
     it does not run or stack.json has none."""
     config = _stack_config(tmp_path, "zeo")
     with pytest.raises(core.NotReady, match="the stack's zeoserver is not running: make start"):
         core.running_zeo_server(config)
-    (tmp_path / "zeoserver.pid").write_text(f"{os.getpid()}\n")
+    _supervised(monkeypatch, {"zeoserver": os.getpid()})
     assert core.running_zeo_server(config) == "127.0.0.1:8100"
     del config["storage"], config["zeoserver"]  # stack.json of a build before these keys
     assert core.running_zeo_server(config) == "127.0.0.1:8100"
     config = _stack_config(tmp_path, "relstorage")
-    (tmp_path / "postgresql.pid").write_text(f"{os.getpid()}\n")
+    _supervised(monkeypatch, {"postgresql": os.getpid()})
     with pytest.raises(core.NotReady, match=r"built for RelStorage on PostgreSQL \(relstorage.cfg\).*"
                                             r"make build STORAGE=zeo"):
         core.running_zeo_server(config)

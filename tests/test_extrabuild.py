@@ -70,11 +70,22 @@ def test_build_failure_raises_with_tail(tmp_path, monkeypatch):
     assert "buildout.log" in message and "out -c" in message and "err" in message
 
 
-def test_start_and_stop_by_pid_through_the_stack_runtime(tmp_path):
+def _supervisord_gone(tmp_path):
+    """True when the work directory's supervisord is gone: its pidfile removed, no process."""
+    return not (tmp_path / "run" / "supervisord.pid").exists() and not [
+        p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "run") in " ".join(p.info["cmdline"] or ())]
+
+
+def test_start_and_stop_through_the_stack_runtime(tmp_path):
     """A real process (Python's http.server on a port of this worktree's range) started and
-    stopped by the one path every extra build uses: pidfile, log, readiness, SIGTERM."""
+    stopped by the one path every extra build uses: a supervisord of the work directory's
+    own, rendered from the templates the Ansible role renders, log, readiness; supervisord
+    brings it back after a kill -9 (autorestart); stop takes supervisord down too."""
     import sys
+    import time
     import urllib.request
+
+    from plonedeploy.recipe.stack import running_pids
 
     port = 9987
     proc = {"name": "web", "argv": [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
@@ -83,13 +94,24 @@ def test_start_and_stop_by_pid_through_the_stack_runtime(tmp_path):
     started = extrabuild.start(config)
     try:
         assert set(started) == {"web"} and started["web"].is_running()
-        assert (tmp_path / "run" / "web.pid").read_text().split()[0] == str(started["web"].pid)
+        assert running_pids(config) == {"web": started["web"].pid}
+        conf = (tmp_path / "run" / "supervisor" / "supervisor.d" / "web.conf").read_text()
+        assert "autostart = false\n" in conf and "stopasgroup = true\n" in conf
+        assert oct((tmp_path / "run" / "supervisor.sock").stat().st_mode & 0o777) == "0o700"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
             assert response.status == 200
+        started["web"].kill()
+        deadline = time.monotonic() + 20
+        while running_pids(config).get("web") in (None, started["web"].pid):
+            assert time.monotonic() < deadline, "supervisord did not restart the killed process"
+            time.sleep(0.2)
+        again = extrabuild.start(config)  # running: left alone
+        assert again["web"].pid == running_pids(config)["web"] != started["web"].pid
     finally:
         extrabuild.stop(config)
-    assert not started["web"].is_running() or started["web"].status() == psutil.STATUS_ZOMBIE
-    assert not (tmp_path / "run" / "web.pid").exists()
+    assert not again["web"].is_running() or again["web"].status() == psutil.STATUS_ZOMBIE
+    assert running_pids(config) == {}
+    assert _supervisord_gone(tmp_path)
     assert "GET / HTTP" in (tmp_path / "log" / "web.stdout.log").read_text()
 
 
@@ -103,9 +125,9 @@ def test_start_failure_stops_what_it_started_and_names_the_process(tmp_path):
              {"name": "dies", "argv": [sys.executable, "-c", "raise SystemExit(3)"],
               "ready": {"tcp": ["127.0.0.1", 9989]}, "stage": 0}]
     config = extrabuild.run_config(str(tmp_path), procs)
-    with pytest.raises(StackError, match="dies"):
+    with pytest.raises(StackError, match="dies: exited"):
         extrabuild.start(config, timeout=20)
-    assert not list((tmp_path / "run").glob("*.pid"))  # "ok" was stopped again
+    assert _supervisord_gone(tmp_path)  # "ok" was stopped again, and supervisord with it
 
 
 def test_ab_slots_swap_servers_through_the_one_start_stop_path(tmp_path, monkeypatch):
@@ -132,6 +154,6 @@ def test_ab_slots_swap_servers_through_the_one_start_stop_path(tmp_path, monkeyp
         assert second["ab-a-pyruvate"] == first["ab-a-pyruvate"]
         assert not psutil.pid_exists(first["ab-b-waitress"]) or \
             psutil.Process(first["ab-b-waitress"]).status() == psutil.STATUS_ZOMBIE
-    assert not list((tmp_path / "run").glob("*.pid"))  # all stopped on exit
+    assert _supervisord_gone(tmp_path)  # all stopped on exit
     for pid in second.values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

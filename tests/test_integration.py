@@ -28,8 +28,10 @@ def test_stack_runs_its_seven_processes(stack):
     pids = stack.pids()
     assert sorted(pids) == ["client2", "haproxy", "instance", "uploads", "varnish", "varnish-exporter",
                             "zeoserver"]
+    # every one a child of the stack's supervisord (pidfile var/run/supervisord.pid)
+    supervisord = int(open(os.path.join(stack.config["run_dir"], "supervisord.pid")).read())
     for name, pid in pids.items():
-        assert psutil.pid_exists(pid), name
+        assert psutil.Process(pid).ppid() == supervisord, name
     status = run([STACK, "status"], timeout=30).stdout
     assert "haproxy server instance: UP" in status
     assert "haproxy server client2: UP" in status
@@ -227,7 +229,7 @@ def test_ab_rounds_with_control(stack, tmp_path):
     # Slot clients and temporary HAProxys stopped; the deployed stack untouched.
     ports = report["meta"]["slot_ports"]
     assert not port_taken(ports["a"]) and not port_taken(ports["b"])
-    assert not [f for f in os.listdir(os.path.join(abslots.WORK_DIR, "run")) if f.endswith(".pid")]
+    assert not os.path.exists(os.path.join(abslots.WORK_DIR, "run", "supervisord.pid"))  # shut down too
     assert stack.pids() == before
     assert "pyruvate finishes" in result.stdout
 
@@ -235,7 +237,9 @@ def test_ab_rounds_with_control(stack, tmp_path):
 def test_killed_client_loses_no_get(stack, tmp_path):
     """kill -9 the waitress client during an A/B run: GETs sent to it before HAProxy marks
     it DOWN are retried on pyruvate (observe layer4, retry-on, redispatch). Only a response
-    already streaming when the process died can fail (at most maxconn = 2 of them)."""
+    already streaming when the process died can fail (at most maxconn = 2 of them). The
+    stack's supervisord starts the client again by itself (autorestart): it is back UP in
+    HAProxy without any bin/stack call."""
     import subprocess
     import time
 
@@ -255,17 +259,25 @@ def test_killed_client_loses_no_get(stack, tmp_path):
                 break
             time.sleep(0.2)
         output, _ = load.communicate(timeout=120)
+        back_after = None
+        while time.monotonic() - killed_at < 180:
+            if stack.states().get("client2") == "UP" and stack.pids().get("client2") not in (None, victim):
+                back_after = time.monotonic() - killed_at
+                break
+            time.sleep(0.5)
     finally:
         if load.poll() is None:
             load.kill()
-        # the client comes back, also when the run failed, so that the tests after this one
-        # find the whole stack: bin/stack start starts what is not running, waits for UP
+        # the tests after this one need the whole stack, also when the client did not come back
         restarted = run([STACK, "start", "--timeout", "120"], timeout=200, check=False)
     (folder,) = list(tmp_path.iterdir())
     report = json.loads((folder / "report.json").read_text())
-    print(f"\nkilled client2: DOWN after {down_after} s; {report['totals']['requests']} requests, "
+    print(f"\nkilled client2: DOWN after {down_after} s, UP again after {back_after} s (supervisord); "
+          f"{report['totals']['requests']} requests, "
           f"{report['totals']['failures']} failed; redispatched "
           f"{report['servers']['client2']['haproxy']['wredis']}")
+    assert back_after is not None, "supervisord did not bring client2 back UP within 180 s"
+    assert "client2: already running" in restarted.stdout  # nothing left for bin/stack start to do
     assert restarted.returncode == 0, restarted.stdout + restarted.stderr
     assert stack.states() == {"instance": "UP", "client2": "UP", "BACKEND": "UP"}
     assert down_after is not None and down_after <= 2 * 3 + 2  # inter 2 s x fall 3, + slack
@@ -286,5 +298,7 @@ def test_stop_leaves_no_process(stack):
     for name, pid in pids.items():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, name
     assert not stack.pids()
+    assert not os.path.exists(os.path.join(stack.config["run_dir"], "supervisord.pid"))  # supervisord gone too
+    assert not os.path.exists(os.path.join(stack.config["run_dir"], "supervisor.sock"))
     for name, port in stack.ports.items():
         assert not port_taken(port), name

@@ -223,6 +223,21 @@ def test_stack_script_and_config(built):
     help_text = subprocess.run([str(directory / "bin" / "stack"), "--help"], capture_output=True,
                                text=True, check=True).stdout
     assert "start" in help_text and "stop" in help_text
+    # supervisord's config, rendered at install from the templates the Ansible role links to.
+    assert config["supervisor_config"] == str(directory / "parts" / "stack" / "supervisord.conf")
+    conf = (directory / "parts" / "stack" / "supervisord.conf").read_text()
+    assert f"file = {directory}/var/run/supervisor.sock\nchmod = 0700\n" in conf
+    assert f"files = {directory}/parts/stack/supervisor.d/*.conf" in conf
+    program = (directory / "parts" / "stack" / "supervisor.d" / "instance.conf").read_text()
+    assert f"command = {directory}/bin/instance console\n" in program
+    assert "autostart = false\nautorestart = true\n" in program
+    assert f"stdout_logfile = {directory}/var/log/instance.stdout.log\nstdout_logfile_maxbytes = 0\n" in \
+        program.replace("; bin/stack: 0 and 0, logrotate rotates the file (the file is opened with O_APPEND)\n", "")
+    for name in ("supervisord.conf.j2", "program.conf.j2"):
+        assert os.path.realpath(os.path.join(ROOT, "ansible", "roles", "process_manager", "templates", name)) == \
+            os.path.join(TEMPLATES_DIRECTORY, name)
+    ctl = subprocess.run([str(directory / "bin" / "supervisorctl"), "status"], capture_output=True, text=True)
+    assert "supervisor.sock no such file" in ctl.stdout  # its config baked in; nothing runs
 
 
 def test_stack_status_into_a_closed_pipe_exits_quietly(built):
@@ -806,7 +821,8 @@ def test_wheels_carry_the_templates_and_split_the_namespace(tmp_path):
     templates, blobfilter, entry_points = json.loads(out.stdout)
     assert templates == str(target / "plonedeploy" / "recipe" / "templates")
     assert blobfilter.startswith(str(target))
-    for name in [f"{server}.ini.in" for server in SERVERS] + ["_common.ini.in", "haproxy.cfg.j2", "varnish.vcl.j2"]:
+    for name in [f"{server}.ini.in" for server in SERVERS] + ["_common.ini.in", "haproxy.cfg.j2", "varnish.vcl.j2",
+                                                             "supervisord.conf.j2", "program.conf.j2"]:
         assert os.path.isfile(os.path.join(templates, name)), name
     assert ["paste.filter_factory:blobsendfile", "plonedeploy.runtime.blobfilter:filter_factory"] in entry_points
     assert ["paste.server_factory:gunicorn", "plonedeploy.runtime.servers.gunicorn:server_factory"] in entry_points

@@ -26,6 +26,7 @@ added; 878 s on 25 Nov 2026 with other test runs beside it (load average 5-7), o
 for the conversion test (docs/storage.md, "What is tested").
 """
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -268,6 +269,11 @@ def test_postgresql_restart_loses_no_committed_write(relstack):
     timings["postgresql restart"] = marks["restarted"] - marks["restart"]
     assert "postgresql: stopped" in restart.stdout, restart.stdout  # not killed after a timeout
     assert _postmaster(directory) != old_pid
+    # stopped and started again through the stack's supervisord, which keeps it running
+    from plonedeploy.recipe.stack import running_pids
+    config = json.load(open(os.path.join(directory, "parts", "stack", "stack.json"), encoding="utf-8"))
+    supervisord = int(open(os.path.join(directory, "var", "run", "supervisord.pid"), encoding="ascii").read())
+    assert psutil.Process(running_pids(config)["postgresql"]).ppid() == supervisord
     log = open(os.path.join(directory, "var", "log", "postgresql.stdout.log"), encoding="utf-8").read()
     assert "received fast shutdown request" in log
     committed = sorted(number for number, _, _, ok in writes if ok)

@@ -245,12 +245,13 @@ def template_option(part, options, option, filename):
     return os.path.abspath(path)
 
 
-def render_template(path, context):
+def render_template(path, context, filters=None):
     """Render the Jinja2 template at ``path`` with ``context`` (a dict) and return the text.
 
     ``{% include %}`` resolves against the template's own directory. Undefined variables
     are errors (``jinja2.StrictUndefined``), so a typo in a template fails the build
-    instead of writing an empty value into a config file.
+    instead of writing an empty value into a config file. ``filters``: ``{name: function}``
+    added to Jinja2's, for templates Ansible renders too (e.g. its ``quote``).
     """
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(path))),
@@ -258,6 +259,7 @@ def render_template(path, context):
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters.update(filters or {})
     return env.get_template(os.path.basename(path)).render(**context)
 
 

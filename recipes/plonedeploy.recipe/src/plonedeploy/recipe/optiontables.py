@@ -304,7 +304,8 @@ STACK = (
     Option("haproxy", None, "a `plonedeploy.recipe:haproxy` part", "the balancer, started last", "required"),
     Option("cache", "", "a `plonedeploy.recipe:varnish` part",
            "started after the clients and before HAProxy", "empty"),
-    Option("eggs", "plonedeploy.recipe", "egg names", "zc.recipe.egg's: the eggs `bin/<part>` runs with"),
+    Option("eggs", "plonedeploy.recipe", "egg names",
+           "zc.recipe.egg's: the eggs `bin/<part>` runs with; `supervisor` (its supervisord) is always added"),
 )
 
 #: ``plonedeploy.recipe:postgresql`` (postgresql.py): the buildout stack's database.

@@ -95,7 +95,8 @@ def ab_contract(page_servers, upload_servers, bind, stats_bind, tls_bind, balanc
     ``page_servers`` / ``upload_servers``: lists of dicts with ``name`` and ``wsgi_server``
     (HAProxy's server names, in HAProxy's order); ``bind``, ``stats_bind``: HAProxy's
     ``host:port``; ``tls_bind``: ``host:port`` or empty (no TLS); ``balance``: HAProxy's
-    algorithm; ``run_dir``: the directory of pidfiles and HAProxy's admin socket.
+    algorithm; ``run_dir``: the directory of HAProxy's admin socket and bin/stack's supervisord
+    (its socket and pidfile).
     Returns ``frontend_url``, ``tls_url`` (None without TLS), ``stats_url``, ``backend``,
     ``balance``, ``servers``, ``server_kinds`` ({name: wsgi_server} of the page pool),
     ``upload_servers``, ``upload_backend``, ``processes`` (empty: the stack recipe lists

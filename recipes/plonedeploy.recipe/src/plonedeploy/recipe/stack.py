@@ -30,18 +30,26 @@ The part writes ``parts/<name>/stack.json`` and a ``bin/<name>`` script. Usage::
     bin/stack restart [NAME ...] [--timeout SECONDS]
     bin/stack status
 
-``start`` goes in stages (processes of one stage start together): ZEO, then each client in
-turn, then HAProxy; processes that run already are left alone. With names it starts only
-those and does not wait for HAProxy's health checks (``bin/stack start postgresql``: the
-database alone, for ``bin/zodbconvert`` or ``bin/postgresql restore``). Every process runs
-in the foreground in its own session (process group = its PID), with stdout/stderr
-appended to ``var/log/<name>.stdout.log`` and its PID in ``var/run/<name>.pid``
-(``PID create-time``, so a recycled PID is never signalled).
-``stop`` sends SIGTERM to each process group (HAProxy, clients, then ZEO), waits up to
-``--timeout`` seconds (default 30) and then sends SIGKILL. ``restart`` restarts the named
-processes (default: every ZEO client) one at a time; a client is first drained through
-HAProxy's runtime API (no new requests; in-flight ones finish), restarted, waited for
-until HAProxy's health check has it UP, and only then is the next one touched, so a pool of
+Every process runs as a program of a supervisord of the stack's own (supervisor, the egg
+pinned in versions.cfg; the config is rendered into ``parts/<name>/supervisord.conf`` and
+``parts/<name>/supervisor.d/`` from the same templates the Ansible role process_manager
+renders; its socket ``var/run/supervisor.sock``, mode 0700; ``bin/supervisorctl`` talks to
+it), with stdout/stderr appended to ``var/log/<name>.stdout.log``. supervisord starts
+nothing by itself (autostart = false): the order is bin/stack's. It restarts a process that
+exits (autorestart), stops each process group with SIGTERM and, after 30 s, SIGKILL.
+
+``start`` starts supervisord if it does not run, then goes in stages (processes of one
+stage start together, each stage once the readiness probes of the one before answer): ZEO,
+then each client in turn, then HAProxy; processes that run already are left alone. With
+names it starts only those and does not wait for HAProxy's health checks (``bin/stack start
+postgresql``: the database alone, for ``bin/zodbconvert`` or ``bin/postgresql restore``).
+A process that exits while it starts, or a port taken by a program supervisord did not
+start, fails the start, and what it started is stopped again.
+``stop`` stops the processes through supervisord (HAProxy, clients, then ZEO), waiting up
+to ``--timeout`` seconds for each (default 60), then shuts supervisord down. ``restart``
+restarts the named processes (default: every ZEO client) one at a time; a client is first
+drained through HAProxy's runtime API (no new requests; in-flight ones finish), restarted,
+waited for until HAProxy's health check has it UP, and only then is the next one touched, so a pool of
 two or more clients never stops serving. Exit status: 0 on success, 1 with a message on
 stderr otherwise, 3 from ``status`` when not every process runs, and 141 without a message
 when the reader of stdout went away (``bin/stack status | head``), as for a Unix tool
@@ -57,6 +65,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -187,15 +196,21 @@ class Recipe:
                 "blob_sendfile": client.get("blob-sendfile", "off") == "on",
                 "metrics_url": metrics.get(part),
             }
+        location = os.path.join(buildout["buildout"]["parts-directory"], name)
         self.config = contract(
             haproxy=context, clients=facts, part=name, processes=processes,
             run_dir=os.path.join(directory, "var", "run"), log_dir=os.path.join(directory, "var", "log"),
+            supervisor_config=os.path.join(location, "supervisord.conf"), directory=directory,
             haproxy_binary=hap["binary"], haproxy_config=hap["config"], haproxy_template=hap["template"],
             cache=cache, storage="relstorage" if database else "zeo", zeoserver=None if database else opts["zeoserver"],
             zeo_address=zeo_address, blob_storage=blob_storage)
         options["stack-config"] = json.dumps(self.config, sort_keys=True)
-        options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
-        opts.setdefault("eggs")
+        options["location"] = location
+        # bin/stack runs supervisord and talks to it with supervisor's own client: the egg
+        # belongs in its working set whatever the part's eggs say.
+        eggs = opts.setdefault("eggs").split()
+        if "supervisor" not in eggs:
+            options["eggs"] = "\n".join(eggs + ["supervisor"])
 
     def install(self):
         import zc.recipe.egg  # only needed at install time, when buildout provides it
@@ -205,15 +220,17 @@ class Recipe:
         path = os.path.join(location, "stack.json")
         with open(path, "w", encoding="utf-8") as fp:
             json.dump(self.config, fp, indent=2, sort_keys=True)
+        supervisord_conf = write_supervisor_config(self.config)
         egg = zc.recipe.egg.Egg(self.buildout, self.options["recipe"], self.options)
         _, working_set = egg.working_set()
+        bin_dir = self.buildout["buildout"]["bin-directory"]
         scripts = zc.buildout.easy_install.scripts(
-            [(self.name, "plonedeploy.recipe.stack", "main")],
-            working_set,
-            sys.executable,
-            self.buildout["buildout"]["bin-directory"],
-            arguments=repr(path),
-        )
+            [(self.name, "plonedeploy.recipe.stack", "main")], working_set, sys.executable, bin_dir,
+            arguments=repr(path))
+        # supervisorctl of the stack's supervisord, its config given: bin/supervisorctl status
+        scripts += zc.buildout.easy_install.scripts(
+            [("supervisorctl", "supervisor.supervisorctl", "main")], working_set, sys.executable, bin_dir,
+            arguments=f"['-c', {supervisord_conf!r}] + sys.argv[1:]")
         return [location] + list(scripts)
 
     update = install
@@ -221,7 +238,7 @@ class Recipe:
 
 def contract(*, haproxy, clients, part="stack", processes=(), run_dir="", log_dir="", haproxy_binary="haproxy",
              haproxy_config="", haproxy_template="", cache=None, storage="zeo", zeoserver=None, zeo_address=None,
-             blob_storage=None):
+             blob_storage=None, supervisor_config="", directory=""):
     """The stack's facts, the dict written as ``stack.json``: the one place that says what
     the load tools and tests may know about a stack (they read it through
     ``loadtests.core``, never from haproxy.cfg or wsgi.ini).
@@ -234,7 +251,9 @@ def contract(*, haproxy, clients, part="stack", processes=(), run_dir="", log_di
     "blob_sendfile": bool, "metrics_url": URL or None}}`` for every client of both lanes.
     ``part``: the stack part's name (extra buildouts extend it with ``<=``);
     ``processes``: bin/stack's start list (``name``, ``argv``, ``ready``, ``stage``);
-    ``run_dir``/``log_dir``: pidfiles and logs; ``haproxy_binary``/``haproxy_config``/
+    ``run_dir``/``log_dir``: supervisord's socket and pidfile, HAProxy's socket, and the
+    logs; ``supervisor_config``: the supervisord.conf bin/stack renders and runs;
+    ``directory``: the buildout directory, where the processes run; ``haproxy_binary``/``haproxy_config``/
     ``haproxy_template``: paths; ``cache``: the cache tier's dict or None;
     ``storage``: ``zeo`` or ``relstorage``; ``zeoserver``: the ZEO server's process name
     (None for RelStorage); ``zeo_address``: the ZEO server's ``host:port`` and
@@ -257,6 +276,8 @@ def contract(*, haproxy, clients, part="stack", processes=(), run_dir="", log_di
         "part": part,
         "log_dir": log_dir,
         "processes": list(processes),
+        "supervisor_config": supervisor_config,
+        "directory": directory,
         # Connections the site's frontend holds at once (HAProxy's frontend maxconn).
         "frontend_maxconn": haproxy["maxconn"],
         # Each ZEO client: server kind, threads (= its HAProxy maxconn in the page lane),
@@ -294,25 +315,174 @@ class StackError(Exception):
     """A stack operation failed; the message says which process and why."""
 
 
-def _pidfile(config, name):
-    return os.path.join(config["run_dir"], f"{name}.pid")
+#: Where bin/stack's supervisord keeps its socket: ``<run_dir>/supervisor.sock``.
+SOCKET = "supervisor.sock"
+#: Seconds supervisord waits after SIGTERM before it sends SIGKILL to the process group
+#: (stopwaitsecs; the Ansible role's process_manager_stop_timeout).
+STOP_WAIT = 30
+#: A program must run this long (s) before supervisord counts it as started (startsecs): one
+#: that exits sooner is retried, then FATAL, instead of being restarted in a tight loop.
+START_SECONDS = 1
+#: The states in which a program has a process (supervisor.states.ProcessStates names).
+_ALIVE = ("STARTING", "RUNNING", "STOPPING")
+
+
+def supervisor_config(config):
+    """Path of the supervisord.conf of ``config`` (stack.json's ``supervisor_config``, else
+    ``<run_dir>/supervisor/supervisord.conf`` for the run configs of loadtests.extrabuild)."""
+    return config.get("supervisor_config") or os.path.join(config["run_dir"], "supervisor", "supervisord.conf")
+
+
+def write_supervisor_config(config):
+    """Render supervisord.conf and one ``supervisor.d/<name>.conf`` per process of ``config``
+    from the templates the Ansible role process_manager renders too (its variables, with the
+    values bin/stack needs: no autostart, since the stage order is ours; logs
+    ``<log_dir>/<name>.stdout.log`` that logrotate rotates, not supervisord). Programs of
+    earlier calls that ``config`` no longer has are removed. Returns the config's path;
+    raises OSError when a file cannot be written, jinja2 errors on a broken template."""
+    from plonedeploy.recipe.options import TEMPLATES_DIRECTORY, render_template
+
+    path = supervisor_config(config)
+    programs = os.path.join(os.path.dirname(path), "supervisor.d")
+    os.makedirs(programs, exist_ok=True)
+    common = {
+        "ansible_managed": "Generated by plonedeploy.recipe (bin/buildout, bin/stack) from its "
+                           "templates/; the Ansible role process_manager renders the same. Do not edit.",
+        "process_manager_prefix": config.get("directory") or os.getcwd(),
+        "process_manager_supervisor_config": path,
+        "process_manager_supervisor_socket": os.path.join(config["run_dir"], SOCKET),
+        "process_manager_run_directory": config["run_dir"],
+        "process_manager_log_directory": config["log_dir"],
+        "process_manager_supervisor_programs": programs,
+        "process_manager_supervisor_logfile_maxbytes": 0,
+        "process_manager_stop_timeout": STOP_WAIT,
+    }
+    filters = {"quote": shlex.quote}
+    wanted = set()
+    for proc in config["processes"]:
+        name = f"{proc['name']}.conf"
+        wanted.add(name)
+        text = render_template(os.path.join(TEMPLATES_DIRECTORY, "program.conf.j2"), dict(
+            common, process_manager_program_name=proc["name"], process_manager_program_command=proc["argv"],
+            process_manager_program_directory=common["process_manager_prefix"],
+            process_manager_program_autostart=False, process_manager_program_startsecs=START_SECONDS,
+            process_manager_program_logfile=os.path.join(config["log_dir"], f"{proc['name']}.stdout.log"),
+            process_manager_program_logfile_maxbytes=0, process_manager_program_logfile_backups=0), filters)
+        _write_if_changed(os.path.join(programs, name), text)
+    for name in os.listdir(programs):
+        if name.endswith(".conf") and name not in wanted:
+            os.unlink(os.path.join(programs, name))
+    _write_if_changed(path, render_template(os.path.join(TEMPLATES_DIRECTORY, "supervisord.conf.j2"), common, filters))
+    return path
+
+
+def _write_if_changed(path, text):
+    try:
+        with open(path, encoding="utf-8") as fp:
+            if fp.read() == text:
+                return
+    except OSError:
+        pass
+    with open(path, "w", encoding="utf-8") as fp:
+        fp.write(text)
+
+
+def _supervisor(config):
+    """supervisord's XML-RPC namespace ``supervisor`` over its unix socket (supervisor's own
+    transport). A call raises OSError when supervisord does not run, xmlrpc.client.Fault
+    when it refuses (e.g. BAD_NAME)."""
+    import xmlrpc.client
+
+    from supervisor.xmlrpc import SupervisorTransport
+
+    transport = SupervisorTransport(None, None, "unix://" + os.path.join(config["run_dir"], SOCKET))
+    return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport).supervisor
+
+
+def _infos(config):
+    """``{program name: supervisor's process info}``; {} when supervisord does not run."""
+    try:
+        return {info["name"]: info for info in _supervisor(config).getAllProcessInfo()}
+    except OSError:
+        return {}
+
+
+def running_pids(config):
+    """``{process name: PID}`` of the processes of ``config`` that run now, as their
+    supervisord says (a process it is starting or stopping counts); the others are left out."""
+    infos = _infos(config)
+    return {p["name"]: infos[p["name"]]["pid"] for p in config["processes"]
+            if p["name"] in infos and infos[p["name"]]["statename"] in _ALIVE and infos[p["name"]]["pid"]}
 
 
 def read_pid(config, name):
-    """Return the PID of process ``name`` if it is alive and is the one we started, else None."""
-    import psutil
+    """Return the PID of process ``name`` if it runs under the stack's supervisord, else None."""
+    return running_pids(config).get(name)
 
+
+def _supervisord_argv(path):
+    """supervisord of the supervisor egg this module imports, with ``-c path``. Its
+    distribution directory goes first on sys.path of that Python only, not into PYTHONPATH,
+    which every program would inherit from supervisord."""
+    import supervisor
+
+    where = os.path.dirname(os.path.dirname(os.path.abspath(supervisor.__file__)))
+    code = f"import sys; sys.path.insert(0, {where!r}); from supervisor.supervisord import main; main()"
+    return [sys.executable, "-c", code, "-c", path]
+
+
+def ensure_supervisord(config, timeout=30.0):
+    """Write the supervisor config of ``config``, start its supervisord if it does not run,
+    else make it load what changed (``supervisorctl update``: new programs added, changed or
+    removed ones that are not running replaced or dropped; a running one keeps its old
+    command until it stops). Returns the XML-RPC namespace. Raises StackError when
+    supervisord exits or does not answer within ``timeout`` seconds."""
+    path = write_supervisor_config(config)
+    # A proxy whose call failed is spent (its connection stays half-used): a new one per try.
     try:
-        with open(_pidfile(config, name), encoding="ascii") as fp:
-            pid_text, created_text = fp.read().split()
-        proc = psutil.Process(int(pid_text))
-        if abs(proc.create_time() - float(created_text)) > 1.0:
-            return None  # the PID was recycled by another process
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc.pid
-    except (OSError, ValueError, psutil.Error):
-        return None
+        _supervisor(config).getState()
+    except OSError:
+        pass
+    else:
+        rpc = _supervisor(config)
+        _update(config, rpc)
+        return rpc
+    os.makedirs(config["run_dir"], exist_ok=True)
+    os.makedirs(config["log_dir"], exist_ok=True)
+    with tempfile.TemporaryFile() as out:
+        # supervisord forks into the background: the parent exits once the config is read.
+        status = subprocess.run(_supervisord_argv(path), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, timeout=timeout, check=False).returncode
+        out.seek(0)
+        said = out.read().decode("utf-8", "replace")
+    if status:
+        raise StackError(f"supervisord -c {path}: exited with status {status}\n{said}")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if _supervisor(config).getState()["statename"] == "RUNNING":
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            log = os.path.join(config["log_dir"], "supervisord.log")
+            raise StackError(f"supervisord -c {path}: not answering after {timeout} s\n{said}{_tail(log)}")
+        time.sleep(0.2)
+    rpc = _supervisor(config)
+    print(f"supervisord: started pid {rpc.getPID()}, config {path}", flush=True)
+    return rpc
+
+
+def _update(config, rpc):
+    added, changed, removed = rpc.reloadConfig()[0]
+    alive = {name for name, info in _infos(config).items() if info["statename"] in _ALIVE}
+    for name in changed + removed:
+        if name not in alive:
+            if rpc.getProcessInfo(name)["statename"] == "BACKOFF":
+                rpc.stopProcess(name)
+            rpc.removeProcessGroup(name)
+    for name in added + [n for n in changed if n not in alive]:
+        rpc.addProcessGroup(name)
 
 
 def _probe(ready, timeout=2.0):
@@ -348,56 +518,58 @@ def _port_of(ready):
     return host, int(port)
 
 
-def spawn(config, proc):
-    """Start one process detached and write its pidfile; return the Popen, or None if running.
-
-    Raises StackError if its port is already taken by a program we did not start.
-    """
-    import psutil
-
-    name = proc["name"]
-    pid = read_pid(config, name)
-    if pid:
-        print(f"{name}: already running (pid {pid})")
-        return None
-    if _probe(proc["ready"], timeout=1.0):
-        host, port = _port_of(proc["ready"])
-        raise StackError(f"{name}: {host}:{port} is already in use by another program")
-    os.makedirs(config["run_dir"], exist_ok=True)
-    os.makedirs(config["log_dir"], exist_ok=True)
-    log_path = os.path.join(config["log_dir"], f"{name}.stdout.log")
-    with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
-        child = subprocess.Popen(
-            proc["argv"], stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,  # own process group, so stop can signal all its children
-        )
-    created = psutil.Process(child.pid).create_time()
-    with open(_pidfile(config, name), "w", encoding="ascii") as fp:
-        fp.write(f"{child.pid} {created}\n")
-    print(f"{name}: started pid {child.pid}, log {log_path}", flush=True)
-    return child
+def _log_of(config, name):
+    return os.path.join(config["log_dir"], f"{name}.stdout.log")
 
 
 def start_stage(config, procs, timeout):
-    """Spawn ``procs`` together, then wait until each one's readiness probe answers.
+    """Start ``procs`` together under the supervisord of ``config`` (started first if it
+    does not run), then wait until each one's readiness probe answers. Processes that run
+    already are left alone.
 
-    Raises StackError if one exits or is not ready within ``timeout`` s
+    Raises StackError if a port is taken by a program supervisord did not start, or if one
+    exits (supervisord would restart it: autorestart) or is not ready within ``timeout`` s
     (the last lines of its log are in the message).
     """
+    import xmlrpc.client
+
+    rpc = ensure_supervisord(config)
     started = time.monotonic()
-    waiting = {proc["name"]: (proc, spawn(config, proc)) for proc in procs}
-    waiting = {name: pc for name, pc in waiting.items() if pc[1] is not None}
+    waiting = {}  # name -> (proc, the PID it got, once seen)
+    for proc in procs:
+        name = proc["name"]
+        info = rpc.getProcessInfo(name)
+        if info["statename"] in _ALIVE:
+            print(f"{name}: already running (pid {info['pid']})")
+            continue
+        if info["statename"] == "BACKOFF":  # a crash loop of an earlier run: ours to end
+            rpc.stopProcess(name)
+        if _probe(proc["ready"], timeout=1.0):
+            host, port = _port_of(proc["ready"])
+            raise StackError(f"{name}: {host}:{port} is already in use by another program")
+        try:
+            rpc.startProcess(name, False)
+        except xmlrpc.client.Fault as exc:
+            raise StackError(f"{name}: supervisord did not start it: {exc.faultString}\n"
+                             f"{_tail(_log_of(config, name))}") from exc
+        print(f"{name}: starting, log {_log_of(config, name)}", flush=True)
+        waiting[name] = (proc, None)
     while waiting:
-        for name, (proc, child) in list(waiting.items()):
-            log_path = os.path.join(config["log_dir"], f"{name}.stdout.log")
-            if child.poll() is not None:
-                raise StackError(f"{name}: exited with status {child.returncode}\n{_tail(log_path)}")
+        for name, (proc, pid) in list(waiting.items()):
+            info = rpc.getProcessInfo(name)
+            # Exited, or exited and restarted by supervisord in between two looks.
+            if info["statename"] not in _ALIVE or (pid and info["pid"] != pid):
+                # One that exits within startsecs has no status, only supervisord's word.
+                why = (f"{info['statename']}: {info['spawnerr']}" if info["spawnerr"] else
+                       f"status {info['exitstatus']}, {info['statename']}")
+                raise StackError(f"{name}: exited ({why})\n{_tail(_log_of(config, name))}")
+            waiting[name] = (proc, pid or info["pid"] or None)
             if _probe(proc["ready"]):
-                print(f"{name}: ready after {time.monotonic() - started:.1f} s", flush=True)
+                print(f"{name}: ready after {time.monotonic() - started:.1f} s (pid {info['pid']})", flush=True)
                 del waiting[name]
         if waiting and time.monotonic() - started > timeout:
             names = ", ".join(waiting)
-            logs = "\n".join(_tail(os.path.join(config["log_dir"], f"{n}.stdout.log")) for n in waiting)
+            logs = "\n".join(_tail(_log_of(config, n)) for n in waiting)
             raise StackError(f"{names}: not ready after {timeout} s\n{logs}")
         if waiting:
             time.sleep(0.5)
@@ -411,37 +583,67 @@ def _tail(path, lines=15):
         return ""
 
 
-def stop_process(config, name, timeout):
-    """SIGTERM the process group of ``name``, SIGKILL it after ``timeout`` seconds."""
-    import psutil
+def stop_process(config, name, timeout=STOP_WAIT + 30):
+    """Have supervisord stop ``name`` (SIGTERM to its process group, SIGKILL to the group
+    after STOP_WAIT seconds) and wait for it. Raises StackError when it still runs after
+    ``timeout`` seconds, or when supervisord refuses."""
+    import xmlrpc.client
 
-    pid = read_pid(config, name)
-    pidfile = _pidfile(config, name)
-    if pid is None:
-        if os.path.exists(pidfile):
-            os.unlink(pidfile)
+    from supervisor.xmlrpc import Faults
+
+    rpc = _supervisor(config)
+    try:
+        info = rpc.getProcessInfo(name)
+    except (OSError, xmlrpc.client.Fault):  # no supervisord, or it does not know the name
+        info = {"statename": "STOPPED", "pid": 0}
+    if info["statename"] not in _ALIVE + ("BACKOFF",):
         print(f"{name}: not running")
         return
+    pid, began = info["pid"], time.monotonic()
     try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+        rpc.stopProcess(name, False)
+    except xmlrpc.client.Fault as exc:
+        if exc.faultCode != Faults.NOT_RUNNING:  # it exited in between: stopped all the same
+            raise StackError(f"{name}: supervisord did not stop it: {exc.faultString}") from exc
+    while rpc.getProcessInfo(name)["statename"] in _ALIVE + ("BACKOFF",):
+        if time.monotonic() - began > timeout:
+            raise StackError(f"{name}: still running {timeout} s after the stop (pid {pid})")
+        time.sleep(0.2)
+    took = time.monotonic() - began
+    how = f"killed (did not stop within {STOP_WAIT} s)" if took >= STOP_WAIT else "stopped"
+    print(f"{name}: {how}" + (f" (pid {pid})" if pid else ""), flush=True)
+
+
+def stop_processes(config, names=None, timeout=STOP_WAIT + 30):
+    """Stop the processes of ``config`` named in ``names`` (default all), last stage first
+    (:func:`stop_process`), then shut their supervisord down if nothing of it runs any
+    more, and wait until it is gone. Raises StackError as stop_process, and when
+    supervisord is still there ``timeout`` seconds after its shutdown."""
+    import psutil
+
+    for proc in sorted(config["processes"], key=lambda p: p["stage"], reverse=True):
+        if names is None or proc["name"] in names:
+            stop_process(config, proc["name"], timeout)
+    infos = _infos(config)
+    if not infos or any(info["statename"] in _ALIVE + ("BACKOFF",) for info in infos.values()):
+        return
+    rpc = _supervisor(config)
     try:
-        psutil.Process(pid).wait(timeout)
-        how = "stopped"
-    except psutil.TimeoutExpired:
-        os.killpg(pid, signal.SIGKILL)
-        psutil.Process(pid).wait(10)
-        how = f"killed (did not stop within {timeout} s)"
-    except psutil.NoSuchProcess:
-        how = "stopped"
-    # Children that ignored SIGTERM would be orphans: the group must be empty now.
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    os.unlink(pidfile)
-    print(f"{name}: {how} (pid {pid})", flush=True)
+        pid = rpc.getPID()
+        rpc.shutdown()
+    except OSError:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        if time.monotonic() > deadline:
+            raise StackError(f"supervisord: still running {timeout} s after its shutdown (pid {pid})")
+        time.sleep(0.2)
+    print(f"supervisord: stopped (pid {pid})", flush=True)
 
 
 def all_clients(config):
@@ -529,7 +731,7 @@ def restart_client(config, proc, timeout):
     while _current_sessions(config, name) and time.monotonic() < deadline:
         time.sleep(0.2)
     print(f"{name}: drained", flush=True)
-    stop_process(config, name, 30.0)
+    stop_process(config, name)
     start_stage(config, [proc], timeout)
     runtime_api(config, f"set server {server} state ready")
     deadline = time.monotonic() + timeout
@@ -587,7 +789,7 @@ def _command(config_path, argv):
     parser = argparse.ArgumentParser(
         prog="bin/stack",
         description="Start, stop and inspect zeoserver, the ZEO clients, varnish and HAProxy "
-        "(PIDs in var/run, logs in var/log).",
+        "under a supervisord of the stack's own (socket in var/run, logs in var/log).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="start everything, wait until HAProxy has all servers UP")
@@ -599,9 +801,10 @@ def _command(config_path, argv):
                        help="seconds to wait for each process and for UP (default 180)")
     up = sub.add_parser("wait-up", help="wait until HAProxy reports every server UP")
     up.add_argument("--timeout", type=float, default=120.0, help="seconds (default 120)")
-    stop = sub.add_parser("stop", help="stop everything by PID (HAProxy, clients, ZEO)")
-    stop.add_argument("--timeout", type=float, default=30.0,
-                      help="seconds to wait after SIGTERM before SIGKILL (default 30)")
+    stop = sub.add_parser("stop", help="stop everything (HAProxy, clients, ZEO), then supervisord")
+    stop.add_argument("--timeout", type=float, default=float(STOP_WAIT + 30),
+                      help=f"seconds to wait for each process to stop (default {STOP_WAIT + 30}; "
+                      f"supervisord sends SIGKILL to its process group after {STOP_WAIT})")
     restart = sub.add_parser(
         "restart", help="restart processes one at a time; ZEO clients drained in HAProxy first")
     restart.add_argument("names", nargs="*", metavar="NAME",
@@ -622,10 +825,10 @@ def _command(config_path, argv):
                 if not args.no_wait_up and not args.names:
                     wait_up(config, args.timeout)
             except StackError:
-                # A half-started stack would hold ports and leave orphans: take down what
-                # this start was to start (with names, the others keep running).
-                for proc in reversed(chosen):
-                    stop_process(config, proc["name"], 30.0)
+                # A half-started stack would hold ports, and supervisord would restart what
+                # exited: take down what this start was to start (with names, the others
+                # keep running), and supervisord with it when nothing else runs.
+                stop_processes(config, [p["name"] for p in chosen])
                 raise
         elif args.command == "wait-up":
             wait_up(config, args.timeout)
@@ -638,15 +841,14 @@ def _command(config_path, argv):
                 if name in lane and len(lane) > 1:
                     restart_client(config, by_name[name], args.timeout)
                 else:  # ZEO, HAProxy or a lone client: plain stop and start
-                    stop_process(config, name, 30.0)
+                    stop_process(config, name)
                     start_stage(config, [by_name[name]], args.timeout)
         elif args.command == "stop":
-            for proc in reversed(config["processes"]):
-                stop_process(config, proc["name"], args.timeout)
+            stop_processes(config, timeout=args.timeout)
         else:
-            running = True
+            running, pids = True, running_pids(config)
             for proc in config["processes"]:
-                pid = read_pid(config, proc["name"])
+                pid = pids.get(proc["name"])
                 running = running and pid is not None
                 print(f"{proc['name']}: {'pid %d' % pid if pid else 'not running'}")
             try:
