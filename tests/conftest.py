@@ -21,9 +21,11 @@ for path in (ROOT, RECIPE_SRC, RUNTIME_SRC):
     if path not in sys.path:
         sys.path.insert(0, path)
 
+# The one [buildout] header of builds that stand alone, and their runner.
+from loadtests.extrabuild import build, checkout_header  # noqa: E402 (needs sys.path above)
+
 STACK_JSON = os.path.join(ROOT, "parts", "stack", "stack.json")
 STACK = os.path.join(ROOT, "bin", "stack")
-BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
 
 
 @functools.cache
@@ -36,19 +38,12 @@ def develop_eggs():
     ``develop =``: buildout re-runs pip's editable install of every develop egg on every
     run, which was ~8 of a test buildout's ~10 s (measured 20 s vs 2.6 s for the same bad
     option under load), and the suite runs about a hundred such buildouts.
-    Raises RuntimeError with buildout's output if that buildout fails.
+    Raises RuntimeError (loadtests.extrabuild.build's, with the tails of buildout's output)
+    if that buildout fails.
     """
     directory = tempfile.mkdtemp(prefix="plonedeploy-develop-eggs-")
     atexit.register(shutil.rmtree, directory, True)
-    recipes = os.path.join(ROOT, "recipes")
-    with open(os.path.join(directory, "buildout.cfg"), "w", encoding="utf-8") as fp:
-        fp.write(f"[buildout]\nextends = {ROOT}/versions.cfg\n"
-                 f"develop = {recipes}/plonedeploy.recipe {recipes}/plonedeploy.runtime\n"
-                 f"eggs-directory = {ROOT}/eggs\nnewest = false\nallow-picked-versions = false\nparts =\n")
-    result = subprocess.run([BUILDOUT, "-c", "buildout.cfg"], cwd=directory, capture_output=True, text=True,
-                            timeout=300, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"develop eggs: bin/buildout exited {result.returncode}:\n{result.stdout}{result.stderr}")
+    build(directory, checkout_header(os.path.join(ROOT, "versions.cfg"), []), label="develop eggs", timeout=300)
     return os.path.join(directory, "develop-eggs")
 
 

@@ -17,8 +17,8 @@ import subprocess
 
 import pytest
 
-from conftest import BUILDOUT, ROOT, develop_eggs
-from loadtests.extrabuild import checkout_header
+from conftest import ROOT, develop_eggs
+from loadtests.extrabuild import BUILDOUT, checkout_header
 from plonedeploy.recipe.options import SERVERS, TEMPLATES_DIRECTORY, render_template
 
 pytestmark = pytest.mark.buildout

@@ -40,11 +40,10 @@ import pytest
 import requests
 
 from conftest import ROOT, port_taken, run, stop_group, while_loaded
-from loadtests.extrabuild import checkout_header
+from loadtests.extrabuild import BUILDOUT, checkout_header
 
 pytestmark = pytest.mark.integration
 
-BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
 BIN_DIRECTORY = "/usr/lib/postgresql/15/bin"
 BLOB = "/Plone/blob-5mb/@@download/file"
 BLOB_SIZE = 5 * 1024 * 1024
