@@ -167,7 +167,8 @@ def verdict(path, ab_stats, aa_stats, name_a="pyruvate"):
     """One sentence: does ``name_a`` finish more or less of ``path`` than 50 % beyond the floor?
 
     Returns ``(detected: bool, text)``. Detected means the whole 95 % interval of the
-    A/B share lies outside 50 % ± the A/A floor (± 0 without a control run).
+    A/B share lies outside 50 % ± the A/A floor (± 0 without a control run, ``aa_stats``
+    None, or when the control finished no request of ``path``; the text says which).
     """
     share = ab_stats.get(path, {}).get("share")
     label = "all paths" if path == "all" else path
@@ -175,8 +176,12 @@ def verdict(path, ab_stats, aa_stats, name_a="pyruvate"):
         return False, f"{label}: no requests"
     f = floor(aa_stats, path)
     margin = f or 0.0
-    where = (f"the A/A floor of ±{100 * f:.1f}" if f is not None
-             else "50% (no A/A control run: the noise floor is unknown, use --control)")
+    if f is not None:
+        where = f"the A/A floor of ±{100 * f:.1f}"
+    elif aa_stats is None:
+        where = "50% (no A/A control run: the noise floor is unknown, use --control)"
+    else:  # a short control run can miss a rare path (the blob) altogether
+        where = f"50% (the A/A control finished no {label}: its noise floor is unknown)"
     text = (f"{name_a} finishes {100 * share['value']:.1f}% of {label} "
             f"(95% CI {100 * share['low']:.1f}–{100 * share['high']:.1f}%, {share['n']} windows)")
     if share["n"] < 2:

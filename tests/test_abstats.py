@@ -52,7 +52,10 @@ def test_verdict_uses_the_aa_floor():
     assert not detected and "no difference detected" in text, text
     # Without a control the floor is unknown and said so.
     detected, text = abstats.verdict("/Plone", ab, None)
-    assert detected and "noise floor is unknown" in text
+    assert detected and "no A/A control run: the noise floor is unknown" in text
+    # A control that finished none of the path: said so, not "no control run".
+    detected, text = abstats.verdict("/Plone", ab, {"/": aa["/Plone"]})
+    assert detected and "the A/A control finished no /Plone" in text, text
 
 
 def test_slot_share_sees_position_not_server():

@@ -217,7 +217,13 @@ def test_ab_rounds_with_control(stack, tmp_path):
         assert 0 < share["low"] <= share["value"] <= share["high"] < 1, (kind, share)
     shares = [v for v in report["verdicts"] if "measure" not in v]
     assert [v["path"] for v in shares] == ["/", "/Plone", "@json", "blob 5MB", "all"]
-    assert all("A/A floor of ±" in v["text"] for v in shares)
+    # Every path against its A/A floor; a 6 s run may see too few of a rare path (the blob)
+    # in one of the two runs for an interval (CI, 25 Nov), which the verdict then says.
+    by_path = {v["path"]: v["text"] for v in shares}
+    assert "A/A floor of ±" in by_path["all"], by_path
+    for path, text in by_path.items():
+        assert ("A/A floor of ±" in text or "too few windows for an interval" in text
+                or "the A/A control finished no" in text), (path, text)
     # and the servers' own time from the temporary HAProxys' logs, with the A/A interval
     times = [v for v in report["verdicts"] if v.get("measure") == "server time"]
     assert [v["path"] for v in times] == ["/", "/Plone + @json", "blob 5MB"]   # no pooled time ratio
