@@ -49,8 +49,8 @@ import psutil
 from loadtests import abslots, abstats, balancers, haproxy_stats, modes_report, report
 from loadtests.core import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
                             check_servers_up, cpu_seconds, default_buildout_config, exits_2_when_not_ready,
-                            load_stack, machine_busy_seconds, markdown_table, new_parser, own_cpu_seconds,
-                            stack_pids, write_report)
+                            free_local_port, load_stack, machine_busy_seconds, markdown_table, new_parser,
+                            own_cpu_seconds, stack_pids, write_report)
 from loadtests.weights import DEFAULT_WEIGHTS, parse_weights
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -184,11 +184,17 @@ def parse_args(argv):
 def locust_generator_args(args):
     """Locust's options for where the users run: a master waiting up to 60 s for
     ``args.remote_workers`` workers on other hosts (it then runs no users itself), or
-    ``--processes`` on this machine (none for a single process)."""
+    ``--processes`` on this machine (none for a single process), whose master listens on
+    127.0.0.1 on a free port: Locust's default is port 5557 on every interface, a port
+    without authentication that a second run on the same machine could not bind."""
     if args.remote_workers:
         return ["--master", "--master-bind-host", args.master_bind, "--master-bind-port", str(args.master_port),
                 "--expect-workers", str(args.remote_workers), "--expect-workers-max-wait", "60"]
-    return [] if args.processes == 1 else ["--processes", str(args.processes)]
+    if args.processes == 1:
+        return []
+    port = str(free_local_port())  # the forked workers read --master-port
+    return ["--processes", str(args.processes), "--master-bind-host", "127.0.0.1", "--master-bind-port", port,
+            "--master-port", port]
 
 
 def run_locust(args, config, directory, label="", on_warm=None):

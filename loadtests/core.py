@@ -13,6 +13,7 @@ import os
 import re
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -388,6 +389,15 @@ class RssSampler(threading.Thread):
         self._stop_event.set()
         self.join()
         self.sample()
+
+
+def free_local_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's choice of an
+    ephemeral port). Another program may take it before the caller binds it; the callers
+    bind within a second, and a clash fails their bind with "Address already in use"."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def raise_fd_limit(needed):

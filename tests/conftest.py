@@ -59,7 +59,7 @@ def run(cmd, timeout, check=True, cwd_override=None, **kwargs):
     return result
 
 
-def while_loaded(url, action, threads=4, send=None, expect=200, log=None):
+def while_loaded(url, action, threads=4, send=None, expect=200, log=None, rate=None):
     """Run ``action()`` while ``threads`` closed loops send requests to ``url`` (e.g. GETs
     of HAProxy's ``/Plone/@@ok``), each loop with a keep-alive session and a 30 s timeout.
 
@@ -68,7 +68,10 @@ def while_loaded(url, action, threads=4, send=None, expect=200, log=None):
     loops from 0, unique (e.g. the id of a document to POST). A request fails when its
     status is not ``expect`` or it raises a requests exception. ``log``: a list to which
     every request appends ``(number, started, finished, ok)`` (``time.monotonic()`` seconds)
-    as it ends, readable while ``action`` runs.
+    as it ends, readable while ``action`` runs. ``rate``: requests per second per loop at
+    most (default None: as fast as the answers come). Unpaced loops take both cores of a
+    2-core machine, which then runs the ``action`` (a playbook, a build) at a third of its
+    speed; a paced loop still has a request under way through every restart step.
 
     Returns ``(action's result, its seconds, requests done, failures)``; a failure is the
     status or the requests exception's repr.
@@ -86,7 +89,12 @@ def while_loaded(url, action, threads=4, send=None, expect=200, log=None):
 
     def load():
         session = requests.Session()
+        due = time.monotonic()
         while not stop.is_set():
+            if rate:
+                due += 1.0 / rate
+                if stop.wait(max(0.0, due - time.monotonic())):
+                    break
             number, started = next(numbers), time.monotonic()
             try:
                 status = send(session, url, number).status_code

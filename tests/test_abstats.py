@@ -97,7 +97,10 @@ def test_remote_workers_make_locust_a_master(capsys):
     assert abtest.locust_generator_args(args) == [
         "--master", "--master-bind-host", "10.0.0.1", "--master-bind-port", "15557",
         "--expect-workers", "2", "--expect-workers-max-wait", "60"]
-    assert abtest.locust_generator_args(abtest.parse_args([])) == ["--processes", "-1"]
+    local = abtest.locust_generator_args(abtest.parse_args([]))
+    assert local[:4] == ["--processes", "-1", "--master-bind-host", "127.0.0.1"], local
+    assert local[4] == "--master-bind-port" and local[6] == "--master-port" and local[5] == local[7]
+    assert 1024 <= int(local[5]) <= 65535
     assert abtest.locust_generator_args(abtest.parse_args(["--processes", "1"])) == []
     for bad, message in ((["--deployed", "--remote-workers", "2"], "go together"),
                          (["--deployed", "--master-bind", "10.0.0.1"], "go together"),
