@@ -178,6 +178,75 @@ def markdown(rows, meta, pngs):
     return "\n".join(lines) + "\n"
 
 
+def _flags(row):
+    """The marks of a cell in the summary tables: U not steady, B backlog, ! noisy."""
+    return "".join(mark for mark, on in (("U", not row["steady"]), ("B", row["backlog"]), ("!", row["noisy"])) if on)
+
+
+def _errors(row):
+    return sum(row[f"err_{k}"] for k in ERROR_KINDS) + row["non_2xx"]
+
+
+def summary(rows, meta, single_threaded):
+    """The tables docs/benchmarks.md embeds (markdown), from the cell rows:
+
+    - per connection count, each server at its default threads against each path:
+      ``req/s / errors / p99 ms`` (errors: socket errors + non-2xx over all runs), then the
+      cell's marks (``U`` not steady, ``B`` backlog, ``!`` noisy), peak RSS of its Zope
+      and hello processes (MiB) and its CPU ms per ``/`` request;
+    - at ``meta["sweep_at"]`` connections, req/s of each multi-threaded server and Zope path
+      by threads, with the peak RSS (MiB) at each.
+    Paths or servers without cells are left out.
+    """
+    paths = [p for p in meta["paths"] if any(r["path"] == p for r in rows)]
+    defaults = default_threads_rows(rows, single_threaded)
+    cell = {(r["server"], r["path"], r["connections"]): r for r in defaults}
+    servers = [s for s in meta["servers"] if any(r["server"] == s for r in defaults)]
+    zope_paths = [p for p in paths if p != "hello"]
+    lines = ["## Summary (the tables of docs/benchmarks.md)", "",
+             "Each server at its default threads (2; bjoern, gevent 1). A cell: req/s / errors / p99 ms, "
+             "then its marks: `U` not steady (fewer requests per connection than planned: bounds), "
+             "`B` a run started on a server still busy with abandoned requests, `!` noisy (foreign CPU).", ""]
+    for conns in sorted({r["connections"] for r in defaults}):
+        lines += [f"### {conns:,} connection{'s' if conns != 1 else ''}", "",
+                  "| server (threads) | " + " | ".join(f"`{p}`" for p in paths)
+                  + " | peak RSS MiB (Zope / hello) | CPU ms per `/` request |",
+                  "|---|" + "---:|" * len(paths) + "---:|---:|"]
+        for server in servers:
+            here = [cell.get((server, p, conns)) for p in paths]
+            if not any(here):
+                continue
+            threads = next(r["threads"] for r in here if r)
+            cells_text = ["-" if r is None else
+                          f"{_fmt(r['rps'])} / {_errors(r):,} / {_fmt(r['p99_ms'])} {_flags(r)}".rstrip() for r in here]
+            zope = [r["peak_rss_mib"] for r, p in zip(here, paths) if r and p != "hello"]
+            hello, root = cell.get((server, "hello", conns)), cell.get((server, "/", conns))
+            rss = (f"{max(zope):.0f}" if zope else "-") + " / " + (f"{hello['peak_rss_mib']:.0f}" if hello else "-")
+            cpu = root["cpu_ms_per_req"] if root and root["cpu_ms_per_req"] is not None else "-"
+            lines.append(f"| {server} ({threads}) | " + " | ".join(cells_text) + f" | {rss} | {cpu} |")
+        lines.append("")
+    sweep = meta.get("sweep_at")
+    swept = sorted({r["threads"] for r in rows if r["connections"] == sweep}) if sweep else []
+    if len(swept) > 1:
+        by = {(r["server"], r["path"], r["threads"]): r for r in rows if r["connections"] == sweep}
+        lines += [f"### Threads at {sweep:,} connections", "",
+                  "| server | path | " + " | ".join(f"{t} thread{'s' if t != 1 else ''}" for t in swept)
+                  + " | peak RSS MiB (" + " / ".join(map(str, swept)) + ") |",
+                  "|---|---|" + "---:|" * len(swept) + "---|"]
+        for server in meta["servers"]:
+            if server in single_threaded:
+                continue
+            for path in zope_paths:
+                here = [by.get((server, path, t)) for t in swept]
+                if not any(here):
+                    continue
+                rates = ["-" if r is None else f"{_fmt(r['rps'])} {_flags(r)}".rstrip() for r in here]
+                rss = ["-" if r is None else f"{r['peak_rss_mib']:.0f}" for r in here]
+                lines.append(f"| {server} | `{path}` | " + " | ".join(rates) + " | " + " / ".join(rss) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def write_all(records, meta, directory, single_threaded):
     """Write matrix.csv, matrix.json, matrix-<path>.png and report.md into ``directory``;
     returns the cell rows."""
@@ -186,5 +255,5 @@ def write_all(records, meta, directory, single_threaded):
     write_json(rows, meta, os.path.join(directory, "matrix.json"))
     pngs = plot(rows, meta["paths"], single_threaded, directory)
     with open(os.path.join(directory, "report.md"), "w", encoding="utf-8") as fp:
-        fp.write(markdown(rows, meta, pngs))
+        fp.write(markdown(rows, meta, pngs) + "\n" + summary(rows, meta, single_threaded))
     return rows

@@ -188,6 +188,36 @@ def test_cell_with_a_short_run_is_not_steady():
     assert "marked `U`): 1." in report
 
 
+def test_summary_tables_per_connection_count_and_threads():
+    """The docs' tables: default threads per connection count with errors, p99 and marks;
+    the threads sweep of the multi-threaded servers only."""
+    base = dict(p50_ms=1.0, p95_ms=2.0, max_ms=9.0, non_2xx=0, foreign_pct=0.0, duration_s=5)
+    no_errors = {"connect": 0, "read": 0, "write": 0, "timeout": 0}
+    spec = [  # (server, threads, path, connections, rps, p99, requests, read errors, rss MiB, drain)
+        ("pyruvate", 2, "/", 100, 1000.0, 80.0, 15000, 0, 180, 0.1),
+        ("pyruvate", 2, "hello", 100, 9000.0, 5.0, 90000, 0, 19, 0.1),
+        ("pyruvate", 1, "/", 100, 600.0, 90.0, 9000, 0, 178, 0.1),
+        ("pyruvate", 4, "/", 100, 900.0, 70.0, 14000, 0, 185, 0.1),
+        ("bjoern", 1, "/", 100, 1100.0, 60.0, 16000, 0, 170, 0.1),
+        ("bjoern", 1, "/", 1000, 50.0, 900.0, 1500, 7, 171, 25.0),
+    ]
+    records = []
+    for server, threads, path, conns, rps, p99, requests, read, rss, drain in spec:
+        records += [_record((server, threads, path, conns), i, rps=rps, p99_ms=p99, requests=requests,
+                            cpu_ms_per_req=0.8, errors=dict(no_errors, read=read), peak_rss_bytes=rss * 2**20,
+                            drain_before_s=drain, backlog=drain >= 20, **base) for i in range(3)]
+    rows = matrix_report.aggregate(records, noisy_pct=25, per_connection=3)
+    text = matrix_report.summary(rows, {"paths": ["/", "/Plone", "hello"], "servers": ["pyruvate", "bjoern"],
+                                        "sweep_at": 100}, SINGLE)
+    assert "### 100 connections" in text and "### 1,000 connections" in text
+    assert "| pyruvate (2) | 1,000.0 / 0 / 80.0 | 9,000.0 / 0 / 5.0 | 180 / 19 | 0.8 |" in text
+    # 1,000 connections: 1,500 requests, 1.5 per connection (U), a backlog run (B), 21 read errors
+    assert "| bjoern (1) | 50.0 / 21 / 900.0 UB | - | 171 / - | 0.8 |" in text
+    assert "`/Plone`" not in text  # no cells of it
+    assert "| pyruvate | `/` | 600.0 | 1,000.0 | 900.0 | 178 / 180 / 185 |" in text
+    assert "| bjoern |" not in text.split("### Threads")[1]
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--servers", "pyruvate,nginx"], "allowed: pyruvate, waitress"),
     (["--paths", "/x"], "allowed: /, /Plone, @json, blob, hello"),
