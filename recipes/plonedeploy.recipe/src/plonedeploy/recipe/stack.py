@@ -325,6 +325,9 @@ STOP_WAIT = 30
 START_SECONDS = 1
 #: The states in which a program has a process (supervisor.states.ProcessStates names).
 _ALIVE = ("STARTING", "RUNNING", "STOPPING")
+#: The states in which supervisord may still start the program again (BACKOFF: between two
+#: tries of a program that exited too soon): a stop must end these too.
+_STOPPABLE = _ALIVE + ("BACKOFF",)
 
 
 def supervisor_config(config):
@@ -596,7 +599,7 @@ def stop_process(config, name, timeout=STOP_WAIT + 30):
         info = rpc.getProcessInfo(name)
     except (OSError, xmlrpc.client.Fault):  # no supervisord, or it does not know the name
         info = {"statename": "STOPPED", "pid": 0}
-    if info["statename"] not in _ALIVE + ("BACKOFF",):
+    if info["statename"] not in _STOPPABLE:
         print(f"{name}: not running")
         return
     pid, began = info["pid"], time.monotonic()
@@ -605,7 +608,7 @@ def stop_process(config, name, timeout=STOP_WAIT + 30):
     except xmlrpc.client.Fault as exc:
         if exc.faultCode != Faults.NOT_RUNNING:  # it exited in between: stopped all the same
             raise StackError(f"{name}: supervisord did not stop it: {exc.faultString}") from exc
-    while rpc.getProcessInfo(name)["statename"] in _ALIVE + ("BACKOFF",):
+    while rpc.getProcessInfo(name)["statename"] in _STOPPABLE:
         if time.monotonic() - began > timeout:
             raise StackError(f"{name}: still running {timeout} s after the stop (pid {pid})")
         time.sleep(0.2)
@@ -625,7 +628,7 @@ def stop_processes(config, names=None, timeout=STOP_WAIT + 30):
         if names is None or proc["name"] in names:
             stop_process(config, proc["name"], timeout)
     infos = _infos(config)
-    if not infos or any(info["statename"] in _ALIVE + ("BACKOFF",) for info in infos.values()):
+    if not infos or any(info["statename"] in _STOPPABLE for info in infos.values()):
         return
     rpc = _supervisor(config)
     try:
