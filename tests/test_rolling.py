@@ -58,12 +58,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # HAProxy's checks close without reading the answer: a reset, not a test failure
+
+
 @pytest.fixture(scope="module")
 def balancer():
     """A real HAProxy with backend ``b``: ``live`` (an HTTP server in this process) and
     ``dead`` (a port nobody listens on), checks every 200 ms; yields a dict with ``socket``,
     ``frontend`` (URL) and ``live`` (the live server's base URL). Stopped by PID."""
-    app = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    app = _Server(("127.0.0.1", 0), _Handler)
     threading.Thread(target=app.serve_forever, daemon=True).start()
     directory = tempfile.mkdtemp(prefix="rolling-")  # short: a unix socket path has ~100 bytes
     sock, frontend = os.path.join(directory, "haproxy.sock"), _free_port()
@@ -81,7 +88,9 @@ frontend fe
     default_backend b
 backend b
     option httpchk GET /ok
-    server live 127.0.0.1:{app.server_address[1]} check inter 200ms
+    timeout check 5s
+    # live: 20 failed checks before DOWN, so that a busy machine does not make it flap.
+    server live 127.0.0.1:{app.server_address[1]} check inter 200ms fall 20
     server dead 127.0.0.1:{_free_port()} check inter 200ms
 """)
     proc = subprocess.Popen(["haproxy", "-db", "-f", config], stdout=subprocess.DEVNULL,
