@@ -53,10 +53,10 @@ same code the Ansible playbooks run on their balancers (drained through HAProxy'
 API until its in-flight requests finished, put in MAINT, restarted through supervisord,
 waited for until its health check path answers 200, enabled, waited for until HAProxy has
 it UP), and only then is the next one touched, so a pool of two or more clients never
-stops serving. Other processes are stopped and started. Exit status: 0 on success, 1 with a message on
-stderr otherwise, 3 from ``status`` when not every process runs, and 141 without a message
-when the reader of stdout went away (``bin/stack status | head``), as for a Unix tool
-killed by SIGPIPE.
+stops serving. Other processes are stopped and started. Exit status: 0 on success, 1 with
+a message on stderr otherwise, 3 from ``status`` when not every process runs, and 141
+without a message when the reader of stdout went away (``bin/stack status | head``), as
+for a Unix tool killed by SIGPIPE.
 """
 import argparse
 import csv
