@@ -180,13 +180,15 @@ def enable(socket_path, backend, server, timeout=TIMEOUT):
 def wait_healthy(url, timeout=TIMEOUT):
     """Step 3: wait at most ``timeout`` seconds until a GET of ``url`` (the client's own
     address and HAProxy's health check path, e.g. ``http://127.0.0.1:8081/Plone/@@ok``)
-    answers 200; each request may take REQUEST_TIMEOUT seconds. Raises RollingError with the
-    last answer or error when it does not."""
+    answers 200, asked directly (no proxy); each request may take REQUEST_TIMEOUT seconds.
+    Raises RollingError with the last answer or error when it does not."""
     last = ["no answer"]
+    # The client itself, never through an http_proxy of the environment.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def healthy():
         try:
-            with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT) as response:
+            with opener.open(url, timeout=REQUEST_TIMEOUT) as response:
                 last[0] = f"status {response.status}"
                 return response.status == 200
         except urllib.error.HTTPError as exc:
