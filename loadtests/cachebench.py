@@ -37,14 +37,14 @@ from datetime import datetime, timezone
 
 import psutil
 
-from loadtests import haproxy_stats
 from loadtests.core import (add_counts_argument, add_run_arguments, add_stack_arguments, exits_2_when_not_ready,
                             load_stack, machine_busy_seconds, markdown_table, new_figure, new_parser, NotReady,
                             report_folder, require_wrk, run_wrk, save_figure, stack_pids, tree_cpu_seconds,
                             write_report)
-from plonedeploy.recipe.stack import StackError, runtime_api
+from plonedeploy.recipe.rolling import RollingError, drain, enable
 
-CACHE_SERVER = "cache/varnish"  # HAProxy backend/server of the cache tier (haproxy.cfg.j2)
+# HAProxy backend and server of the cache tier (haproxy.cfg.j2).
+CACHE_BACKEND, CACHE_SERVER = "cache", "varnish"
 COUNTERS = ("MAIN.cache_hit", "MAIN.cache_miss", "MAIN.cache_hitpass", "MAIN.s_pass")
 
 
@@ -79,18 +79,11 @@ def varnish_counters(workdir):
 
 
 def set_cache(config, on):
-    """Put varnish in service (``on``) or in maintenance in HAProxy's ``cache`` backend and
-    wait until HAProxy's stats agree (at most 10 s). Raises StackError."""
-    runtime_api(config, f"set server {CACHE_SERVER} state {'ready' if on else 'maint'}")
-    want = ("UP",) if on else ("MAINT",)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        row = next((r for r in haproxy_stats.fetch(config["stats_url"])
-                    if f"{r['pxname']}/{r['svname']}" == CACHE_SERVER), None)
-        if row and row["status"].split()[0] in want:
-            return
-        time.sleep(0.2)
-    raise StackError(f"haproxy: {CACHE_SERVER} not {want[0]} 10 s after the runtime API command")
+    """Put varnish in service (``on``: state ready, until HAProxy has it UP) or in
+    maintenance (drained, then MAINT) in HAProxy's ``cache`` backend, at most 10 s each:
+    the runtime API steps of a rolling restart (plonedeploy.recipe.rolling). Raises
+    RollingError."""
+    (enable if on else drain)(config["haproxy_socket"], CACHE_BACKEND, CACHE_SERVER, timeout=10)
 
 
 def measure(args, config, wrk, on, connections):
@@ -225,13 +218,13 @@ def main(argv=None):
                     print(f"[{len(runs)}/{total}] round {k}, {n} connections, cache {result['cache']}: "
                           f"{result['rps']} req/s, p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
                           f"hits {hit}, errors {result['errors']}", flush=True)
-    except (StackError, OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+    except (RollingError, OSError, RuntimeError, subprocess.CalledProcessError) as exc:
         print(f"cachebench: {exc}", file=sys.stderr)
         return 2
     finally:
         try:
             set_cache(config, True)
-        except (StackError, OSError) as exc:
+        except (RollingError, OSError) as exc:
             print(f"cachebench: could not put varnish back in service: {exc}", file=sys.stderr)
     summary = summarize(runs, args.connections)
     directory = report_folder(args.out, "cachebench")

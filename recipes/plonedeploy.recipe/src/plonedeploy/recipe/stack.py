@@ -47,13 +47,16 @@ A process that exits while it starts, or a port taken by a program supervisord d
 start, fails the start, and what it started is stopped again.
 ``stop`` stops the processes through supervisord (HAProxy, clients, then ZEO), waiting up
 to ``--timeout`` seconds for each (default 60), then shuts supervisord down. ``restart``
-restarts the named processes (default: every ZEO client) one at a time; a client is first
-drained through HAProxy's runtime API (no new requests; in-flight ones finish), restarted,
-waited for until HAProxy's health check has it UP, and only then is the next one touched, so a pool of
-two or more clients never stops serving. Exit status: 0 on success, 1 with a message on
-stderr otherwise, 3 from ``status`` when not every process runs, and 141 without a message
-when the reader of stdout went away (``bin/stack status | head``), as for a Unix tool
-killed by SIGPIPE.
+restarts the named processes (default: every ZEO client) one at a time; each client that
+HAProxy balances goes through the rolling restart of :mod:`plonedeploy.recipe.rolling`, the
+same code the Ansible playbooks run on their balancers (drained through HAProxy's runtime
+API until its in-flight requests finished, put in MAINT, restarted through supervisord,
+waited for until its health check path answers 200, enabled, waited for until HAProxy has
+it UP), and only then is the next one touched, so a pool of two or more clients never
+stops serving. Other processes are stopped and started. Exit status: 0 on success, 1 with
+a message on stderr otherwise, 3 from ``status`` when not every process runs, and 141
+without a message when the reader of stdout went away (``bin/stack status | head``), as
+for a Unix tool killed by SIGPIPE.
 """
 import argparse
 import csv
@@ -72,7 +75,7 @@ import urllib.request
 
 import zc.buildout
 
-from plonedeploy.recipe import rules, varnish as varnish_rules
+from plonedeploy.recipe import rolling, rules, varnish as varnish_rules
 from plonedeploy.recipe.options import parse_http_address
 from plonedeploy.recipe.optiontables import STACK, DeclaredOptions
 
@@ -325,6 +328,9 @@ STOP_WAIT = 30
 START_SECONDS = 1
 #: The states in which a program has a process (supervisor.states.ProcessStates names).
 _ALIVE = ("STARTING", "RUNNING", "STOPPING")
+#: The states in which supervisord may still start the program again (BACKOFF: between two
+#: tries of a program that exited too soon): a stop must end these too.
+_STOPPABLE = _ALIVE + ("BACKOFF",)
 
 
 def supervisor_config(config):
@@ -596,7 +602,7 @@ def stop_process(config, name, timeout=STOP_WAIT + 30):
         info = rpc.getProcessInfo(name)
     except (OSError, xmlrpc.client.Fault):  # no supervisord, or it does not know the name
         info = {"statename": "STOPPED", "pid": 0}
-    if info["statename"] not in _ALIVE + ("BACKOFF",):
+    if info["statename"] not in _STOPPABLE:
         print(f"{name}: not running")
         return
     pid, began = info["pid"], time.monotonic()
@@ -605,7 +611,7 @@ def stop_process(config, name, timeout=STOP_WAIT + 30):
     except xmlrpc.client.Fault as exc:
         if exc.faultCode != Faults.NOT_RUNNING:  # it exited in between: stopped all the same
             raise StackError(f"{name}: supervisord did not stop it: {exc.faultString}") from exc
-    while rpc.getProcessInfo(name)["statename"] in _ALIVE + ("BACKOFF",):
+    while rpc.getProcessInfo(name)["statename"] in _STOPPABLE:
         if time.monotonic() - began > timeout:
             raise StackError(f"{name}: still running {timeout} s after the stop (pid {pid})")
         time.sleep(0.2)
@@ -625,7 +631,7 @@ def stop_processes(config, names=None, timeout=STOP_WAIT + 30):
         if names is None or proc["name"] in names:
             stop_process(config, proc["name"], timeout)
     infos = _infos(config)
-    if not infos or any(info["statename"] in _ALIVE + ("BACKOFF",) for info in infos.values()):
+    if not infos or any(info["statename"] in _STOPPABLE for info in infos.values()):
         return
     rpc = _supervisor(config)
     try:
@@ -688,58 +694,24 @@ def cache_state(config, timeout=2.0):
                  if row["pxname"] == "cache" and row["svname"] == "varnish"), None)
 
 
-def runtime_api(config, command, timeout=5.0):
-    """Send one command to HAProxy's runtime API (the stats socket); return its answer.
+def restart_client(config, proc, timeout=rolling.TIMEOUT):
+    """Rolling restart of the ZEO client ``proc`` (a ``processes`` entry of ``config``):
+    :func:`plonedeploy.recipe.rolling.restart_client`, the steps the Ansible playbooks run
+    too (drain in HAProxy, restart, health check, enable), with the stop and start through
+    the stack's supervisord (:func:`stop_process`, :func:`start_stage`) as the restart step.
 
-    Raises StackError if the socket does not answer or HAProxy reports an error.
-    """
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(config["haproxy_socket"])
-            sock.sendall(command.encode("ascii") + b"\n")
-            chunks = []
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-    except OSError as exc:
-        raise StackError(f"haproxy runtime API {config['haproxy_socket']}: {exc}") from exc
-    answer = b"".join(chunks).decode("utf-8", "replace").strip()
-    if answer and not answer.startswith("#"):
-        raise StackError(f"haproxy runtime API: {command!r}: {answer}")
-    return answer
-
-
-def _current_sessions(config, server):
-    row = _server_rows(config).get(server)
-    if row is None:
-        raise StackError(f"haproxy: no server {server} in backend {backend_of(config, server)}")
-    return int(row["scur"] or 0)
-
-
-def restart_client(config, proc, timeout):
-    """Drain ``proc`` in HAProxy, wait for its in-flight requests, restart it, enable it.
-
-    Waits at most ``timeout`` seconds for each step (drain, start, UP); raises StackError.
+    ``timeout``: seconds for each step (drain, start, health, UP). Raises
+    rolling.RollingError from the balancer steps, StackError from the restart.
     """
     name = proc["name"]
-    server = f"{backend_of(config, name)}/{name}"
-    runtime_api(config, f"set server {server} state drain")
-    deadline = time.monotonic() + timeout
-    while _current_sessions(config, name) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    print(f"{name}: drained", flush=True)
-    stop_process(config, name)
-    start_stage(config, [proc], timeout)
-    runtime_api(config, f"set server {server} state ready")
-    deadline = time.monotonic() + timeout
-    while server_states(config).get(name) != "UP":
-        if time.monotonic() > deadline:
-            raise StackError(f"{name}: not UP in haproxy {timeout} s after the restart")
-        time.sleep(0.5)
-    print(f"{name}: UP again", flush=True)
+    health_url = config["clients"][name]["url"] + config["haproxy_context"]["health_check"]
+
+    def restart():
+        stop_process(config, name)
+        start_stage(config, [proc], timeout)
+
+    rolling.restart_client(config["haproxy_socket"], backend_of(config, name), name, restart, health_url,
+                           timeout=timeout, say=lambda line: print(line, flush=True))
 
 
 def wait_up(config, timeout):
@@ -809,8 +781,9 @@ def _command(config_path, argv):
         "restart", help="restart processes one at a time; ZEO clients drained in HAProxy first")
     restart.add_argument("names", nargs="*", metavar="NAME",
                          help="processes to restart (default: every ZEO client)")
-    restart.add_argument("--timeout", type=float, default=180.0,
-                         help="seconds to wait for each drain, start and UP (default 180)")
+    restart.add_argument("--timeout", type=float, default=rolling.TIMEOUT,
+                         help=f"seconds to wait for each drain, start, health check and UP "
+                         f"(default {rolling.TIMEOUT:g}, the Ansible playbooks' too)")
     sub.add_parser("status", help="print each process' PID and HAProxy's server states")
     args = parser.parse_args(argv)
     with open(config_path, encoding="utf-8") as fp:
@@ -837,10 +810,9 @@ def _command(config_path, argv):
             names = args.names or all_clients(config)
             _check_names(names, by_name)
             for name in names:
-                lane = config.get("upload_servers", []) if name in config.get("upload_servers", []) else config["servers"]
-                if name in lane and len(lane) > 1:
+                if name in all_clients(config):  # every client HAProxy balances, even a lane's only one
                     restart_client(config, by_name[name], args.timeout)
-                else:  # ZEO, HAProxy or a lone client: plain stop and start
+                else:  # ZEO, HAProxy, varnish, or a client HAProxy does not balance: plain stop and start
                     stop_process(config, name)
                     start_stage(config, [by_name[name]], args.timeout)
         elif args.command == "stop":
@@ -860,7 +832,7 @@ def _command(config_path, argv):
             except OSError:
                 print("haproxy stats: not answering")
             return 0 if running else 3
-    except StackError as exc:
+    except (StackError, rolling.RollingError) as exc:
         print(f"bin/stack {args.command}: {exc}", file=sys.stderr)
         return 1
     return 0
