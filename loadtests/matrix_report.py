@@ -21,6 +21,7 @@ Per cell (server, threads, path, connections), from its runs (results.jsonl reco
 import csv
 import json
 import os
+from statistics import geometric_mean, median
 
 from loadtests.core import new_figure, save_figure
 from loadtests.matrix_plan import steady, trimmed_mean
@@ -187,15 +188,47 @@ def _errors(row):
     return sum(row[f"err_{k}"] for k in ERROR_KINDS) + row["non_2xx"]
 
 
-def summary(rows, meta, single_threaded):
+def round_ratios(records, a, b, single_threaded):
+    """``{(path, connections): [ratio, ...]}``: ``a``'s req/s over ``b``'s in each round
+    (run index k of ``a``'s cell against run k of ``b``'s, both at their default threads),
+    for every path and connection count both have runs of. The rounds of a matrix are
+    interleaved in time, so run k of both cells saw the machine in about the same state:
+    the spread of these ratios is the comparison's own, not the machine's drift."""
+    rate = {}
+    for r in records:
+        if r["threads"] == (1 if r["server"] in single_threaded else 2) and r["server"] in (a, b) and r["rps"]:
+            rate[(r["server"], r["path"], r["connections"], r["run"])] = r["rps"]
+    out = {}
+    for (server, path, conns, run), value in sorted(rate.items(), key=lambda item: item[0][1:]):
+        if server == a and (b, path, conns, run) in rate:
+            out.setdefault((path, conns), []).append(value / rate[(b, path, conns, run)])
+    return out
+
+
+def thread_ratios(rows, sweep, single_threaded):
+    """``{threads: [ratio, ...]}``: req/s at each swept thread count over req/s at the
+    default 2, one ratio per multi-threaded server and Zope path at ``sweep`` connections."""
+    by = {(r["server"], r["path"], r["threads"]): r["rps"] for r in rows
+          if r["connections"] == sweep and r["server"] not in single_threaded and r["path"] != "hello" and r["rps"]}
+    out = {}
+    for (server, path, threads), value in by.items():
+        if threads != 2 and (server, path, 2) in by:
+            out.setdefault(threads, []).append(value / by[(server, path, 2)])
+    return out
+
+
+def summary(rows, meta, single_threaded, records=()):
     """The tables docs/benchmarks.md embeds (markdown), from the cell rows:
 
     - per connection count, each server at its default threads against each path:
       ``req/s / errors / p99 ms`` (errors: socket errors + non-2xx over all runs), then the
       cell's marks (``U`` not steady, ``B`` backlog, ``!`` noisy), peak RSS of its Zope
       and hello processes (MiB) and its CPU ms per ``/`` request;
+    - with ``records`` (the runs) of pyruvate and waitress: pyruvate's req/s over
+      waitress's per round (:func:`round_ratios`: median and min–max of the rounds);
     - at ``meta["sweep_at"]`` connections, req/s of each multi-threaded server and Zope path
-      by threads, with the peak RSS (MiB) at each.
+      by threads, with the peak RSS (MiB) at each, and the geometric mean and range of
+      the ratios to 2 threads (:func:`thread_ratios`).
     Paths or servers without cells are left out.
     """
     paths = [p for p in meta["paths"] if any(r["path"] == p for r in rows)]
@@ -225,6 +258,20 @@ def summary(rows, meta, single_threaded):
             cpu = root["cpu_ms_per_req"] if root and root["cpu_ms_per_req"] is not None else "-"
             lines.append(f"| {server} ({threads}) | " + " | ".join(cells_text) + f" | {rss} | {cpu} |")
         lines.append("")
+    ratios = round_ratios(records, "pyruvate", "waitress", single_threaded)
+    if ratios:
+        levels = sorted({conns for _, conns in ratios})
+        lines += ["### pyruvate / waitress, req/s ratio per round", "",
+                  "Median of the rounds (min–max); above 1 pyruvate served more.", "",
+                  "| path | " + " | ".join(f"{c:,} conn." for c in levels) + " |",
+                  "|---|" + "---:|" * len(levels)]
+        for path in paths:
+            cells_text = []
+            for conns in levels:
+                values = sorted(ratios.get((path, conns), []))
+                cells_text.append("-" if not values else f"{median(values):.2f} ({values[0]:.2f}–{values[-1]:.2f})")
+            lines.append(f"| `{path}` | " + " | ".join(cells_text) + " |")
+        lines.append("")
     sweep = meta.get("sweep_at")
     swept = sorted({r["threads"] for r in rows if r["connections"] == sweep}) if sweep else []
     if len(swept) > 1:
@@ -244,6 +291,12 @@ def summary(rows, meta, single_threaded):
                 rss = ["-" if r is None else f"{r['peak_rss_mib']:.0f}" for r in here]
                 lines.append(f"| {server} | `{path}` | " + " | ".join(rates) + " | " + " / ".join(rss) + " |")
         lines.append("")
+        for threads, values in sorted(thread_ratios(rows, sweep, single_threaded).items()):
+            name = f"{threads} thread{'s' if threads != 1 else ''}"
+            lines.append(f"{name} against 2, over {len(values)} server × path cells: geometric mean "
+                         f"{geometric_mean(values):.2f} ({min(values):.2f}–{max(values):.2f}); more req/s than "
+                         f"2 threads in {sum(v > 1 for v in values)} of {len(values)}.")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -255,5 +308,5 @@ def write_all(records, meta, directory, single_threaded):
     write_json(rows, meta, os.path.join(directory, "matrix.json"))
     pngs = plot(rows, meta["paths"], single_threaded, directory)
     with open(os.path.join(directory, "report.md"), "w", encoding="utf-8") as fp:
-        fp.write(markdown(rows, meta, pngs) + "\n" + summary(rows, meta, single_threaded))
+        fp.write(markdown(rows, meta, pngs) + "\n" + summary(rows, meta, single_threaded, records))
     return rows

@@ -216,6 +216,23 @@ def test_summary_tables_per_connection_count_and_threads():
     assert "`/Plone`" not in text  # no cells of it
     assert "| pyruvate | `/` | 600.0 | 1,000.0 | 900.0 | 178 / 180 / 185 |" in text
     assert "| bjoern |" not in text.split("### Threads")[1]
+    assert ("1 thread against 2, over 1 server × path cells: geometric mean 0.60 (0.60–0.60); "
+            "more req/s than 2 threads in 0 of 1.") in text
+    assert "pyruvate / waitress" not in text  # no waitress runs: no ratio table
+
+
+def test_round_ratios_pair_the_runs_of_one_round():
+    """pyruvate's req/s over waitress's, run k against run k, median and range in the summary."""
+    records = [_record(("pyruvate", 2, "/", 10), k, rps=rps) for k, rps in enumerate([100.0, 90.0, 120.0])]
+    records += [_record(("waitress", 2, "/", 10), k, rps=rps) for k, rps in enumerate([50.0, 60.0, 40.0])]
+    records += [_record(("waitress", 4, "/", 10), 0, rps=1.0)]  # not the default threads: ignored
+    assert matrix_report.round_ratios(records, "pyruvate", "waitress", SINGLE) == {("/", 10): [2.0, 1.5, 3.0]}
+    base = dict(p50_ms=1.0, p95_ms=2.0, p99_ms=3.0, max_ms=9.0, cpu_ms_per_req=1.0, requests=1000, non_2xx=0,
+                errors={"connect": 0, "read": 0, "write": 0, "timeout": 0}, peak_rss_bytes=2**20, foreign_pct=0.0)
+    rows = matrix_report.aggregate([dict(r, **base) for r in records], noisy_pct=25)
+    text = matrix_report.summary(rows, {"paths": ["/"], "servers": ["pyruvate", "waitress"], "sweep_at": None},
+                                 SINGLE, records)
+    assert "| `/` | 2.00 (1.50–3.00) |" in text
 
 
 @pytest.mark.parametrize("argv, needle", [
