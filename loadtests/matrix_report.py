@@ -102,7 +102,7 @@ def plot(rows, paths, single_threaded, directory):
         panels = [("rps", "requests/s", lambda r: r["rps"]),
                   ("p99", "p99 latency (ms)", lambda r: r["p99_ms"]),
                   ("errors", "errors per run (socket + non-2xx)",
-                   lambda r: (sum(r[f"err_{k}"] for k in ERROR_KINDS) + r["non_2xx"]) / r["runs"]),
+                   lambda r: _errors(r) / r["runs"]),
                   ("rss", "peak RSS (MiB)", lambda r: r["peak_rss_mib"])]
         for ax, (_, label, value) in zip(axes.flat, panels):
             for server in sorted({r["server"] for r in cells}):

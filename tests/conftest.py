@@ -71,7 +71,7 @@ def while_loaded(url, action, threads=4, send=None, expect=200, log=None, rate=N
     as it ends, readable while ``action`` runs. ``rate``: requests per second per loop at
     most (default None: as fast as the answers come). Unpaced loops take both cores of a
     2-core machine, which then runs the ``action`` (a playbook, a build) at a third of its
-    speed; a paced loop still has a request under way through every restart step.
+    speed; a paced loop still sends a request every 1/``rate`` s through every restart step.
 
     Returns ``(action's result, its seconds, requests done, failures)``; a failure is the
     status or the requests exception's repr.

@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from conftest import ROOT, STACK, STACK_JSON, Stack, port_taken, run
+from loadtests.core import free_local_port
 
 pytestmark = pytest.mark.integration
 
@@ -164,9 +165,7 @@ def test_ab_report_with_a_remote_worker(stack, tmp_path):
     """--remote-workers: Locust as a master waiting for workers started elsewhere (here a
     worker process as the loadgenerator role runs it; make multihost runs them on another
     host). The users run in the worker: it gets the master's options and quits with it."""
-    with socket.socket() as probe:  # a free port, not Locust's 5557 (other runs may hold it)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_local_port()  # not Locust's 5557 (other runs may hold it)
     with open(tmp_path / "worker.log", "wb") as log:
         worker = psutil.Popen([sys.executable, "-m", "locust", "-f",
                                os.path.join(ROOT, "loadtests", "locustfile.py"), "--worker",
