@@ -3,8 +3,8 @@
 #   make demo    fresh machine -> build, start, create the site, 60 s A/B load test, report, stop
 #   make test    unit tests, real buildouts of the recipe, and the end-to-end integration test
 #
-# Other targets: multihost (Ansible over SSH into three network namespaces), blobbench (blob
-# downloads with/without the blobsendfile filter, needs wrk), matrix (benchmark matrix of the
+# Other targets: multihost (Ansible over SSH into three network namespaces), blobbench (the
+# matrix's blob preset: blob-sendfile on/off, direct and through HAProxy, needs wrk), matrix (benchmark matrix of the
 # WSGI servers, needs wrk and the running stack; docs/servers.md), storagebench (ZEO vs RelStorage
 # on stacks of its own, needs wrk and PostgreSQL 15; docs/storage.md), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
 # Load tools: python -m loadtests <subcommand> (python -m loadtests --help; docs/bench.md).
@@ -12,7 +12,7 @@
 #            make demo uses DEMO_AB_ARGS unless AB_ARGS is given;
 #            AB_ARGS="--balance leastconn,roundrobin" compares HAProxy balance modes),
 #            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'"),
-#            BLOBBENCH_ARGS (passed to python -m loadtests blob, e.g. BLOBBENCH_ARGS="--rounds 1 --fd-downloads 1000"),
+#            BLOBBENCH_ARGS (passed to python -m loadtests blob, e.g. BLOBBENCH_ARGS="--runs 1 --connections 1,8"),
 #            MATRIX_ARGS (passed to python -m loadtests matrix, e.g. MATRIX_ARGS="--quick" or "--resume var/reports/matrix-<ts>").
 #            STORAGEBENCH_ARGS (passed to python -m loadtests storage, e.g. STORAGEBENCH_ARGS="--rounds 1 --paths /Plone,write").
 #            STORAGE (zeo or relstorage: the config make build uses, buildout.cfg or relstorage.cfg),

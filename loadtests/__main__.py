@@ -1,28 +1,34 @@
 """One entry point for the load tools: ``python -m loadtests <subcommand> [options]``.
 
 Each subcommand is one module's ``main(argv)``; ``python -m loadtests <subcommand> --help``
-shows that module's own options. The old module commands (``python -m loadtests.abtest``,
-...) still work as aliases for one release (docs/bench.md).
+shows that module's own options. ``blob``, ``scaling`` and ``servers-wrk`` are presets of
+``matrix`` (other defaults, same options). The old module commands (``python -m
+loadtests.abtest``, ...) still work as aliases for one release; loadtests.blobbench,
+loadtests.scaling and loadtests.servers_wrk are gone (docs/bench.md).
 """
 import argparse
 import collections
 import importlib
 import sys
 
-Subcommand = collections.namedtuple("Subcommand", "module summary")
+Subcommand = collections.namedtuple("Subcommand", "module summary preset", defaults=(None,))
 
-#: subcommand -> its module (whose ``main(argv)`` runs it) and one line for --help
+#: subcommand -> its module (whose ``main(argv)`` runs it), one line for --help, and for the
+#: matrix's presets the preset's name (``main(argv, preset=...)``; loadtests.matrix.PRESETS)
 SUBCOMMANDS = {
     "ab": Subcommand("loadtests.abtest", "A/B of the two servers through HAProxy (Locust)"),
     "connections": Subcommand("loadtests.connections",
                               "N connections per path through HAProxy (wrk; --fairness: closed loop)"),
     "fairness": Subcommand("loadtests.fairness", "alias of 'connections --fairness' (goes next release)"),
-    "blob": Subcommand("loadtests.blobbench", "blob downloads, blobsendfile filter on/off (wrk)"),
+    "blob": Subcommand("loadtests.matrix", "matrix preset: the blob, blob-sendfile on/off, direct and via HAProxy",
+                       "blob"),
     "matrix": Subcommand("loadtests.matrix", "WSGI servers x threads x paths x connections (wrk)"),
-    "scaling": Subcommand("loadtests.scaling", "req/s by number of ZEO clients (wrk)"),
+    "scaling": Subcommand("loadtests.matrix", "matrix preset: req/s by number of ZEO clients behind HAProxy",
+                          "scaling"),
     "cache": Subcommand("loadtests.cachebench", "cache tier on vs off through the HTTPS edge (wrk)"),
     "attacks": Subcommand("loadtests.attacks", "slow bodies, big POSTs, rate limits, uploads"),
-    "servers-wrk": Subcommand("loadtests.servers_wrk", "quick wrk figure per WSGI server vs pyruvate"),
+    "servers-wrk": Subcommand("loadtests.matrix", "matrix preset: every WSGI server on / at 10 connections",
+                              "servers-wrk"),
     "headline": Subcommand("loadtests.headline", "the docs' headline figures in one run, with spread (wrk)"),
     "storage": Subcommand("loadtests.storagebench", "ZEO vs RelStorage on PostgreSQL, stacks of its own (wrk)"),
 }
@@ -52,8 +58,9 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     # Only the subcommand's name is ours; the rest goes to the module untouched.
     chosen = parser().parse_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
-    module = importlib.import_module(SUBCOMMANDS[chosen.subcommand].module)
-    return module.main(argv[1:])
+    sub = SUBCOMMANDS[chosen.subcommand]
+    module = importlib.import_module(sub.module)
+    return module.main(argv[1:], preset=sub.preset) if sub.preset else module.main(argv[1:])
 
 
 if __name__ == "__main__":

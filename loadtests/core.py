@@ -356,23 +356,27 @@ def tree_processes(root_pid):
 
 
 def tree_cpu_seconds(root_pid):
-    """CPU seconds (user + system, reaped children included) of a process tree."""
-    return sum(cpu_seconds({p.pid: p for p in tree_processes(root_pid)}).values())
+    """CPU seconds (user + system, reaped children included) of the process tree of
+    ``root_pid``, or the sum over the trees of a list of PIDs."""
+    roots = [root_pid] if isinstance(root_pid, int) else root_pid
+    return sum(cpu_seconds({p.pid: p for root in roots for p in tree_processes(root)}).values())
 
 
 class RssSampler(threading.Thread):
-    """Samples the summed RSS (bytes) of the process tree of ``root_pid`` every
+    """Samples the summed RSS (bytes) of the process tree of ``root_pid`` (a PID, or a list
+    of PIDs whose trees are summed: a balanced cell's clients and HAProxy) every
     ``interval`` seconds until :meth:`stop`; ``peak`` is the largest sample (bytes)."""
 
     def __init__(self, root_pid, interval=0.2):
         super().__init__(daemon=True)
-        self.root_pid, self.interval, self.peak = root_pid, interval, 0
+        self.roots = [root_pid] if isinstance(root_pid, int) else list(root_pid)
+        self.interval, self.peak = interval, 0
         self._stop_event = threading.Event()
 
     def sample(self):
         """Take one sample now and update ``peak``."""
         total = 0
-        for proc in tree_processes(self.root_pid):
+        for proc in (p for root in self.roots for p in tree_processes(root)):
             try:
                 total += proc.memory_info().rss
             except psutil.Error:
@@ -459,8 +463,9 @@ def wait_for_quiet(procs, max_foreign, timeout):
 
 
 def wait_tree_idle(root_pid, max_seconds=60.0, window=0.3, idle_cores=0.1):
-    """Wait until the process tree of ``root_pid`` uses less than ``idle_cores`` cores over
-    a ``window`` (seconds), at most ``max_seconds``; returns the seconds waited.
+    """Wait until the process tree of ``root_pid`` (or the trees of a list of PIDs) uses
+    less than ``idle_cores`` cores over a ``window`` (seconds), at most ``max_seconds``;
+    returns the seconds waited.
 
     wrk abandons the requests in flight when it stops, but a server without disconnect
     detection (pyruvate, waitress's threads) still serves the requests it queued, up to one

@@ -1,22 +1,39 @@
-"""Benchmark matrix: WSGI servers x paths x connections x threads, each cell measured 3 times.
+"""Benchmark matrix: WSGI servers x paths x connections x threads (x ZEO clients behind
+HAProxy x blob-sendfile), each cell measured 3 times.
 
 Usage (stack running with the site: ``make start``; Debian's ``wrk`` on PATH)::
 
-    .venv/bin/python -m loadtests.matrix [--quick] [--servers pyruvate,waitress,...]
+    .venv/bin/python -m loadtests matrix [--quick] [--servers pyruvate,waitress,...]
         [--paths /,/Plone,@json,blob,hello] [--connections 1,10,100,1000]
-        [--threads 1,2,4] [--sweep-at 100] [--runs 3] [--duration 1] [--max-duration 20]
+        [--threads 1,2,4] [--sweep-at 100] [--clients 0] [--sendfile on]
+        [--runs 3] [--duration 1] [--max-duration 20]
         [--requests-per-connection 3] [--warmup 1] [--drain-max 20]
         [--out var/reports] [--resume DIR] [--estimate]
+
+Three subcommands are this matrix with other defaults (:data:`PRESETS`; any option above
+still overrides them): ``servers-wrk`` (every server on ``/`` at 10 connections),
+``scaling`` (pyruvate on ``/Plone`` through HAProxy over 1-4 ZEO clients at 1, 2 and 4
+threads) and ``blob`` (pyruvate and waitress on the blob at 1-8 connections, with
+``blob-sendfile`` on and off, direct and through HAProxy).
+
+The two extra axes: ``--clients`` 0 is wrk against one ZEO client directly; n >= 1 is wrk
+against a temporary HAProxy (the stack's own template, loadtests/balancers.py: leastconn,
+maxconn = threads) over n ZEO clients of the same server and threads, started for each run
+(its CPU and RSS count as the server's, with the clients'; ``share`` in the run's record is
+each client's part of HAProxy's sessions). ``--sendfile off`` adds ZEO clients built with
+``blob-sendfile = off``, measured on the blob only (no other path reaches the filter).
 
 What it does (method of the 2016 AppDynamics benchmark, improved):
 
 1. plans the cells: every server x path x connection level at the server's default
    threads (2; 1 for the single-threaded bjoern and gevent), plus every ``--threads``
    value at ``--sweep-at`` connections; prints cells, runs and the estimated wall time;
-2. builds ``--build`` (default var/matrix/): one ZEO client part per (server, threads),
-   ZEO clients of the stack's zeoserver, each with a hello-world server next to it (same
-   server runner and settings, no Zope; loadtests/matrix_servers.py), on ports from
-   ``--base-port`` (9510..9599); starts them all at once and waits until each answers;
+2. builds ``--build`` (default var/matrix/): one ZEO client part per (server, threads,
+   blob-sendfile, replica), ZEO clients of the stack's zeoserver, each default-built one
+   with a hello-world server next to it (same server runner and settings, no Zope;
+   loadtests/matrix_servers.py), on ports from ``--base-port`` (9510..9599; a balanced
+   cell's HAProxy takes the two after the parts'); starts them all at once and waits
+   until each answers (and the blob's download is 5 MiB);
 3. measures every cell ``--runs`` times in randomized interleaved order (rounds that
    each visit every cell once in a new random order), each cell warmed up once (wrk,
    ``--warmup`` s, at most 10 connections: a warm-up at 1,000 would leave up to 1,000
@@ -32,9 +49,10 @@ What it does (method of the 2016 AppDynamics benchmark, improved):
    measured, so an interrupted matrix keeps what it measured and ``--resume <dir>``
    measures only the rest (with the options stored in ``<dir>/options.json``);
 5. stops every server it started (by process group; also on Ctrl-C or an error) and
-   writes ``matrix.csv``, ``matrix.json``, ``matrix-<path>.png`` and ``report.md``
+   writes ``matrix.csv``, ``matrix.json``, ``matrix-<path>.png`` (and
+   ``matrix-clients.png`` with several client counts) and ``report.md``
    (loadtests/matrix_report.py) into ``<dir>`` (default
-   ``var/reports/matrix-<YYYYmmdd-HHMMSS>/``).
+   ``var/reports/<subcommand>-<YYYYmmdd-HHMMSS>/``).
 
 Units: durations in seconds, latencies in milliseconds, throughput in requests/s, CPU in
 seconds (per request: milliseconds), RSS in MiB; foreign CPU in % of all cores.
@@ -44,6 +62,7 @@ interrupted (the report covers what was measured), 2 when the stack is not runni
 RelStorage build (no ZEO server for the parts; core.running_zeo_server), wrk is missing, an option is invalid or the servers could not be built or started. Traffic
 goes only to 127.0.0.1.
 """
+import contextlib
 import json
 import os
 import random
@@ -54,23 +73,55 @@ from datetime import datetime, timezone
 
 import psutil
 
-from loadtests import extrabuild, matrix_plan, matrix_report, matrix_servers
+from loadtests import extrabuild, haproxy_stats, matrix_plan, matrix_report, matrix_servers
+from loadtests.balancers import BalancerError, TemporaryBalancer
 from loadtests.core import (ROOT, add_counts_argument, add_run_arguments, add_stack_arguments,
-                            exits_2_when_not_ready, load_stack, new_parser, raise_fd_limit, require_wrk,
-                            run_wrk, running_zeo_server, stack_pids, wait_tree_idle, zeo_server)
+                            exits_2_when_not_ready, load_stack, new_parser, parse_counts, raise_fd_limit,
+                            require_wrk, run_wrk, running_zeo_server, stack_pids, wait_tree_idle, zeo_server)
+from loadtests.matrix_plan import Part
 from loadtests.matrix_measure import MATRIX_PATHS, measure
 from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED
 from plonedeploy.recipe.stack import StackError
 # --duration and --warmup (1 s each) are the same with and without --quick: their parser defaults.
 DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 100, 1000],
-            "threads": [1, 2, 4], "sweep_at": 100, "runs": 3, "max_duration": 20}
+            "threads": [1, 2, 4], "sweep_at": 100, "runs": 3, "max_duration": 20, "clients": [0],
+            "sendfile": ["on"]}
 # --quick keeps 1 s runs (CI time): its cells say whether they reached the steady state.
 QUICK = {"servers": ["pyruvate", "waitress"], "paths": list(MATRIX_PATHS), "connections": [1, 50],
-         "threads": [2], "sweep_at": None, "runs": 4, "max_duration": 1}
+         "threads": [2], "sweep_at": None, "runs": 4, "max_duration": 1, "clients": [0], "sendfile": ["on"]}
+#: Subcommands that are the matrix with other defaults: ``{name: (options, one line for
+#: --help)}``; the command line overrides any of them. They replace the separate tools
+#: servers_wrk, scaling and blobbench (removed; docs/bench.md).
+PRESETS = {
+    "servers-wrk": ({"paths": ["/"], "connections": [10], "threads": [2], "sweep_at": "all"},
+                    "every WSGI server on / at 10 connections, 2 threads (bjoern, gevent 1): the matrix"),
+    "scaling": ({"servers": ["pyruvate"], "paths": ["/Plone"], "connections": [32], "threads": [1, 2, 4],
+                 "sweep_at": "all", "clients": [1, 2, 3, 4], "duration": 5},
+                "pyruvate on /Plone through HAProxy over 1-4 ZEO clients x threads 1, 2, 4: the matrix"),
+    "blob": ({"servers": ["pyruvate", "waitress"], "paths": ["blob"], "connections": [1, 2, 4, 8], "threads": [2],
+              "sweep_at": "all", "clients": [0, 1], "sendfile": ["on", "off"], "duration": 5},
+             "the 5 MiB blob, blob-sendfile on/off, direct and through HAProxy: the matrix"),
+}
 PLAN_KEYS = ("servers", "paths", "connections", "threads", "sweep_at", "runs", "duration", "max_duration",
-             "requests_per_connection", "warmup", "timeout", "seed", "noisy_pct", "drain_max")
+             "requests_per_connection", "warmup", "timeout", "seed", "noisy_pct", "drain_max", "clients",
+             "sendfile")
 #: What a matrix stored before steady-state runs (options.json without these keys) ran with.
-OLD_PLAN = {"max_duration": None, "requests_per_connection": 0}
+OLD_PLAN = {"max_duration": None, "requests_per_connection": 0, "clients": [0], "sendfile": ["on"]}
+
+
+#: The matrix's numeric run settings: ``(option, type, default, help)``; a None default is
+#: filled from DEFAULTS, QUICK or the preset.
+RUN_OPTIONS = (
+    ("--max-duration", int, None, "seconds per run at most (default 20; --quick 1): a run lasts long enough for "
+     "--requests-per-connection at the rate the cell served in its warm-up or last run"),
+    ("--requests-per-connection", int, 3, "requests each connection should complete per run on average (default "
+     "3): sizes the runs and marks cells that fall short as not steady (0: fixed --duration runs)"),
+    ("--timeout", int, 5, "seconds wrk waits for a response before counting a timeout error (default 5)"),
+    ("--drain-max", int, 20, "seconds to wait at most before a run for the server to work off the requests wrk "
+     "abandoned (default 20; a run that starts after the full wait is marked backlog)"),
+    ("--seed", int, None, "random seed of the run order (default: random, stored)"),
+    ("--noisy-pct", float, 25.0, "a cell is noisy when foreign CPU exceeds this %% of all cores (default 25)"),
+)
 
 
 def _list(parser, option, allowed):
@@ -85,10 +136,13 @@ def _list(parser, option, allowed):
     return parse
 
 
-def parse_args(argv):
-    """Options (argparse.Namespace); plan options left None are filled from DEFAULTS or
-    QUICK (``--quick``). Exits with status 2 and a message naming the option on bad values."""
-    parser = new_parser("matrix", __doc__.split("\n\n")[0], epilog="See docs/servers.md, 'Benchmark matrix'.")
+def parse_args(argv, preset=None):
+    """Options (argparse.Namespace); ``preset``: a name of PRESETS whose options become the
+    defaults; plan options still None are filled from DEFAULTS or QUICK (``--quick``).
+    Exits with status 2 and a message naming the option on bad values."""
+    description = PRESETS[preset][1] if preset else __doc__.split("\n\n")[0]
+    parser = new_parser(preset or "matrix", description, epilog="See docs/bench.md and docs/servers.md, "
+                        "'Benchmark matrix'.")
     parser.add_argument("--quick", action="store_true",
                         help="CI mode: pyruvate and waitress, connections 1,50, threads 2, 1 s runs")
     parser.add_argument("--servers", type=_list(parser, "--servers", SERVERS),
@@ -100,24 +154,18 @@ def parse_args(argv):
                         "(default 1,2,4; single-threaded servers only 1)")
     parser.add_argument("--sweep-at", help="connection count at which --threads are swept (default 100; "
                         "'all': at every connection count)")
+    parser.add_argument("--clients", type=lambda text: parse_counts(parser, "--clients", text, minimum=0),
+                        help="comma-separated ZEO client counts: 0 direct to one client, n >= 1 through a "
+                        "temporary HAProxy over n clients of the same server (default 0)")
+    parser.add_argument("--sendfile", type=_list(parser, "--sendfile", ["on", "off"]),
+                        help="comma-separated blob-sendfile values of the clients, on and/or off; off is measured "
+                        "on the blob only (default on)")
     parser.add_argument("--runs", type=int, help="runs per cell (default 3: their median; 4: mean of the middle "
                         "two; --quick 4)")
     add_run_arguments(parser, duration=1, warmup=1, duration_help="seconds per run at least",
                       warmup_help="seconds of warm-up per cell, 0: none")
-    parser.add_argument("--max-duration", type=int,
-                        help="seconds per run at most (default 20; --quick 1): a run lasts long enough for "
-                        "--requests-per-connection at the rate the cell served in its warm-up or last run")
-    parser.add_argument("--requests-per-connection", type=int, default=3,
-                        help="requests each connection should complete per run on average (default 3): sizes "
-                        "the runs and marks cells that fall short as not steady (0: fixed --duration runs)")
-    parser.add_argument("--timeout", type=int, default=5,
-                        help="seconds wrk waits for a response before counting a timeout error (default 5)")
-    parser.add_argument("--drain-max", type=int, default=20,
-                        help="seconds to wait at most before a run for the server to work off the requests "
-                        "wrk abandoned (default 20; a run that starts after the full wait is marked backlog)")
-    parser.add_argument("--seed", type=int, help="random seed of the run order (default: random, stored)")
-    parser.add_argument("--noisy-pct", type=float, default=25.0,
-                        help="a cell is noisy when foreign CPU exceeds this %% of all cores (default 25)")
+    for option, kind, default, text in RUN_OPTIONS:
+        parser.add_argument(option, type=kind, default=default, help=text)
     parser.add_argument("--resume", metavar="DIR",
                         help="continue the matrix in DIR (its options.json; runs in results.jsonl are skipped)")
     parser.add_argument("--build", default=os.path.join(ROOT, "var", "matrix"),
@@ -128,7 +176,10 @@ def parse_args(argv):
                         help="last port the servers may use (default 9599)")
     add_stack_arguments(parser)
     parser.add_argument("--estimate", action="store_true", help="print the plan and its estimate, run nothing")
+    if preset:
+        parser.set_defaults(**PRESETS[preset][0])
     args = parser.parse_args(argv)
+    args.subcommand = preset or "matrix"
     if args.resume:
         try:
             stored = json.load(open(os.path.join(args.resume, "options.json"), encoding="utf-8"))
@@ -168,7 +219,7 @@ def plan(args):
     """``(cells, pairs, order)`` of the options: the cells, the (server, threads) parts and
     the randomized run order (see loadtests/matrix_plan.py)."""
     cells = matrix_plan.cells(args.servers, args.paths, args.connections, args.threads, args.sweep_at,
-                              SINGLE_THREADED)
+                              SINGLE_THREADED, args.clients, [value == "on" for value in args.sendfile])
     return cells, matrix_plan.parts_needed(cells), matrix_plan.run_order(cells, args.runs, args.seed)
 
 
@@ -184,10 +235,13 @@ def _run_length(args):
 
 
 @exits_2_when_not_ready("matrix")
-def main(argv=None):
-    args = parse_args(argv)
+def main(argv=None, preset=None):
+    """Run the matrix (``preset``: one of PRESETS, as ``python -m loadtests <preset>`` does);
+    returns the exit status of the module docstring."""
+    args = parse_args(argv, preset)
     cells, pairs, order = plan(args)
-    out = args.resume or os.path.join(args.out, "matrix-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
+    out = args.resume or os.path.join(args.out, f"{args.subcommand}-"
+                                      + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
     results_path = os.path.join(out, "results.jsonl")
     records = matrix_plan.load_results(results_path)
     todo = matrix_plan.remaining(order, records)
@@ -199,9 +253,11 @@ def main(argv=None):
         sweep = f"at {args.sweep_at} connections, else the default 2 (bjoern, gevent: 1)"
     else:
         sweep = f"not swept: --sweep-at {args.sweep_at} is not among --connections; default 2 (bjoern, gevent: 1)"
-    print(f"matrix: {len(args.servers)} servers, {len(args.paths)} paths, connections "
+    axes = "" if args.clients == [0] and args.sendfile == ["on"] else (
+        f", clients {','.join(map(str, args.clients))} (0: direct), blob-sendfile {','.join(args.sendfile)}")
+    print(f"{args.subcommand}: {len(args.servers)} servers, {len(args.paths)} paths, connections "
           f"{','.join(map(str, args.connections))}, threads {','.join(map(str, args.threads))} "
-          f"({sweep}): {len(cells)} cells x {args.runs} runs = {len(order)} runs "
+          f"({sweep}){axes}: {len(cells)} cells x {args.runs} runs = {len(order)} runs "
           f"of {_run_length(args)} (+{args.warmup} s warm-up per cell), {len(pairs)} parts; "
           f"{len(order) - len(todo)} runs already measured; estimate {_minutes(estimate)}", flush=True)
     if args.estimate:
@@ -212,6 +268,8 @@ def main(argv=None):
     stack = stack_pids(config)
     ports = matrix_servers.assign_ports(pairs, args.base_port)
     last_port = max(p for pair in ports.values() for p in pair)
+    balancer_port = last_port + 1 if any(cell.clients for cell in cells) else None
+    last_port += 2 if balancer_port else 0
     if args.base_port < 1 or last_port > args.port_limit:
         print(f"matrix: {len(pairs)} parts need ports {args.base_port}-{last_port}, beyond --port-limit "
               f"{args.port_limit}", file=sys.stderr)
@@ -226,7 +284,7 @@ def main(argv=None):
     status = 0
     t0 = time.monotonic()
     if todo:
-        status = measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo)
+        status = measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo, balancer_port)
     records = matrix_plan.load_results(results_path)
     meta.update(runs_done=len(records), cells_done=len({matrix_plan.run_key(r)[0] for r in records}),
                 fd_limit=list(raise_fd_limit(0)), wall_s=round(time.monotonic() - t0))
@@ -242,10 +300,11 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo):
+def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo, balancer_port):
     """Build and start the servers (ZEO clients of ``zeo``, the stack's ZEO server's
-    ``host:port``), measure the runs of ``todo`` (appending to ``results_path``), stop the servers. Returns 0, 1 (runs failed or interrupted) or 2
-    (servers could not be built or started)."""
+    ``host:port``), measure the runs of ``todo`` (appending to ``results_path``; balanced
+    cells through a temporary HAProxy on ``balancer_port`` and the next), stop the servers.
+    Returns 0, 1 (runs failed or interrupted) or 2 (servers could not be built or started)."""
     # Every wrk connection and every server-side socket is a descriptor: raise the soft
     # limit before starting the servers, which inherit it (hard limit here: 20,000).
     soft, _ = raise_fd_limit(2 * max(args.connections) + 512)
@@ -260,23 +319,24 @@ def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo)
     except RuntimeError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    print(f"built in {time.monotonic() - t0:.0f} s; starting {2 * len(pairs)} servers ...", flush=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    servers = matrix_servers.run_config(args.build, pairs, ports)
+    servers = matrix_servers.run_config(args.build, pairs, ports, hello="hello" in args.paths)
+    print(f"built in {time.monotonic() - t0:.0f} s; starting {len(servers['processes'])} servers ...", flush=True)
     try:
         procs = matrix_servers.start_all(servers, pairs)
         print(f"  {len(procs)} servers answering ({time.monotonic() - t0:.0f} s)", flush=True)
         # The first request of each path loads its objects and templates (seconds on a
         # busy machine): one per path and client before any timing, so no warm-up starts cold.
         zope_paths = [MATRIX_PATHS[p] for p in args.paths if p != "hello"]
-        for (server, threads), (zope_port, _) in ports.items():
+        for zope_port, _ in ports.values():
             matrix_servers.prime(f"http://127.0.0.1:{zope_port}", zope_paths)
         print(f"  primed {len(zope_paths)} paths on {len(ports)} clients ({time.monotonic() - t0:.0f} s)",
               flush=True)
         trees = {key: [p.pid for p in matrix_servers.tree(proc)] for key, proc in procs.items()}
         stack_own = [p.pid for p in stack.values()]
-        return run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path)
-    except (RuntimeError, StackError) as exc:
+        target = Targets(config, ports, procs, os.path.join(os.path.dirname(results_path), "haproxy"), balancer_port)
+        return run_loop(args, target, trees, stack_own, todo, wrk, results_path)
+    except (RuntimeError, StackError, BalancerError) as exc:
         print(f"matrix: {exc}; logs in {args.build}/log/", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -288,43 +348,86 @@ def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo)
         print(f"stopped {len(servers['processes'])} servers", flush=True)
 
 
-def run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path):
-    """Measure the runs of ``todo`` in order; returns 0, or 1 when some run failed."""
+class Targets:
+    """Where a cell's runs go: its ZEO client (or hello server) directly, or for a cell with
+    ``clients`` n >= 1 a temporary HAProxy over replicas 1..n (:meth:`open`).
+
+    ``config``: stack.json (the HAProxy template, binary and backend name); ``ports`` and
+    ``procs``: of :mod:`loadtests.matrix_servers`; ``directory``: the temporary HAProxy's
+    config and log; ``balancer_port``: its frontend port (stats: the next), None when no
+    cell is balanced."""
+
+    def __init__(self, config, ports, procs, directory, balancer_port):
+        self.config, self.ports, self.procs = config, ports, procs
+        self.directory, self.balancer_port = directory, balancer_port
+
+    def keys(self, cell):
+        """The ``(part, kind)`` keys of the processes serving ``cell``."""
+        kind = "hello" if cell.path == "hello" else "zope"
+        return [(Part(cell.server, cell.threads, cell.sendfile, replica), kind)
+                for replica in range(1, max(cell.clients, 1) + 1)]
+
+    @contextlib.contextmanager
+    def open(self, cell):
+        """Yield ``(base URL, server PIDs, balancer or None)`` for a run of ``cell``; raises
+        RuntimeError when one of its processes exited, BalancerError when the HAProxy
+        does not start with every client UP."""
+        keys = self.keys(cell)
+        for part, kind in keys:
+            proc = self.procs[(part, kind)]
+            if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+                raise RuntimeError(f"{matrix_servers.part_name(part)} ({kind}) exited")
+        pids = [self.procs[key].pid for key in keys]
+        if not cell.clients:
+            part, kind = keys[0]
+            yield f"http://127.0.0.1:{self.ports[part][1 if kind == 'hello' else 0]}", pids, None
+            return
+        servers = [{"name": matrix_servers.part_name(part), "host": "127.0.0.1", "port": self.ports[part][0],
+                    "maxconn": part.threads, "wsgi_server": part.server} for part, _ in keys]
+        with TemporaryBalancer(self.config["haproxy_binary"], self.config, "leastconn", self.directory,
+                               self.balancer_port, servers=servers) as balancer:
+            balancer.start(self.config["backend"], [s["name"] for s in servers], timeout=60)
+            yield balancer.frontend_url, pids + [balancer.pid], balancer
+
+
+def run_loop(args, target, trees, stack_own, todo, wrk, results_path):
+    """Measure the runs of ``todo`` in order (each through ``target``, a :class:`Targets`);
+    returns 0, or 1 when some run failed."""
     warmed, failed = set(), 0
     rates = {}                       # cell -> requests/s of its warm-up or its last run
     started = time.monotonic()
     for number, (cell, index) in enumerate(todo, start=1):
-        server, threads, path, conns = cell
-        kind = "hello" if path == "hello" else "zope"
-        port = ports[(server, threads)][1 if kind == "hello" else 0]
-        base = f"http://127.0.0.1:{port}"
-        key = (server, threads, kind)
-        if not procs[key].is_running() or procs[key].status() == psutil.STATUS_ZOMBIE:
-            raise RuntimeError(f"{matrix_servers.part_name(server, threads)} ({kind}) exited")
-        own = stack_own + [pid for k, pids in trees.items() if k != key for pid in pids]
+        keys = target.keys(cell)
+        own = stack_own + [pid for k, pids in trees.items() if k not in keys for pid in pids]
         try:
-            if cell not in warmed and args.warmup:
-                accept = MATRIX_PATHS[path][1]
-                warm = run_wrk(base + MATRIX_PATHS[path][0], min(conns, 10), args.warmup, timeout=args.timeout,
-                               accept=accept, wrk=wrk)
-                rates[cell] = warm["requests"] / (warm["duration_us"] / 1e6) if warm["duration_us"] else 0.0
-            warmed.add(cell)
-            seconds = matrix_plan.cell_duration(rates.get(cell), conns, args.requests_per_connection,
-                                                args.duration, args.max_duration)
-            # the warm-up's (or the server's last run's) abandoned requests
-            drain = wait_tree_idle(procs[key].pid, max_seconds=args.drain_max)
-            record = measure(wrk, base, path, conns, seconds, args.timeout, procs[key].pid, own)
+            with target.open(cell) as (base, server_pids, balancer):
+                if cell not in warmed and args.warmup:
+                    warm = run_wrk(base + MATRIX_PATHS[cell.path][0], min(cell.connections, 10), args.warmup,
+                                   timeout=args.timeout, accept=MATRIX_PATHS[cell.path][1], wrk=wrk)
+                    rates[cell] = warm["requests"] / (warm["duration_us"] / 1e6) if warm["duration_us"] else 0.0
+                warmed.add(cell)
+                seconds = matrix_plan.cell_duration(rates.get(cell), cell.connections, args.requests_per_connection,
+                                                    args.duration, args.max_duration)
+                # the warm-up's (or the server's last run's) abandoned requests
+                drain = wait_tree_idle(server_pids, max_seconds=args.drain_max)
+                before = haproxy_stats.fetch(balancer.stats_url) if balancer else None
+                record = measure(wrk, base, cell.path, cell.connections, seconds, args.timeout, server_pids, own)
+                if balancer:
+                    sessions = {name: d["stot"] for name, d in haproxy_stats.deltas(
+                        before, haproxy_stats.fetch(balancer.stats_url), target.config["backend"]).items()}
+                    record["share"] = {name: round(n / (sum(sessions.values()) or 1), 3)
+                                       for name, n in sessions.items()}
             rates[cell] = record["rps"]
             record["drain_before_s"] = round(drain, 1)
             record["backlog"] = drain >= args.drain_max
             record["duration_s"] = seconds
-            record["steady"] = matrix_plan.steady(record["requests"], conns, args.requests_per_connection)
-        except RuntimeError as exc:
+            record["steady"] = matrix_plan.steady(record["requests"], cell.connections, args.requests_per_connection)
+        except (RuntimeError, BalancerError, OSError) as exc:
             failed += 1
-            print(f"  run failed: {cell} #{index}: {str(exc)[:500]}", file=sys.stderr, flush=True)
+            print(f"  run failed: {tuple(cell)} #{index}: {str(exc)[:500]}", file=sys.stderr, flush=True)
             continue
-        record = dict(server=server, threads=threads, path=path, connections=conns, run=index,
-                      time=datetime.now(timezone.utc).isoformat(timespec="seconds"), **record)
+        record = dict(cell._asdict(), run=index, time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                      **record)
         with open(results_path, "a", encoding="utf-8") as fp:
             fp.write(json.dumps(record) + "\n")
             fp.flush()
@@ -332,8 +435,9 @@ def run_loop(args, procs, ports, trees, stack_own, todo, wrk, results_path):
         elapsed = time.monotonic() - started
         eta = elapsed / number * (len(todo) - number)
         errors = sum(record["errors"].values())
-        print(f"[{number}/{len(todo)} ETA {eta / 60:.1f} min] {server} t{threads} {path} c{conns} #{index}: "
-              f"{record['duration_s']} s, {record['requests'] / conns:.1f} req/conn"
+        print(f"[{number}/{len(todo)} ETA {eta / 60:.1f} min] {matrix_report.label(record)} t{cell.threads} "
+              f"{cell.path} c{cell.connections} #{index}: "
+              f"{record['duration_s']} s, {record['requests'] / cell.connections:.1f} req/conn"
               f"{'' if record['steady'] else ' (not steady)'}, {record['rps']:.1f} req/s, p99 {record['p99_ms']:.1f} ms, errors {errors}, non-2xx "
               f"{record['non_2xx']}, RSS {record['peak_rss_bytes'] / 2**20:.0f} MiB, foreign "
               f"{record['foreign_pct']:.0f} %", flush=True)

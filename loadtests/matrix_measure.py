@@ -18,13 +18,14 @@ from loadtests.core import (PATHS, RssSampler, cpu_seconds, machine_busy_seconds
 MATRIX_PATHS = dict(PATHS, hello=("/", ""))
 
 
-def measure(wrk, base_url, path_label, connections, duration, timeout, server_pid, own_pids,
+def measure(wrk, base_url, path_label, connections, duration, timeout, server_pids, own_pids,
             wrk_threads=None):
     """Run wrk once against ``base_url`` + the path of ``path_label``; return a record dict.
 
     ``connections``: wrk ``-c``; ``duration``: wrk ``-d`` (seconds); ``timeout``: wrk
-    ``--timeout`` (seconds; slower responses count as timeout errors); ``server_pid``: the
-    root PID of the server's process group; ``own_pids``: PIDs of our other processes (the
+    ``--timeout`` (seconds; slower responses count as timeout errors); ``server_pids``: the
+    root PIDs of the server's process groups (one ZEO client, or a balanced cell's clients
+    and its HAProxy: their CPU and RSS are summed as the server's); ``own_pids``: PIDs of our other processes (the
     stack, the other matrix servers) whose CPU is not foreign. wrk threads: 1 up to 10
     connections, else 2 (``wrk_threads`` overrides).
 
@@ -38,8 +39,8 @@ def measure(wrk, base_url, path_label, connections, duration, timeout, server_pi
     threads = wrk_threads or (1 if connections <= 10 else 2)
     threads = min(threads, connections)
     own = {pid: p for pid in own_pids for p in [_safe_process(pid)] if p is not None}
-    sampler = RssSampler(server_pid)
-    server0, own0 = tree_cpu_seconds(server_pid), sum(cpu_seconds(own).values())
+    sampler = RssSampler(server_pids)
+    server0, own0 = tree_cpu_seconds(server_pids), sum(cpu_seconds(own).values())
     me0 = own_cpu_seconds()
     busy0, t0 = machine_busy_seconds(), time.monotonic()
     sampler.start()
@@ -50,7 +51,7 @@ def measure(wrk, base_url, path_label, connections, duration, timeout, server_pi
         sampler.stop()
     wall = time.monotonic() - t0
     busy = machine_busy_seconds() - busy0
-    server_cpu = tree_cpu_seconds(server_pid) - server0
+    server_cpu = tree_cpu_seconds(server_pids) - server0
     ours = server_cpu + (sum(cpu_seconds(own).values()) - own0) + (own_cpu_seconds() - me0)
     foreign = max(busy - ours, 0.0)
     seconds = summary["duration_us"] / 1e6

@@ -3,10 +3,16 @@
 Pure functions (no processes, no network) used by loadtests/matrix.py and tested by
 tests/test_matrix.py.
 
-A *cell* is ``(server, threads, path, connections)``: one wsgi-server value with one
-``threads`` setting, one path label (``/``, ``/Plone``, ``@json``, ``blob``, ``hello``) and
-one wrk connection count. A *run* is ``(cell, index)`` with ``index`` in ``range(runs)``.
+A *cell* is a :class:`Cell` ``(server, threads, path, connections, clients, sendfile)``:
+one wsgi-server value with one ``threads`` setting, one path label (``/``, ``/Plone``,
+``@json``, ``blob``, ``hello``), one wrk connection count, and the two axes that the
+``scaling`` and ``blob`` subcommands vary: ``clients`` (0: wrk talks to one ZEO client
+directly; n >= 1: to a temporary HAProxy over n ZEO clients of that server) and
+``sendfile`` (the ZEO clients' ``blob-sendfile``; off only matters for the blob). A *run*
+is ``(cell, index)`` with ``index`` in ``range(runs)``. A *part* is a :class:`Part`: one
+ZEO client of the build.
 """
+import collections
 import json
 import math
 import random
@@ -33,7 +39,17 @@ RATE_GUESS = {"hello": 2000.0, "/": 800.0, "@json": 100.0, "/Plone": SLOW_PAGE_R
 #: Seconds to build (when built: ~20 s) and start the parts, all at once: 8 parts (16
 #: servers) answered after 122 s here on a busy shared 2-core machine.
 STARTUP_BASE_S = 40.0
+#: Seconds to start a temporary HAProxy for a balanced run and see its servers pass a
+#: health check (its ``inter`` is 2 s).
+BALANCER_START_S = 2.5
 STARTUP_PER_PART_S = 12.0
+
+
+#: One cell; ``clients`` 0 and ``sendfile`` True are the direct, default-built ZEO client
+#: (what a matrix measured before these axes, so its old records read as such).
+Cell = collections.namedtuple("Cell", "server threads path connections clients sendfile", defaults=(0, True))
+#: One ZEO client part of the build: ``replica`` 1..n for the n clients of a balanced cell.
+Part = collections.namedtuple("Part", "server threads sendfile replica", defaults=(True, 1))
 
 
 def default_threads(server, single_threaded):
@@ -41,31 +57,41 @@ def default_threads(server, single_threaded):
     return SINGLE_THREADED_DEFAULT if server in single_threaded else MULTI_THREADED_DEFAULT
 
 
-def cells(servers, paths, connections, threads, sweep_at, single_threaded):
-    """All cells of the matrix, in a stable order (list of 4-tuples).
+def cells(servers, paths, connections, threads, sweep_at, single_threaded, clients=(0,), sendfile=(True,)):
+    """All cells of the matrix, in a stable order (list of :class:`Cell`).
 
     Every server x path x connection level runs at the server's default threads (2, or 1
     for ``single_threaded`` servers); at ``sweep_at`` connections (if it is one of
     ``connections``) every value of ``threads`` runs too (only 1 for single-threaded
     servers). ``sweep_at`` None: every connection level runs every ``threads`` value.
+    Each of those runs once per ``clients`` value (0: direct; n: through HAProxy over n
+    ZEO clients) and, on the blob only, once per ``sendfile`` value (booleans; the other
+    paths never reach the filter, so they run once, with it on). The hello-world app is
+    no ZEO client: it runs only direct (clients 0) and is left out of a plan without 0.
     """
     out = []
     for server in servers:
         allowed = [1] if server in single_threaded else list(threads)
         for path in paths:
+            filters = sorted(set(sendfile), reverse=True) if path == "blob" else [True]
+            counts = [0] if path == "hello" and 0 in clients else [] if path == "hello" else sorted(set(clients))
             for conns in connections:
                 if sweep_at is None or conns == sweep_at:
                     values = allowed
                 else:
                     values = [default_threads(server, single_threaded)]
                 for t in sorted(set(values)):
-                    out.append((server, t, path, conns))
+                    for count in counts:
+                        for on in filters:
+                            out.append(Cell(server, t, path, conns, count, on))
     return out
 
 
 def parts_needed(cell_list):
-    """Sorted ``[(server, threads)]`` pairs the cells need (one ZEO client part each)."""
-    return sorted({(server, threads) for server, threads, _, _ in cell_list})
+    """Sorted ``[Part]`` the cells need: per (server, threads, sendfile) replicas 1..n for
+    the largest client count n of those cells (1 for direct cells)."""
+    return sorted({Part(c.server, c.threads, c.sendfile, replica)
+                   for c in cell_list for replica in range(1, max(c.clients, 1) + 1)})
 
 
 def run_order(cell_list, runs, seed):
@@ -82,10 +108,15 @@ def run_order(cell_list, runs, seed):
 
 
 def run_key(record):
-    """``(cell, index)`` of a results.jsonl record (dict with server, threads, path,
-    connections, run)."""
-    return ((record["server"], record["threads"], record["path"], record["connections"]),
-            record["run"])
+    """``(Cell, index)`` of a results.jsonl record (dict with server, threads, path,
+    connections, run, and clients and sendfile unless written before those axes)."""
+    return (cell_of(record), record["run"])
+
+
+def cell_of(record):
+    """The :class:`Cell` of a results.jsonl record or a report row (dict)."""
+    return Cell(record["server"], record["threads"], record["path"], record["connections"],
+                record.get("clients", 0), record.get("sendfile", True))
 
 
 def load_results(path):
@@ -144,12 +175,16 @@ def estimate_seconds(runs, n_parts, duration, warmup, drain_max=20, per_connecti
     ``warmup`` + CELL_OVERHEAD_S s per distinct cell, and starting ``n_parts`` parts
     (nothing when ``runs`` is empty). At HIGH_CONNECTIONS or more on a Zope path a run
     adds the idle wait for the requests wrk abandoned: HIGH_DRAIN_S, or on ``/Plone``
-    connections / SLOW_PAGE_RPS seconds, at most ``drain_max``."""
+    connections / SLOW_PAGE_RPS seconds, at most ``drain_max``; a run through HAProxy
+    (``clients`` >= 1) adds BALANCER_START_S."""
     if not runs:
         return 0.0
     total = STARTUP_BASE_S + n_parts * STARTUP_PER_PART_S
     total += len({cell for cell, _ in runs}) * (warmup + CELL_OVERHEAD_S)
-    for (_, _, path, conns), _ in runs:
+    for cell, _ in runs:
+        cell = Cell(*cell)
+        path, conns = cell.path, cell.connections
+        total += BALANCER_START_S if cell.clients else 0.0
         total += cell_duration(RATE_GUESS.get(path), conns, per_connection, duration,
                                duration if max_duration is None else max_duration) + RUN_OVERHEAD_S
         if conns >= HIGH_CONNECTIONS and path != "hello":

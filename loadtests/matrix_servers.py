@@ -1,9 +1,10 @@
 """The servers under test of the benchmark matrix: build, start, wait for, stop.
 
-One ZEO client part ``m_<server>_t<threads>`` per (server, threads) pair the plan needs,
-built with loadtests/serverbuild.py into ``var/matrix/`` (ZEO clients of the stack's
-zeoserver, shared blob directory). Part ``i`` (in sorted order) serves Zope on
-``base_port + 2 i`` and hello world on ``base_port + 2 i + 1``: the hello server is the
+One ZEO client part per :class:`loadtests.matrix_plan.Part` the plan needs (server,
+threads, blob-sendfile, replica; :func:`part_name`), built with loadtests/serverbuild.py
+into ``var/matrix/`` (ZEO clients of the stack's zeoserver, shared blob directory). Part
+``i`` (in sorted order) serves Zope on ``base_port + 2 i``; a *base* part (sendfile on,
+replica 1) also serves hello world on ``base_port + 2 i + 1``: the hello server is the
 same server runner with the same ``[server:main]`` keys, which the recipe renders into
 ``parts/<part>/etc/hello.ini`` from the part's ``hello-address`` (the server's own template
 and both stages, as for ``etc/wsgi.ini``), started as
@@ -19,75 +20,96 @@ import os
 import requests
 
 from loadtests import extrabuild, serverbuild
-from loadtests.core import tree_processes
+from loadtests.core import BLOB_SIZE, PATHS, tree_processes
 
 PORT_RANGE = (9510, 9599)
 
 
-def part_name(server, threads):
-    """Buildout part name of the pair: ``m_<server>_t<threads>``."""
-    return f"m_{server}_t{threads}"
+def part_name(part):
+    """Buildout part name of a :class:`loadtests.matrix_plan.Part`:
+    ``m_<server>_t<threads>``, then ``_off`` when built with ``blob-sendfile = off`` and
+    ``_r<n>`` for replica n >= 2."""
+    return (f"m_{part.server}_t{part.threads}" + ("" if part.sendfile else "_off")
+            + (f"_r{part.replica}" if part.replica > 1 else ""))
 
 
-def assign_ports(pairs, base_port):
-    """``{(server, threads): (zope port, hello port)}``: two consecutive ports per pair from
-    ``base_port`` in the order of ``pairs``."""
-    return {pair: (base_port + 2 * i, base_port + 2 * i + 1) for i, pair in enumerate(pairs)}
+def has_hello(part):
+    """True for a base part (sendfile on, replica 1): the one that serves hello world too."""
+    return part.sendfile and part.replica == 1
 
 
-def hello_ini(directory, server, threads):
-    """Path of the hello server's ini of the pair's part, written by the recipe
+def assign_ports(parts, base_port):
+    """``{part: (zope port, hello port)}``: two consecutive ports per part from
+    ``base_port`` in the order of ``parts`` (the hello port stays unused unless
+    :func:`has_hello`)."""
+    return {part: (base_port + 2 * i, base_port + 2 * i + 1) for i, part in enumerate(parts)}
+
+
+def hello_ini(directory, part):
+    """Path of the hello server's ini of ``part``, written by the recipe
     (``hello-address``) when :func:`build` built it."""
-    return os.path.join(os.path.abspath(directory), "parts", part_name(server, threads), "etc", "hello.ini")
+    return os.path.join(os.path.abspath(directory), "parts", part_name(part), "etc", "hello.ini")
 
 
-def build(directory, pairs, ports, zeo_address, blob_storage):
-    """Build the parts of ``pairs`` in ``directory`` (:func:`loadtests.serverbuild.build_parts`),
-    each with ``hello-address`` on its hello port, so the recipe writes :func:`hello_ini` too.
-    Returns the seconds buildout ran; raises RuntimeError with the tail of its output when it
-    fails."""
-    parts = [(part_name(s, t), s, ports[(s, t)][0], t) for s, t in pairs]
-    hello = {part_name(s, t): f"hello-address = 127.0.0.1:{ports[(s, t)][1]}\n" for s, t in pairs}
-    return serverbuild.build_parts(directory, parts, zeo_address, blob_storage, part_options=hello)
+def build(directory, parts, ports, zeo_address, blob_storage):
+    """Build ``parts`` in ``directory`` (:func:`loadtests.serverbuild.build_parts`): base
+    parts with ``hello-address`` on their hello port (the recipe writes :func:`hello_ini`),
+    sendfile-off parts with ``blob-sendfile = off``. Returns the seconds buildout ran;
+    raises RuntimeError with the tail of its output when it fails."""
+    options = {}
+    for part in parts:
+        lines = f"hello-address = 127.0.0.1:{ports[part][1]}\n" if has_hello(part) else ""
+        options[part_name(part)] = lines + ("" if part.sendfile else "blob-sendfile = off\n")
+    return serverbuild.build_parts(directory, [(part_name(p), p.server, ports[p][0], p.threads) for p in parts],
+                                   zeo_address, blob_storage, part_options=options)
 
 
-def run_config(directory, pairs, ports):
-    """Every pair's Zope client (``bin/<part> console``) and hello server, all in one start
-    stage, for :func:`loadtests.extrabuild.start`/``stop`` (their supervisord in ``directory/run``,
-    logs in ``directory/log``). Process names: the part, and ``<part>-hello``."""
+def run_config(directory, parts, ports, hello=True):
+    """Every part's Zope client (``bin/<part> console``) and, with ``hello``, each base
+    part's hello server, all in one start stage, for :func:`loadtests.extrabuild.start`/``stop`` (their
+    supervisord in ``directory/run``, logs in ``directory/log``). Process names: the part,
+    and ``<part>-hello``."""
     directory = os.path.abspath(directory)
     processes = []
-    for server, threads in pairs:
-        name = part_name(server, threads)
-        zope_port, hello_port = ports[(server, threads)]
+    for part in parts:
+        name = part_name(part)
+        zope_port, hello_port = ports[part]
         processes.append(extrabuild.client_process(directory, name, f"http://127.0.0.1:{zope_port}"))
-        processes.append({"name": f"{name}-hello", "stage": 0, "ready": {"http": f"http://127.0.0.1:{hello_port}/"},
-                          "argv": [os.path.join(directory, "parts", name, "bin", "interpreter"), "-m",
-                                   "plonedeploy.runtime.hello", hello_ini(directory, server, threads)]})
+        if hello and has_hello(part):
+            processes.append({"name": f"{name}-hello", "stage": 0,
+                              "ready": {"http": f"http://127.0.0.1:{hello_port}/"},
+                              "argv": [os.path.join(directory, "parts", name, "bin", "interpreter"), "-m",
+                                       "plonedeploy.runtime.hello", hello_ini(directory, part)]})
     return extrabuild.run_config(directory, processes)
 
 
-def start_all(config, pairs, timeout=420):
+def start_all(config, parts, timeout=420):
     """Start every process of ``config`` (:func:`run_config`) at once and wait until each
-    answers HTTP. Returns ``{(server, threads, "zope"|"hello"): psutil.Process}``. Raises
-    plonedeploy.recipe.stack.StackError naming the process that exited or did not answer
-    within ``timeout`` seconds (those started are stopped again)."""
+    answers HTTP. Returns ``{(part, "zope"|"hello"): psutil.Process}`` (``hello`` for the
+    base parts whose hello server ``config`` has). Raises plonedeploy.recipe.stack.StackError naming the process that exited
+    or did not answer within ``timeout`` seconds (those started are stopped again)."""
     procs = extrabuild.start(config, timeout=timeout)
-    return {(s, t, kind): procs[part_name(s, t) + ("-hello" if kind == "hello" else "")]
-            for s, t in pairs for kind in ("zope", "hello")}
+    out = {(part, "zope"): procs[part_name(part)] for part in parts}
+    out.update({(part, "hello"): procs[part_name(part) + "-hello"] for part in parts
+                if part_name(part) + "-hello" in procs})
+    return out
 
 
 def prime(base_url, paths, timeout=120):
     """GET ``base_url`` + each ``(path, accept)`` once (cold caches: may take seconds).
-    Raises RuntimeError naming the path when one does not answer 200."""
+    Raises RuntimeError naming the path when one does not answer 200, or when the blob's
+    download is not BLOB_SIZE bytes (a filter that cut or padded it would be measured
+    as fast)."""
     for path, accept in paths:
         headers = {"Accept": accept} if accept else {}
         try:
-            status = requests.get(base_url + path, headers=headers, timeout=timeout).status_code
+            answer = requests.get(base_url + path, headers=headers, timeout=timeout)
         except requests.RequestException as exc:
             raise RuntimeError(f"{base_url}{path}: {exc}") from None
-        if status != 200:
-            raise RuntimeError(f"{base_url}{path} answered {status}, not 200 (is the site created?)")
+        if answer.status_code != 200:
+            raise RuntimeError(f"{base_url}{path} answered {answer.status_code}, not 200 (is the site created?)")
+        if path == PATHS["blob"][0] and len(answer.content) != BLOB_SIZE:
+            raise RuntimeError(f"{base_url}{path}: {len(answer.content)} bytes, not the blob's {BLOB_SIZE}")
 
 
 def tree(proc):

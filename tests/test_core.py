@@ -159,32 +159,24 @@ def test_running_zeo_server_or_what_is_missing(tmp_path, monkeypatch):
         core.running_zeo_server(config)
 
 
-@pytest.mark.parametrize("module, argv, builder", [
-    ("matrix", ["--runs", "1", "--out"], "measure_all"),
-    ("servers_wrk", [], "serverbuild"),
-    ("scaling", ["--clients", "1", "--threads", "1", "--out"], "build")])
-def test_tools_that_build_zeo_clients_refuse_a_relstorage_stack(tmp_path, monkeypatch, capsys, module, argv,
-                                                                builder):
-    """matrix, servers-wrk and scaling exit 2 at once on a RelStorage build, with the
-    message naming the storage, before they build or start anything (``builder``: what
-    would build the ZEO clients, made to fail the test if called)."""
-    import importlib
+@pytest.mark.parametrize("preset", [None, "servers-wrk", "scaling", "blob"])
+def test_tools_that_build_zeo_clients_refuse_a_relstorage_stack(tmp_path, monkeypatch, capsys, preset):
+    """The matrix and its presets (servers-wrk, scaling, blob) exit 2 at once on a
+    RelStorage build, with the message naming the storage, before they build or start
+    anything (measure_all, which builds the ZEO clients, fails the test if called)."""
+    from loadtests import matrix
 
-    tool = importlib.import_module(f"loadtests.{module}")
-    monkeypatch.setattr(tool, "load_stack", lambda *args: _stack_config(tmp_path, "relstorage"))
-    monkeypatch.setattr(tool, "require_wrk", lambda: "wrk")
+    monkeypatch.setattr(matrix, "load_stack", lambda *args: _stack_config(tmp_path, "relstorage"))
+    monkeypatch.setattr(matrix, "require_wrk", lambda: "wrk")
 
     def built(*args, **kwargs):
         raise AssertionError("built ZEO clients on a RelStorage stack")
 
-    if builder == "serverbuild":
-        monkeypatch.setattr(tool.serverbuild, "build", built)
-    else:
-        monkeypatch.setattr(tool, builder, built)
-    out = [str(tmp_path / "out")] if argv[-1:] == ["--out"] else []
-    assert tool.main([*argv, *out, "--build", str(tmp_path / "build")]) == 2
+    monkeypatch.setattr(matrix, "measure_all", built)
+    argv = ["--runs", "1", "--out", str(tmp_path / "out"), "--build", str(tmp_path / "build")]
+    assert matrix.main(argv, preset=preset) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"{module}: the stack is built for RelStorage on PostgreSQL"), err
+    assert err.startswith("matrix: the stack is built for RelStorage on PostgreSQL"), err
     assert not (tmp_path / "build").exists() and not (tmp_path / "out").exists()
 
 
@@ -193,6 +185,11 @@ def test_rss_sampler_and_idle_tree():
     sampler.start()
     sampler.stop()
     assert sampler.peak >= psutil.Process().memory_info().rss // 2
+    # a list of roots sums their trees (a balanced matrix cell: its clients and HAProxy)
+    pair = core.RssSampler([os.getpid(), os.getppid()], interval=0.05)
+    pair.sample()
+    assert pair.peak > sampler.peak // 2 + psutil.Process(os.getppid()).memory_info().rss // 2
+    assert core.tree_cpu_seconds([os.getpid(), os.getppid()]) > core.tree_cpu_seconds(os.getpid())
     assert core.tree_processes(2**22 + 1) == []
     # A sleeping process tree is idle at once (one window).
     sleeper = subprocess.Popen(["sleep", "30"])

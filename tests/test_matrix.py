@@ -18,9 +18,11 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from loadtests import matrix, matrix_plan, matrix_report, matrix_servers
+from loadtests.matrix_plan import Cell, Part
 
 from conftest import ROOT, port_taken
 
@@ -46,12 +48,44 @@ def test_trimmed_mean_with_few_or_missing_values():
 def test_threads_swept_only_at_sweep_level_and_single_threaded_at_one():
     cells = matrix_plan.cells(["pyruvate", "bjoern"], ["/"], [1, 100, 1000], [1, 2, 4], 100, SINGLE)
     assert sorted(c for c in cells if c[0] == "pyruvate") == [
-        ("pyruvate", 1, "/", 100), ("pyruvate", 2, "/", 1), ("pyruvate", 2, "/", 100),
-        ("pyruvate", 2, "/", 1000), ("pyruvate", 4, "/", 100)]
+        Cell("pyruvate", 1, "/", 100), Cell("pyruvate", 2, "/", 1), Cell("pyruvate", 2, "/", 100),
+        Cell("pyruvate", 2, "/", 1000), Cell("pyruvate", 4, "/", 100)]
     assert sorted(c for c in cells if c[0] == "bjoern") == [
-        ("bjoern", 1, "/", 1), ("bjoern", 1, "/", 100), ("bjoern", 1, "/", 1000)]
-    assert matrix_plan.parts_needed(cells) == [("bjoern", 1), ("pyruvate", 1), ("pyruvate", 2),
-                                               ("pyruvate", 4)]
+        Cell("bjoern", 1, "/", 1), Cell("bjoern", 1, "/", 100), Cell("bjoern", 1, "/", 1000)]
+    assert matrix_plan.parts_needed(cells) == [Part("bjoern", 1), Part("pyruvate", 1), Part("pyruvate", 2),
+                                               Part("pyruvate", 4)]
+
+
+def test_clients_and_sendfile_axes():
+    """Through HAProxy over n clients: replicas 1..n of the part; sendfile off: the blob only;
+    hello: direct only."""
+    cells = matrix_plan.cells(["pyruvate"], ["/Plone", "blob", "hello"], [8], [2], None, SINGLE,
+                              clients=[0, 2], sendfile=[True, False])
+    assert sorted(cells) == sorted([
+        Cell("pyruvate", 2, "/Plone", 8, 0, True), Cell("pyruvate", 2, "/Plone", 8, 2, True),
+        Cell("pyruvate", 2, "blob", 8, 0, True), Cell("pyruvate", 2, "blob", 8, 0, False),
+        Cell("pyruvate", 2, "blob", 8, 2, True), Cell("pyruvate", 2, "blob", 8, 2, False),
+        Cell("pyruvate", 2, "hello", 8, 0, True)])
+    assert matrix_plan.parts_needed(cells) == [Part("pyruvate", 2, False, 1), Part("pyruvate", 2, False, 2),
+                                               Part("pyruvate", 2, True, 1), Part("pyruvate", 2, True, 2)]
+    # without 0 among the client counts hello has no cell
+    assert not [c for c in matrix_plan.cells(["pyruvate"], ["hello"], [8], [2], None, SINGLE, clients=[1, 2])]
+    assert [matrix_servers.part_name(p) for p in matrix_plan.parts_needed(cells)] == [
+        "m_pyruvate_t2_off", "m_pyruvate_t2_off_r2", "m_pyruvate_t2", "m_pyruvate_t2_r2"]
+
+
+@pytest.mark.parametrize("preset, cells, parts", [
+    ("servers-wrk", 8, 8),              # every server once on / at 10 connections
+    ("scaling", 3 * 4, 3 * 4),          # threads 1, 2, 4 x clients 1-4: replicas 1-4 per threads
+    ("blob", 2 * 4 * 2 * 2, 2 * 2),     # servers x connections x clients 0, 1 x sendfile on, off
+])
+def test_presets_are_the_matrix_with_other_defaults(preset, cells, parts):
+    args = matrix.parse_args([], preset)
+    planned, needed, order = matrix.plan(args)
+    assert (len(planned), len(needed), len(order)) == (cells, parts, 3 * cells)
+    assert args.subcommand == preset
+    # the command line overrides a preset's default
+    assert matrix.parse_args(["--connections", "5"], preset).connections == [5]
 
 
 def test_default_plan_size():
@@ -77,8 +111,7 @@ def test_order_covers_every_cell_and_run_once_round_by_round():
 # -- resume ---------------------------------------------------------------------------
 
 def _record(cell, index, **extra):
-    server, threads, path, conns = cell
-    return dict(dict(server=server, threads=threads, path=path, connections=conns, run=index), **extra)
+    return dict(Cell(*cell)._asdict(), run=index, **extra)
 
 
 def test_resume_skips_recorded_runs_and_a_cut_last_line(tmp_path):
@@ -137,16 +170,22 @@ def test_hello_servers_are_the_recipes_hello_address(tmp_path, monkeypatch):
     built = {}
     monkeypatch.setattr(matrix_servers.serverbuild, "build_parts",
                         lambda directory, parts, zeo, blobs, part_options: built.update(parts=parts, options=part_options) or 7.0)
-    pairs = [("pyruvate", 2), ("waitress", 1)]
-    ports = matrix_servers.assign_ports(pairs, 9510)
-    assert matrix_servers.build(str(tmp_path), pairs, ports, "127.0.0.1:8100", "/blobs") == 7.0
-    assert built["parts"] == [("m_pyruvate_t2", "pyruvate", 9510, 2), ("m_waitress_t1", "waitress", 9512, 1)]
+    parts = [Part("pyruvate", 2), Part("waitress", 1), Part("waitress", 1, False), Part("waitress", 1, True, 2)]
+    ports = matrix_servers.assign_ports(parts, 9510)
+    assert matrix_servers.build(str(tmp_path), parts, ports, "127.0.0.1:8100", "/blobs") == 7.0
+    assert built["parts"] == [("m_pyruvate_t2", "pyruvate", 9510, 2), ("m_waitress_t1", "waitress", 9512, 1),
+                              ("m_waitress_t1_off", "waitress", 9514, 1), ("m_waitress_t1_r2", "waitress", 9516, 1)]
     assert built["options"] == {"m_pyruvate_t2": "hello-address = 127.0.0.1:9511\n",
-                                "m_waitress_t1": "hello-address = 127.0.0.1:9513\n"}
-    config = matrix_servers.run_config(str(tmp_path), pairs, ports)
+                                "m_waitress_t1": "hello-address = 127.0.0.1:9513\n",
+                                "m_waitress_t1_off": "blob-sendfile = off\n", "m_waitress_t1_r2": ""}
+    config = matrix_servers.run_config(str(tmp_path), parts, ports)
     hello = next(p for p in config["processes"] if p["name"] == "m_waitress_t1-hello")
     assert hello["argv"][-1] == str(tmp_path / "parts" / "m_waitress_t1" / "etc" / "hello.ini")
     assert hello["ready"] == {"http": "http://127.0.0.1:9513/"}
+    # only the default-built first client of a (server, threads) serves hello world
+    assert sorted(p["name"] for p in config["processes"]) == [
+        "m_pyruvate_t2", "m_pyruvate_t2-hello", "m_waitress_t1", "m_waitress_t1-hello", "m_waitress_t1_off",
+        "m_waitress_t1_r2"]
 
 
 def test_aggregate_trims_sums_errors_and_flags_noisy():
@@ -235,6 +274,28 @@ def test_round_ratios_pair_the_runs_of_one_round():
     assert "| `/` | 2.00 (1.50–3.00) |" in text
 
 
+def test_sendfile_and_clients_summaries_pair_the_runs_of_one_round():
+    base = dict(p50_ms=1.0, p95_ms=2.0, p99_ms=3.0, max_ms=9.0, cpu_ms_per_req=1.0, requests=1000, non_2xx=0,
+                errors={"connect": 0, "read": 0, "write": 0, "timeout": 0}, peak_rss_bytes=2**20, foreign_pct=0.0)
+    records = []
+    for cell, rates in [(("pyruvate", 2, "blob", 4, 0, True), [200.0, 180.0, 210.0]),
+                        (("pyruvate", 2, "blob", 4, 0, False), [100.0, 120.0, 70.0]),
+                        (("pyruvate", 2, "/Plone", 8, 1, True), [40.0, 50.0, 45.0]),
+                        (("pyruvate", 2, "/Plone", 8, 2, True), [60.0, 100.0, 90.0])]:
+        records += [_record(cell, k, rps=rps, **base) for k, rps in enumerate(rates)]
+    records[-1]["share"] = {"m_pyruvate_t2": 0.45, "m_pyruvate_t2_r2": 0.55}
+    assert matrix_plan.Cell("pyruvate", 2, "blob", 4) in matrix_report.sendfile_ratios(records)
+    assert matrix_report.sendfile_ratios(records)[Cell("pyruvate", 2, "blob", 4)] == [2.0, 1.5, 3.0]
+    assert matrix_report.client_ratios(records) == {Cell("pyruvate", 2, "/Plone", 8, 2): [1.5, 2.0, 2.0]}
+    rows = matrix_report.aggregate(records, noisy_pct=25)
+    text = matrix_report.summary(rows, {"paths": ["/Plone", "blob"], "servers": ["pyruvate"], "sweep_at": None},
+                                 SINGLE, records)
+    assert "| pyruvate (2) | direct | 4 | 200.0 | 100.0 | 2.00 (1.50–3.00) |" in text
+    assert "| pyruvate (2) | `/Plone` | 8 | 45.0 | 90.0, ×2.00 (1.50–2.00), share ≥ 0.45 |" in text
+    assert matrix_report.label(rows[0]) in ("pyruvate", "pyruvate ×1 via HAProxy", "pyruvate ×2 via HAProxy",
+                                            "pyruvate sendfile off")
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--servers", "pyruvate,nginx"], "allowed: pyruvate, waitress"),
     (["--paths", "/x"], "allowed: /, /Plone, @json, blob, hello"),
@@ -243,6 +304,8 @@ def test_round_ratios_pair_the_runs_of_one_round():
     (["--runs", "0"], "--runs"),
     (["--duration", "5", "--max-duration", "2"], "--max-duration 2 is below --duration 5"),
     (["--requests-per-connection", "-1"], "--requests-per-connection"),
+    (["--clients", "-1"], "--clients: expected comma-separated integers >= 0"),
+    (["--sendfile", "maybe"], "--sendfile: maybe not allowed; allowed: on, off"),
 ])
 def test_bad_options_name_the_option(argv, needle, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -308,3 +371,43 @@ def test_resume_of_a_matrix_stored_before_steady_state_runs(tmp_path):
     (tmp_path / "options.json").write_text(json.dumps(stored))
     args = matrix.parse_args(["--resume", str(tmp_path)])
     assert (args.duration, args.max_duration, args.requests_per_connection) == (2, 2, 0)
+
+
+@pytest.mark.integration
+def test_clients_and_sendfile_axes_against_the_stack(stack, tmp_path):
+    """The ``scaling`` preset with both extra axes on a small plan: /Plone and the blob,
+    direct and through a temporary HAProxy over 1 and 2 ZEO clients, the blob with
+    blob-sendfile on and off. Checks the mechanism, not the speed: every cell served without
+    errors, both clients of a 2-client cell got traffic, the report has both summaries and
+    the clients plot, and no client or HAProxy is left running."""
+    taken = [p for p in range(9530, 9540) if port_taken(p)]
+    assert not taken, f"matrix ports in use: {taken}"
+    out, build = tmp_path / "reports", tmp_path / "build"
+    before = {p.pid for p in psutil.process_iter()}
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtests", "scaling", "--paths", "/Plone,blob", "--connections", "4",
+         "--threads", "1", "--clients", "0,1,2", "--sendfile", "on,off", "--runs", "2", "--duration", "2",
+         "--max-duration", "4", "--base-port", "9530", "--out", str(out), "--build", str(build)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    [folder] = list(out.iterdir())
+    assert folder.name.startswith("scaling-")
+    records = matrix_plan.load_results(str(folder / "results.jsonl"))
+    # /Plone: 3 client counts; blob: 3 x sendfile on/off; 2 runs each
+    assert len(records) == (3 + 6) * 2
+    assert all(r["rps"] > 0 and r["non_2xx"] == 0 and not sum(r["errors"].values()) for r in records), records
+    two = [r for r in records if r["clients"] == 2]
+    assert all(set(r["share"]) == {"m_pyruvate_t1", "m_pyruvate_t1_r2"} and min(r["share"].values()) > 0.2
+               for r in two if r["path"] == "/Plone"), two
+    assert {r["share"] and tuple(sorted(r["share"])) for r in records if r["sendfile"] is False and r["clients"] == 2} \
+        == {("m_pyruvate_t1_off", "m_pyruvate_t1_off_r2")}
+    assert all("share" not in r for r in records if r["clients"] == 0)
+    report = (folder / "report.md").read_text()
+    assert "### blob-sendfile on / off on the blob" in report
+    assert "### ZEO clients behind HAProxy" in report
+    assert (folder / "matrix-clients.png").stat().st_size > 0
+    assert "stopped 4 servers" in result.stdout        # 4 ZEO clients; no hello: its path was not asked for
+    print("\n" + result.stdout[-1500:])
+    left = [p for p in psutil.process_iter(["pid", "cmdline"])
+            if p.info["pid"] not in before and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert not left, left

@@ -49,15 +49,3 @@ def test_gunicorn_one_gthread_worker_app_loaded_in_the_worker():
     assert options["control_socket_disable"] is True
     assert options["limit_request_fields"] == 100 and options["keepalive"] == 5
 
-
-def test_servers_wrk_row_from_the_wrk_summary():
-    # servers_wrk reads wrk through loadtests.core.run_wrk (wrk_summary.lua's JSON), no
-    # longer wrk's --latency text.
-    from loadtests.servers_wrk import wrk_row
-
-    summary = {"requests": 1889, "duration_us": 5_000_000, "bytes": 1_900_000,
-               "errors": {"connect": 0, "read": 2, "write": 0, "status": 4, "timeout": 1},
-               "latency_us": {"mean": 9000, "stdev": 1, "max": 1_300_000, "p50": 440, "p90": 5000,
-                              "p95": 6000, "p99": 1_200_000, "p99.9": 1_250_000}}
-    assert wrk_row(summary) == {"rps": 377.8, "p50_ms": 0.44, "p99_ms": 1200.0, "non_2xx": 4,
-                                "socket_errors": 3}
