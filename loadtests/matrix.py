@@ -93,7 +93,7 @@ QUICK = {"servers": ["pyruvate", "waitress"], "paths": list(MATRIX_PATHS), "conn
 #: --help)}``; the command line overrides any of them. They replace the separate tools
 #: servers_wrk, scaling and blobbench (removed; docs/bench.md).
 PRESETS = {
-    "servers-wrk": ({"paths": ["/"], "connections": [10], "threads": [2], "sweep_at": "all"},
+    "servers-wrk": ({"paths": ["/"], "connections": [10], "threads": [2], "sweep_at": "all", "duration": 5},
                     "every WSGI server on / at 10 connections, 2 threads (bjoern, gevent 1): the matrix"),
     "scaling": ({"servers": ["pyruvate"], "paths": ["/Plone"], "connections": [32], "threads": [1, 2, 4],
                  "sweep_at": "all", "clients": [1, 2, 3, 4], "duration": 5},
