@@ -187,6 +187,7 @@ def parse_args(argv, preset=None):
             parser.error(f"--resume {args.resume}: no readable options.json ({exc})")
         for key in PLAN_KEYS:
             setattr(args, key, stored[key] if key in stored else OLD_PLAN[key])
+        args.subcommand = stored.get("subcommand", args.subcommand)
         if args.max_duration is None:
             args.max_duration = args.duration
         return args
@@ -276,8 +277,9 @@ def main(argv=None, preset=None):
         return 2
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "options.json"), "w", encoding="utf-8") as fp:
-        json.dump({key: getattr(args, key) for key in PLAN_KEYS}, fp, indent=1)
-    meta = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cores": psutil.cpu_count(),
+        json.dump({"subcommand": args.subcommand, **{key: getattr(args, key) for key in PLAN_KEYS}}, fp, indent=1)
+    meta = {"subcommand": args.subcommand, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "cores": psutil.cpu_count(),
             "cells_planned": len(cells), "runs_planned": len(order), "estimate_s": round(estimate),
             **{(f"{k}_s" if k in ("duration", "max_duration", "warmup", "timeout", "drain_max") else k): getattr(args, k)
                for k in PLAN_KEYS}}

@@ -192,7 +192,8 @@ def markdown(rows, meta, pngs):
         length = f"of {meta['duration_s']} s"
     unsteady = [r for r in rows if not r["steady"]]
     lines = [
-        "# Benchmark matrix",
+        "# Benchmark matrix" + ("" if meta.get("subcommand", "matrix") == "matrix"
+                                else f": {meta['subcommand']} (python -m loadtests {meta['subcommand']})"),
         "",
         f"Started {meta['started']}; {meta['cores']} cores; servers {', '.join(meta['servers'])}; "
         f"{meta['runs']} runs per cell {length} after a {meta['warmup_s']} s warm-up, "
