@@ -6,9 +6,10 @@ Usage (the stack running: ``make start``)::
         [--slow-connections 8] [--slow-seconds 20] [--big-post-mib 512] [--upload-mib 200]
         [--slow-upload-mib 30] [--rate-requests 1100] [--fd-downloads 2000]
 
-Each case is sent to the HAProxy frontend of ``stack.json`` (127.0.0.1 only) while the
-RSS (MiB) of every stack process is sampled every 0.1 s; the table (case, answer, seconds
-to the answer, RSS before / peak / after per process) is printed and written to
+Each case is sent to the HAProxy frontend of ``stack.json`` (127.0.0.1 only; the blob case
+also to each client of the page pool directly) while the RSS (MiB) of every stack process
+is sampled every 0.1 s; the table (case, answer, seconds to the answer, RSS before / peak /
+after per process) is printed and written to
 ``var/reports/attacks-<timestamp>/{report.md,report.json}``. docs/operations.md, "Edge
 limits", embeds that table. The functions are the ones tests/test_edge.py asserts on.
 
@@ -24,8 +25,8 @@ client before and after and the integrity of a download (sha256 against the blob
 ``Content-Length``, a ``Range`` slice); this case needs ``wrk``.
 
 Exit status 0, or 1 when a case with a verdict failed (the blob downloads: a descriptor
-left open, a failed request or a download not equal to the blob file); 2 when the stack,
-the admin password or wrk is missing.
+left open, a failed request or a download not equal to the blob file); 2 when stack.json
+is missing or, with the blob case, wrk is not installed.
 """
 import base64
 import datetime
