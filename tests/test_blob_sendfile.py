@@ -8,7 +8,7 @@ downloads (finished and aborted), and the mechanism itself: pyruvate sends the b
 downloads; the read path holds 5 MiB per stalled response).
 
 ``PLONEDEPLOY_BLOB_DOWNLOADS`` sets the downloads per target of the descriptor test
-(default 300; ``python -m loadtests.blobbench`` does 10,000).
+(default 300; ``python -m loadtests attacks`` does 2,000 per target, ``--fd-downloads N``).
 """
 import concurrent.futures
 import configparser
@@ -27,7 +27,7 @@ import pytest
 import requests
 
 from conftest import ROOT, STACK_JSON, Stack
-from loadtests.blobbench import abort_download
+from loadtests.attacks import abort_download
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,5 @@
-"""The edge on the real stack: slow bodies, huge bodies, forged Hosts, per-source limits, uploads.
+"""The edge on the real stack: slow bodies, huge bodies, forged Hosts, per-source limits, uploads,
+blob downloads whole and aborted.
 
 Each attack goes to the running HAProxy (``stack`` fixture, conftest.py) with the functions
 of ``loadtests.attacks`` (the same that print the table of docs/operations.md). A request
@@ -6,6 +7,7 @@ of ``loadtests.attacks`` (the same that print the table of docs/operations.md). 
 """
 import glob
 import os
+import shutil
 import time
 
 import pytest
@@ -173,3 +175,29 @@ def test_small_post_stays_in_the_page_pool(edge):
     served = {requests.post(f"http://{host}:{port}/Plone/@@ok", data=b"x" * 4000, timeout=10).headers["X-Served-By"]
               for _ in range(6)}
     assert served <= set(stack.config["servers"]), served
+
+
+def test_blob_downloads_leave_no_descriptor_open(edge):
+    """On each page client directly and through HAProxy: a whole download and a Range slice
+    equal the blob file, then 200 whole downloads (wrk, 4 connections) and 50 aborted ones
+    fail none and leave every ZEO client with the descriptors it had (+ 2 at most)."""
+    if not shutil.which("wrk"):
+        pytest.fail("wrk not installed (make system)")
+    _, _, stack = edge
+    reference = attacks.reference_blob()
+    clients = attacks.zeo_clients(stack.config)
+    assert set(clients) == set(stack.config["servers"]) | set(stack.config["upload_servers"])
+    targets = attacks.blob_targets(stack.config)
+    assert len(targets) == len(stack.config["servers"]) + 1
+    for label, url in targets:
+        result = attacks.blob_case(label, url, clients, 200, reference)
+        print(f"\n{label}: {result['downloads']} downloads + {result['aborted']} aborted, "
+              f"descriptors {result['descriptors']}, settled in {result['settle_s']} s")
+        assert result["identical"] and result["integrity_problems"] == [], result
+        assert result["errors"] == {} and result["downloads"] >= 200, result
+        assert result["answers"]["2xx"] == result["downloads"] and result["aborted"] == 50, result
+        for name, (before, after) in result["descriptors"].items():
+            assert after <= before + 2, (label, name, result["descriptors"])
+        assert result["ok"], result
+    row = attacks.markdown([dict(result, case="blob", expected="x", rss_mib={})]).splitlines()[-1]
+    assert "aborted after 64 KiB" in row and "identical; descriptors" in row and "NOT OK" not in row, row

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from conftest import ROOT, STACK, run, while_loaded
-from loadtests.blobbench import abort_download
+from loadtests.attacks import abort_download
 
 pytestmark = pytest.mark.integration
 
