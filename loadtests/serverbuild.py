@@ -4,8 +4,8 @@
 matrix (loadtests/matrix.py) uses it for one part per (server, threads) pair.
 
 Used by tests/test_recipe_buildout.py (does every server render and build?),
-tests/test_servers.py (does every server serve Zope?) and loadtests/servers_wrk.py (a
-quick side-by-side figure per server). The parts are named
+tests/test_servers.py (does every server serve Zope?); the matrix builds its parts with
+:func:`build_parts` (loadtests/matrix_servers.py). The parts of :func:`build` are named
 ``c_<server>``, one port each from ``base_port`` on, in the order of
 ``options.SERVERS``; all are ZEO clients of ``zeo_address`` with a shared blob directory.
 Built by :func:`loadtests.extrabuild.build`; :func:`run_config` describes the clients for

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the system packages plonedeploy needs on Debian 12: HAProxy (Debian's 2.6
 # package), Python's venv module, wrk (the load generator of loadtests.connections and
-# loadtests.blobbench), strace (tests/test_blob_sendfile.py counts the pyruvate client's
+# the matrix), strace (tests/test_blob_sendfile.py counts the pyruvate client's
 # sendfile calls with it), and for wsgi-server = bjoern (an sdist with a C extension)
 # libev's and Python's headers and a C compiler; rsync (bin/backup copies the blob storage
 # with hard links to the previous copy) and logrotate (parts/logrotate/logrotate.conf);

@@ -53,7 +53,7 @@ def auto_threads(server, cores, clients):
     The rule and the data behind it are in docs/tuning.md: one Zope process uses about one
     core (the GIL), so threads add throughput only while a request waits (ZEO loads,
     network); on /Plone 2 threads were within noise of 1 and 4 were slower
-    (``loadtests.scaling``), and with more clients than cores a second thread only adds a
+    (``python -m loadtests scaling``), and with more clients than cores a second thread only adds a
     ZODB connection cache. ``reason`` is one line for the build log.
     """
     if server in SINGLE_THREADED:
