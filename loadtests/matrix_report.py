@@ -26,6 +26,8 @@ import json
 import os
 from statistics import geometric_mean, median
 
+import matplotlib.ticker
+
 from loadtests.core import new_figure, save_figure
 from loadtests.matrix_plan import cell_of, steady, trimmed_mean
 
@@ -141,6 +143,10 @@ def plot(rows, paths, single_threaded, directory):
                     ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name,
                             linestyle="-" if "sendfile off" not in name else "--")
             ax.set_xscale("log")
+            # the connection counts themselves as ticks, written plainly (not 2×10⁰)
+            ax.set_xticks(sorted({r["connections"] for r in cells}))
+            ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel("connections (wrk)")
             ax.set_ylabel(ylabel)
             ax.grid(True, alpha=0.3)
@@ -424,13 +430,13 @@ def sendfile_summary(rows, records):
 def clients_summary(rows, records):
     """Markdown lines: per server, threads, path and connection count measured through
     HAProxy, req/s at each client count, its ratio to the fewest clients per round
-    (median, min–max) and the smallest client's share of the sessions; [] without
-    balanced cells."""
+    (median, min–max) and the smallest client's share of the sessions; [] with fewer
+    than two client counts through HAProxy."""
     balanced = [r for r in rows if r["clients"]]
-    if not balanced:
-        return []
-    ratios = client_ratios(records)
     counts = sorted({r["clients"] for r in balanced})
+    if len(counts) < 2:
+        return []  # one count through HAProxy: nothing to compare (sendfile_summary shows it)
+    ratios = client_ratios(records)
     lines = ["### ZEO clients behind HAProxy (leastconn, maxconn = threads)", "",
              "A cell: req/s, then × the fewest clients' req/s per round: median (min–max), then the smallest "
              "share of HAProxy's sessions any one client got (even: 1/n).", "",
