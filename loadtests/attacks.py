@@ -371,7 +371,7 @@ class RssWatch:
     def __exit__(self, *exc):
         for name, sampler in self.samplers.items():
             sampler.stop()
-            now = RssSampler(sampler.root_pid)  # a fresh sampler: its peak is the current RSS
+            now = RssSampler(sampler.roots)  # a fresh sampler: its peak is the current RSS
             now.sample()
             self.result[name] = (sampler.before / MIB, sampler.peak / MIB, now.peak / MIB)
         return False
