@@ -5,6 +5,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -186,10 +187,20 @@ def test_rss_sampler_and_idle_tree():
     sampler.stop()
     assert sampler.peak >= psutil.Process().memory_info().rss // 2
     # a list of roots sums their trees (a balanced matrix cell: its clients and HAProxy)
-    pair = core.RssSampler([os.getpid(), os.getppid()], interval=0.05)
-    pair.sample()
-    assert pair.peak > sampler.peak // 2 + psutil.Process(os.getppid()).memory_info().rss // 2
-    assert core.tree_cpu_seconds([os.getpid(), os.getppid()]) > core.tree_cpu_seconds(os.getpid())
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
+    busy = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    try:
+        time.sleep(1.5)
+        each = [core.tree_cpu_seconds(p.pid) for p in busy]
+        assert min(each) >= 0.25, each
+        assert core.tree_cpu_seconds([p.pid for p in busy]) == pytest.approx(sum(each), abs=0.05)
+        pair = core.RssSampler([p.pid for p in busy], interval=0.05)
+        pair.sample()
+        assert pair.peak >= 1.5 * max(psutil.Process(p.pid).memory_info().rss for p in busy)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
     assert core.tree_processes(2**22 + 1) == []
     # A sleeping process tree is idle at once (one window).
     sleeper = subprocess.Popen(["sleep", "30"])
