@@ -8,7 +8,10 @@
 # openssl (the build makes HAProxy's self-signed certificate with it) and curl (the TLS
 # tests speak HTTP/2 with it); prometheus for its promtool; varnish (the cache tier, started
 # by bin/stack with the kit's own VCL and ports) and prometheus-varnish-exporter (its metrics);
-# postgresql (storage = relstorage). Does nothing when they are already there.
+# postgresql (storage = relstorage); for wsgi-server = mod_wsgi Apache's binary and headers
+# (apache2-bin, apache2-dev: no apache2 service package, and any system apache2 service is
+# stopped) and mod_wsgi itself, compiled against /usr/bin/python3 into a venv of its own
+# (MOD_WSGI_VENV). Does nothing when they are already there.
 set -euo pipefail
 need=()
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
@@ -31,11 +34,58 @@ command -v prometheus-varnish-exporter >/dev/null 2>&1 || need+=(prometheus-varn
 # var/postgresql with initdb/postgres from here; tests/test_relstorage.py). The package's
 # own cluster and service are not used (no systemd here; the kit's cluster has its own port).
 [ -x /usr/lib/postgresql/15/bin/initdb ] || need+=(postgresql)
+# wsgi-server = mod_wsgi: Apache (the binary and its modules only: apache2-bin has no service)
+# and apxs (apache2-dev) to compile mod_wsgi against it.
+[ -x /usr/sbin/apache2 ] || need+=(apache2-bin)
+[ -x /usr/bin/apxs ] || need+=(apache2-dev)
+# mod_wsgi-express's httpd.conf reads TypesConfig /etc/mime.types (not a dependency of apache2-bin).
+[ -f /etc/mime.types ] || need+=(media-types)
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+MOD_WSGI_VERSION="$(sed -n 's/^mod_wsgi==//p' "$here/../requirements-mod_wsgi.txt")"
+# The instance recipe's mod-wsgi-express default (plonedeploy.recipe.rules.MOD_WSGI_EXPRESS).
+MOD_WSGI_VENV="/usr/local/lib/plonedeploy/mod_wsgi-$MOD_WSGI_VERSION"
+
+# A system apache2 service (the apache2 package, if someone installed it) must not run: the
+# kit's mod_wsgi clients run their own Apache on their own ports.
+stop_system_apache() {
+  local pidfile=/var/run/apache2/apache2.pid
+  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    echo "system packages: stopping the system apache2 service (pid $(cat "$pidfile"))"
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet apache2 2>/dev/null; then
+      $SUDO systemctl disable --now apache2.service || true
+    else
+      $SUDO apache2ctl stop || $SUDO kill "$(cat "$pidfile")" || true
+    fi
+  fi
+}
+
+# mod_wsgi compiled against the system Python 3 (Debian's, the eggs' cp311 ABI) and Apache:
+# the daemon runs as a service user, who must be able to read that Python (docs/servers.md).
+install_mod_wsgi() {
+  if [ -x "$MOD_WSGI_VENV/bin/mod_wsgi-express" ]; then
+    return 0
+  fi
+  echo "system packages: building mod_wsgi $MOD_WSGI_VERSION into $MOD_WSGI_VENV"
+  $SUDO mkdir -p "$(dirname "$MOD_WSGI_VENV")"
+  $SUDO rm -rf "$MOD_WSGI_VENV"
+  $SUDO /usr/bin/python3 -m venv "$MOD_WSGI_VENV"
+  if ! $SUDO env PIP_DISABLE_PIP_VERSION_CHECK=1 "$MOD_WSGI_VENV/bin/pip" install --quiet \
+      -r "$here/../requirements-mod_wsgi.txt"; then
+    $SUDO rm -rf "$MOD_WSGI_VENV"  # no half-made venv: the next run builds it again
+    return 1
+  fi
+}
+SUDO=""
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then
+  SUDO=sudo
+fi
 if [ ${#need[@]} -eq 0 ]; then
+  stop_system_apache
+  install_mod_wsgi
   echo "system packages: present ($(/usr/sbin/haproxy -v 2>/dev/null | head -n1 || haproxy -v | head -n1); $(command -v wrk))"
   exit 0
 fi
-SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null 2>&1 || { echo "install as root: apt-get install ${need[*]}" >&2; exit 1; }
   SUDO=sudo
@@ -51,3 +101,5 @@ if [[ " ${need[*]} " == *" varnish "* ]] && command -v systemctl >/dev/null 2>&1
   echo "system packages: stopping and disabling the varnish package's own service (the kit runs its own)"
   $SUDO systemctl disable --now varnish.service varnishncsa.service prometheus-varnish-exporter.service || true
 fi
+stop_system_apache
+install_mod_wsgi

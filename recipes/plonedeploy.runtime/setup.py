@@ -11,7 +11,8 @@ PasteDeploy server runners for the WSGI servers that ship none usable with Zope
 - ``paste.server_runner`` (in runwsgi's own process): ``cheroot``, ``bjoern``, ``uwsgi``
   (pyuwsgi), ``gevent``;
 - ``paste.server_factory`` (the server's supervisor started before Zope is loaded, one
-  worker that loads the app): ``gunicorn``, ``granian``.
+  worker that loads the app): ``gunicorn``, ``granian``; ``mod_wsgi`` (Apache through
+  ``mod_wsgi-express``, exec'd before Zope is loaded; its one daemon process loads the app).
 
 PasteDeploy filters (``paste.filter_factory``):
 
@@ -61,6 +62,8 @@ setup(
         "paste.server_factory": [
             "gunicorn = plonedeploy.runtime.servers.gunicorn:server_factory",
             "granian = plonedeploy.runtime.servers.granian:server_factory",
+            # execs mod_wsgi-express (Apache) before Zope is loaded; its daemon loads Zope
+            "mod_wsgi = plonedeploy.runtime.servers.mod_wsgi:server_factory",
         ],
         "paste.filter_factory": [
             # blob-sendfile = on (the default): use = egg:plonedeploy.runtime#blobsendfile

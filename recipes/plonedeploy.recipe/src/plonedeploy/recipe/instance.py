@@ -44,6 +44,7 @@ from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
 
 from plonedeploy.recipe.edge import default_body_cap
 from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
+from plonedeploy.recipe.rules import MOD_WSGI_EXPRESS
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
     HELLO_APP,
@@ -134,6 +135,9 @@ class Recipe(Zope2InstanceRecipe):
         cap = opts.get("max-request-body-size", "").strip() or str(default_body_cap(self.server))
         options["max-request-body-size"] = str(parse_positive_int(
             name, cap, "max-request-body-size", "a number of bytes such as 1048576"))
+        self.mod_wsgi = None
+        if self.server == "mod_wsgi":
+            self.configure_mod_wsgi(buildout, name, options)
         self.blob_sendfile = parse_switch(name, "blob-sendfile", opts.setdefault("blob-sendfile"))
         options["blob-sendfile"] = "on" if self.blob_sendfile else "off"
         if not self.blob_sendfile and BLOB_FILTER in opts.get("pipeline", "").split():
@@ -215,6 +219,40 @@ class Recipe(Zope2InstanceRecipe):
             # the response body, so anything it sees is still the application's own.
             options["pipeline"] = insert_pipeline_filter_after(opts["pipeline"], METRICS_FILTER, BLOB_FILTER)
 
+    def configure_mod_wsgi(self, buildout, name, options):
+        """``mod-wsgi-express`` (must exist) and ``run-as``; the part's own Chameleon cache.
+
+        The daemon runs as ``run-as`` when the client is started as root and cannot write the
+        shared ``var/cache`` (root's, files 0600): unless the part sets ``template-cache`` or
+        ``CHAMELEON_CACHE`` itself, its cache is ``var/<part>/chameleon``, which the runner
+        gives to that user.
+        """
+        opts = DeclaredOptions(name, options, INSTANCE)
+        express = opts.setdefault("mod-wsgi-express").strip()
+        if not os.path.isabs(express):
+            fail(name, "mod-wsgi-express", express, f"an absolute path such as {MOD_WSGI_EXPRESS}")
+        if not os.access(express, os.X_OK):
+            fail(name, "mod-wsgi-express", express,
+                 f"an existing program: mod_wsgi compiled against the system Python, which "
+                 f"scripts/install-system.sh (make system) installs as {MOD_WSGI_EXPRESS}")
+        run_as = opts.setdefault("run-as").strip()
+        if not run_as:
+            fail(name, "run-as", run_as, "a system user such as www-data")
+        var = os.path.join(buildout["buildout"]["directory"], "var")
+        writable = []
+        if "CHAMELEON_CACHE" not in options.get("environment-vars", ""):
+            cache = options.get("template-cache", "").strip()
+            if cache.lower() in ("", "on", "1", "true", "enabled"):
+                cache = os.path.join(var, name, "chameleon")
+                options["template-cache"] = cache
+            if cache.lower() not in ("off", "0", "false", "disabled"):
+                writable.append(cache)
+        self.mod_wsgi = {"mod_wsgi_express": express, "run_as": run_as,
+                         "server_root": os.path.join(var, name, "mod_wsgi-{port}"),
+                         "writable": " ".join(writable),
+                         # Apache's LimitRequestBody: the client's own body cap
+                         "limit_request_body": options["max-request-body-size"]}
+
     def configure_storage(self, buildout, name, options):
         """Check ``storage`` and the ``relstorage-*`` options; return the storage.
 
@@ -295,12 +333,21 @@ class Recipe(Zope2InstanceRecipe):
             "blob_sendfile": self.blob_sendfile,
             "metrics_address": self.metrics_address,
             "hello_app": False,
+            **self.mod_wsgi_context(self.port),
         }
+
+    def mod_wsgi_context(self, port):
+        """The mod_wsgi template's variables (none for the other servers); the server root
+        is per port, so that etc/hello.ini's server does not share wsgi.ini's."""
+        if self.server != "mod_wsgi":
+            return {}
+        return {**self.mod_wsgi, "server_root": self.mod_wsgi["server_root"].format(port=port)}
 
     def hello_context(self):
         """:meth:`context` for ``etc/hello.ini``: the hello address, the hello app, no filters."""
         host, port = self.hello_address
-        return {**self.context(), "host": host, "port": port, "http_address": f"{host}:{port}",
+        return {**self.context(), **self.mod_wsgi_context(port),
+                "host": host, "port": port, "http_address": f"{host}:{port}",
                 "blob_sendfile": False, "metrics_address": None, "hello_app": True}
 
     def build_wsgi_ini(self):

@@ -119,6 +119,14 @@ INSTANCE = (
            "`etc/zope.conf`; `auto`: chosen from `cpu-cores` and `clients-per-host` by the rule in "
            "[tuning.md](tuning.md), logged as `[part] threads = auto -> 2: <reason>`",
            f"`{rules.DEFAULT_THREADS}`; `1` for {' and '.join(rules.SINGLE_THREADED)}"),
+    Option("mod-wsgi-express", rules.MOD_WSGI_EXPRESS, "an absolute path",
+           "only with `wsgi-server = mod_wsgi`: the `mod_wsgi-express` program (mod_wsgi compiled "
+           "against the system Python, in a venv `scripts/install-system.sh` makes); the build "
+           "fails when it does not exist"),
+    Option("run-as", rules.MOD_WSGI_RUN_AS, "a system user",
+           "only with `wsgi-server = mod_wsgi`: who runs Apache and the mod_wsgi daemon when "
+           "`bin/<part>` runs as root (Apache refuses root); it is given the part's server root "
+           "(`var/<part>/mod_wsgi-<port>`), log files and Chameleon cache (`var/<part>/chameleon`)"),
     Option("cpu-cores", None, _POSITIVE,
            "only with `threads = auto`: cores of the host that runs the clients",
            "CPUs `bin/buildout` may run on"),

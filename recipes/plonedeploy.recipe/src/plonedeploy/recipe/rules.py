@@ -17,7 +17,9 @@ RUNTIME_EGG = "plonedeploy.runtime"
 #: PasteDeploy entry point usable with Zope run through a runner of the runtime
 #: distribution (``egg:plonedeploy.runtime#<name>``, recipes/plonedeploy.runtime/src/
 #: plonedeploy/runtime/servers/); ``uwsgi`` is the
-#: uWSGI project's ``pyuwsgi`` wheel (uWSGI as a Python extension). See docs/servers.md.
+#: uWSGI project's ``pyuwsgi`` wheel (uWSGI as a Python extension). ``mod_wsgi`` needs no
+#: egg of the client: Apache embeds the system Python through mod_wsgi, which lives in a
+#: venv of its own (:data:`MOD_WSGI_EXPRESS`). See docs/servers.md.
 SERVERS = {
     "pyruvate": ("pyruvate",),
     "waitress": ("waitress",),
@@ -27,7 +29,17 @@ SERVERS = {
     "bjoern": (RUNTIME_EGG, "bjoern"),
     "uwsgi": (RUNTIME_EGG, "pyuwsgi"),
     "gevent": (RUNTIME_EGG, "gevent"),
+    "mod_wsgi": (RUNTIME_EGG,),
 }
+#: The pinned mod_wsgi (requirements-mod_wsgi.txt says the same; tests/test_options.py
+#: compares them) and its ``mod_wsgi-express``: scripts/install-system.sh compiles it
+#: against the system's /usr/bin/python3 and Debian's apache2-dev into this venv, one per
+#: version. The ``instance`` recipe's ``mod-wsgi-express`` default.
+MOD_WSGI_VERSION = "6.1.1"
+MOD_WSGI_EXPRESS = f"/usr/local/lib/plonedeploy/mod_wsgi-{MOD_WSGI_VERSION}/bin/mod_wsgi-express"
+#: The user a mod_wsgi client runs as when ``bin/<part>`` is started as root (Apache refuses
+#: to serve as root): Debian's web server user, present on every Debian system.
+MOD_WSGI_RUN_AS = "www-data"
 #: Servers that call the app from one thread, one request at a time (bjoern's libev loop;
 #: gevent's greenlets, which without monkey-patching would share Zope's thread-local
 #: transaction): for them ``threads`` defaults to, and must be, 1.

@@ -8,14 +8,15 @@ client), then ``server(app)``. The modules here plug into that in one of two way
 in-process runners (``paste.server_runner``: cheroot, bjoern, uwsgi, gevent)
     serve the app runwsgi loaded, in runwsgi's own process: one process, one ZEO client.
 
-supervisor factories (``paste.server_factory``: gunicorn, granian)
+supervisor factories (``paste.server_factory``: gunicorn, granian, mod_wsgi)
     these servers always fork their worker from a supervisor process. A ZEO client must
     not be forked: its network I/O runs in a thread of its own (ZEO's client thread),
     which does not exist in a forked child, and parent and child would share one ZEO
     connection. So the factory starts the server already when runwsgi *loads* it, before
     Zope is loaded: the supervisor never loads Zope; its one worker process loads the app
     from the same ini (:func:`load_app`). When the server stops, the factory exits the
-    process, so runwsgi never reaches its own ``loadapp``.
+    process, so runwsgi never reaches its own ``loadapp``. mod_wsgi replaces the process
+    (``execve``) with Apache (``mod_wsgi-express``), whose one daemon process loads the app.
 
 Each runner reads only the keys the recipe's template writes and refuses any other key
 (pyruvate silently ignores unknown keys; a typo here should stop the client instead).
