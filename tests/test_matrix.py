@@ -75,7 +75,7 @@ def test_clients_and_sendfile_axes():
 
 
 @pytest.mark.parametrize("preset, cells, parts", [
-    ("servers-wrk", 8, 8),              # every server once on / at 10 connections
+    ("servers-wrk", 9, 9),              # every server once on / at 10 connections
     ("scaling", 3 * 4, 3 * 4),          # threads 1, 2, 4 x clients 1-4: replicas 1-4 per threads
     ("blob", 2 * 4 * 2 * 2, 2 * 2),     # servers x connections x clients 0, 1 x sendfile on, off
 ])
@@ -91,10 +91,10 @@ def test_presets_are_the_matrix_with_other_defaults(preset, cells, parts):
 def test_default_plan_size():
     args = matrix.parse_args([])
     cells, pairs, order = matrix.plan(args)
-    # 6 multi-threaded servers x 5 paths x (4 levels + 2 extra threads at 100) + 2 x 5 x 4
-    assert len(cells) == 6 * 5 * 6 + 2 * 5 * 4 == 220
-    assert len(pairs) == 6 * 3 + 2 == 20
-    assert len(order) == 3 * 220
+    # 7 multi-threaded servers x 5 paths x (4 levels + 2 extra threads at 100) + 2 x 5 x 4
+    assert len(cells) == 7 * 5 * 6 + 2 * 5 * 4 == 250
+    assert len(pairs) == 7 * 3 + 2 == 23
+    assert len(order) == 3 * 250
 
 
 def test_order_covers_every_cell_and_run_once_round_by_round():

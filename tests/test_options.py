@@ -55,12 +55,13 @@ def test_server_choice_names_allowed_values():
         options.check_choice("instance", "wsgi-server", "tornado", tuple(options.SERVERS))
     assert str(err.value) == (
         "[instance] wsgi-server = 'tornado' is invalid: expected one of: pyruvate, waitress, "
-        "gunicorn, cheroot, granian, bjoern, uwsgi, gevent"
+        "gunicorn, cheroot, granian, bjoern, uwsgi, gevent, mod_wsgi"
     )
 
 
 @pytest.mark.parametrize("server, value, expected", [
     ("pyruvate", None, 2), ("granian", "4", 4), ("bjoern", None, 1), ("gevent", "1", 1),
+    ("mod_wsgi", None, 2), ("mod_wsgi", "3", 3),
 ])
 def test_threads_default_and_value_per_server(server, value, expected):
     assert options.parse_threads("c", server, value) == expected
@@ -74,6 +75,18 @@ def test_single_threaded_servers_refuse_more_threads(server):
         f"[c] threads = '2' is invalid: expected 1 for wsgi-server = {server} "
         "(it calls the app from one thread, one request at a time)"
     )
+
+
+def test_mod_wsgi_pin_is_the_one_install_system_builds():
+    """scripts/install-system.sh builds the mod_wsgi of requirements-mod_wsgi.txt into the venv
+    whose mod_wsgi-express is the recipe's default: one version in both."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "requirements-mod_wsgi.txt"), encoding="utf-8") as fp:
+        pins = [line.strip() for line in fp if line.strip() and not line.startswith("#")]
+    assert pins == [f"mod_wsgi=={rules.MOD_WSGI_VERSION}"]
+    assert f"/mod_wsgi-{rules.MOD_WSGI_VERSION}/bin/mod_wsgi-express" in rules.MOD_WSGI_EXPRESS
+    with open(os.path.join(root, "scripts", "install-system.sh"), encoding="utf-8") as fp:
+        assert 'MOD_WSGI_VENV="/usr/local/lib/plonedeploy/mod_wsgi-$MOD_WSGI_VERSION"' in fp.read()
 
 
 def test_every_server_has_a_template():
@@ -121,6 +134,10 @@ def _render_stage_one(server, blob_sendfile=True, metrics_address=None, hello_po
     context = {"part": "p", "server": server, "host": "127.0.0.1", "port": port,
                "http_address": f"127.0.0.1:{port}", "threads": 3, "blob_sendfile": blob_sendfile,
                "metrics_address": metrics_address, "hello_app": hello_port is not None}
+    if server == "mod_wsgi":  # instance.Recipe.mod_wsgi_context: the server root is per port
+        context.update(mod_wsgi_express=rules.MOD_WSGI_EXPRESS, run_as="www-data",
+                       server_root=f"/b/var/p/mod_wsgi-{port}", writable="/b/var/p/chameleon",
+                       limit_request_body=1048576)
     return options.render_template(os.path.join(options.TEMPLATES_DIRECTORY, f"{server}.ini.in"), context)
 
 

@@ -364,7 +364,14 @@ BAD = [
      "order, 'instance client2'"),
     ("[instance]\nwsgi-server = tornado\n",
      "[instance] wsgi-server = 'tornado' is invalid: expected one of: pyruvate, waitress, gunicorn, "
-     "cheroot, granian, bjoern, uwsgi, gevent"),
+     "cheroot, granian, bjoern, uwsgi, gevent, mod_wsgi"),
+    ("[instance]\nwsgi-server = mod_wsgi\nmod-wsgi-express = /nonexistent/bin/mod_wsgi-express\n",
+     "[instance] mod-wsgi-express = '/nonexistent/bin/mod_wsgi-express' is invalid: expected an existing "
+     "program: mod_wsgi compiled against the system Python, which scripts/install-system.sh (make system) "
+     "installs as /usr/local/lib/plonedeploy/mod_wsgi-"),
+    ("[instance]\nwsgi-server = mod_wsgi\nmod-wsgi-express = mod_wsgi-express\n",
+     "[instance] mod-wsgi-express = 'mod_wsgi-express' is invalid: expected an absolute path such as "
+     "/usr/local/lib/plonedeploy/mod_wsgi-"),
     ("[instance]\nwsgi-server = bjoern\nthreads = 2\n",
      "[instance] threads = '2' is invalid: expected 1 for wsgi-server = bjoern"),
     ("[instance]\nhttp-address = 8081\n",

@@ -1,14 +1,22 @@
 """Unit tests of the server runners' ini parsing (plonedeploy.runtime.servers), no server
 imported: the keys each runner accepts, and what it makes of them."""
+import os
+
 import pytest
 
-from plonedeploy.runtime.servers import as_bool, as_int, gunicorn, take, uwsgi
+from plonedeploy.runtime.servers import as_bool, as_int, gunicorn, mod_wsgi, take, uwsgi
 
 UWSGI = {"host": "127.0.0.1", "port": "9389", "threads": "3", "listen": "100",
          "buffer_size": "32768", "http_keepalive": "true", "http_timeout": "30"}
 GUNICORN = {"host": "127.0.0.1", "port": "9385", "threads": "2", "keepalive": "5", "timeout": "120",
             "graceful_timeout": "30", "backlog": "2048", "limit_request_line": "4094",
             "limit_request_fields": "100", "limit_request_field_size": "8190"}
+
+MOD_WSGI = {"host": "127.0.0.1", "port": "9391", "threads": "3", "express": "/x/bin/mod_wsgi-express",
+            "run_as": "www-data", "server_root": "/b/var/c/mod_wsgi-9391", "writable": "/b/var/c/chameleon",
+            "locale": "C.UTF-8", "keep_alive_timeout": "5", "request_timeout": "120",
+            "startup_timeout": "180", "queue_timeout": "45", "socket_timeout": "60",
+            "limit_request_body": "1048576"}
 
 
 def test_unknown_key_is_refused_with_the_known_ones():
@@ -49,3 +57,41 @@ def test_gunicorn_one_gthread_worker_app_loaded_in_the_worker():
     assert options["control_socket_disable"] is True
     assert options["limit_request_fields"] == 100 and options["keepalive"] == 5
 
+
+
+def test_mod_wsgi_one_daemon_process_with_threads():
+    args = mod_wsgi.express_args(dict(MOD_WSGI), "/b/var/c/mod_wsgi-9391/zope.wsgi")
+
+    def value(flag):
+        return args[args.index(flag) + 1]
+
+    assert args[:3] == ["/x/bin/mod_wsgi-express", "start-server", "/b/var/c/mod_wsgi-9391/zope.wsgi"]
+    assert value("--processes") == "1" and value("--threads") == "3"
+    assert value("--host") == "127.0.0.1" and value("--port") == "9391"
+    assert value("--server-root") == "/b/var/c/mod_wsgi-9391"
+    assert value("--locale") == "C.UTF-8"  # express's default en_US.UTF-8 is not installed
+    assert value("--startup-timeout") == "180" and value("--limit-request-body") == "1048576"
+    assert "--user" not in args  # never switched by Apache: the factory drops privileges itself
+    with pytest.raises(ValueError, match="unknown key"):
+        mod_wsgi.express_args(dict(MOD_WSGI, workers="2"), "s")
+
+
+def test_mod_wsgi_daemon_path_is_the_eggs_without_this_interpreters_library(tmp_path):
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    path = ["", "/b/eggs/Zope.egg", stdlib, os.path.join(stdlib, "lib-dynload"), "/b/eggs/Zope.egg",
+            "/venv/lib/python3.11/site-packages"]
+    assert mod_wsgi.eggs_path(path) == ["/b/eggs/Zope.egg", "/venv/lib/python3.11/site-packages"]
+
+
+def test_mod_wsgi_unreachable_names_the_closed_directory(tmp_path):
+    closed = tmp_path / "closed"
+    (closed / "inner").mkdir(parents=True)
+    uid = os.geteuid()  # the owner of every directory on the way: its u+x bits count
+    os.chmod(closed, 0o600)
+    try:
+        assert mod_wsgi.unreachable(str(closed / "inner" / "file"), uid, []) == str(closed)
+    finally:
+        os.chmod(closed, 0o700)
+    assert mod_wsgi.unreachable(str(closed / "inner" / "file"), uid, []) is None
