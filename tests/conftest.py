@@ -223,9 +223,9 @@ def servers_build(tmp_path_factory):
 
     Built once per session for tests/test_recipe_buildout.py and tests/test_servers.py.
     Its clients are ZEO clients of this build's zeoserver (blob directory shared), on the
-    ports after this build's ``client2`` (8083-8090 in buildout.cfg, 9383-9390 in a
+    ports after this build's ``client2`` (8083-8091 in buildout.cfg, 9383-9391 in a
     worktree on 93xx); without a build, or with a build of relstorage.cfg (no ZEO server to
-    be a client of), of 127.0.0.1:18100 on 18083-18090 (render only).
+    be a client of), of 127.0.0.1:18100 on 18083-18091 (render only).
     Returns ``(directory, {server: port}, buildout's output)``; the first run downloads the
     servers' eggs into eggs/ (and compiles bjoern against libev). A failed build fails every
     test that uses it, with the tail of buildout's output.
