@@ -55,7 +55,8 @@ stop_system_apache() {
     if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet apache2 2>/dev/null; then
       $SUDO systemctl disable --now apache2.service || true
     else
-      $SUDO apache2ctl stop || $SUDO kill "$(cat "$pidfile")" || true
+      { command -v apache2ctl >/dev/null 2>&1 && $SUDO apache2ctl stop; } \
+        || $SUDO kill "$(cat "$pidfile")" || true
     fi
   fi
 }
