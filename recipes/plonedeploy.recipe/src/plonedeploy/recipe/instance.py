@@ -20,6 +20,12 @@ each; docs/recipe.md's table is generated from it). The reasons behind them:
   part made with ``<= instance`` switches by this one option; ``relstorage-dsn`` must not
   hold a password because zope.conf is world-readable (``options.parse_dsn``).
 
+- ``wsgi-server = mod_wsgi`` (``configure_mod_wsgi``): ``mod-wsgi-express`` must exist at
+  build time (scripts/install-system.sh builds it against the system Python); ``run-as``
+  is who runs Apache when the client starts as root, so the part gets a Chameleon cache of
+  its own (``var/<part>/chameleon``) that this user may write, and a server root per port
+  (``var/<part>/mod_wsgi-<port>``); ``max-request-body-size`` becomes Apache's
+  ``LimitRequestBody``.
 - ``hello-address`` writes ``etc/hello.ini`` beside ``etc/wsgi.ini``: the same template with
   ``hello_app`` true, so the hello-world app is served by exactly the server section the
   client has (same keys, same stage 2), on another address; the benchmark matrix compares
@@ -248,7 +254,8 @@ class Recipe(Zope2InstanceRecipe):
             if cache.lower() not in ("off", "0", "false", "disabled"):
                 writable.append(cache)
         self.mod_wsgi = {"mod_wsgi_express": express, "run_as": run_as,
-                         "server_root": os.path.join(var, name, "mod_wsgi-{port}"),
+                         # + the port (mod_wsgi_context)
+                         "server_root": os.path.join(var, name, "mod_wsgi-"),
                          "writable": " ".join(writable),
                          # Apache's LimitRequestBody: the client's own body cap
                          "limit_request_body": options["max-request-body-size"]}
@@ -341,7 +348,7 @@ class Recipe(Zope2InstanceRecipe):
         is per port, so that etc/hello.ini's server does not share wsgi.ini's."""
         if self.server != "mod_wsgi":
             return {}
-        return {**self.mod_wsgi, "server_root": self.mod_wsgi["server_root"].format(port=port)}
+        return {**self.mod_wsgi, "server_root": f"{self.mod_wsgi['server_root']}{port}"}
 
     def hello_context(self):
         """:meth:`context` for ``etc/hello.ini``: the hello address, the hello app, no filters."""
