@@ -54,9 +54,11 @@ def _wait_for_root(url, proc, log):
 def _let_run_as_in(directory):
     """Started as root, the mod_wsgi client runs as its run-as user (www-data), who must
     enter this test's build directory (pytest makes its base directory 0700): search
-    permission (o+x) on the directories of pytest's own tree up to it. Skips when the
-    checkout itself (eggs, develop eggs) is where that user cannot go."""
+    permission (o+x) on the directories of pytest's own tree up to it, for this test only.
+    Returns ``{path: former mode}`` to restore. Skips when the checkout itself (eggs,
+    develop eggs) is where that user cannot go."""
     import pwd
+    import stat
 
     from plonedeploy.runtime.servers.mod_wsgi import unreachable
 
@@ -65,13 +67,13 @@ def _let_run_as_in(directory):
     blocked = unreachable(str(ROOT), user.pw_uid, gids)
     if blocked:
         pytest.skip(f"www-data cannot enter {blocked}: the mod_wsgi daemon could not read this checkout's eggs")
-    path = directory
-    base = directory.parents[1]  # pytest-of-<user>/pytest-<n>/servers0
-    while True:
-        os.chmod(path, os.stat(path).st_mode | 0o001)
-        if path == base:
-            break
-        path = path.parent
+    opened = {}
+    for path in [directory, *list(directory.parents)[:2]]:  # servers0, pytest-<n>, pytest-of-<user>
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if not mode & 0o001:
+            opened[path] = mode
+            os.chmod(path, mode | 0o001)
+    return opened
 
 
 def _group(proc):
@@ -86,8 +88,7 @@ def test_server_serves_zope_with_one_zeo_client(stack, servers_build, server):
     port = ports[server]
     assert not port_taken(port), f"port {port} is taken"
     url = f"http://127.0.0.1:{port}"
-    if server == "mod_wsgi" and os.geteuid() == 0:
-        _let_run_as_in(directory)
+    opened = _let_run_as_in(directory) if server == "mod_wsgi" and os.geteuid() == 0 else {}
     log = directory / "var" / "log" / f"c_{server}.console.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
@@ -137,4 +138,7 @@ def test_server_serves_zope_with_one_zeo_client(stack, servers_build, server):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
             pytest.fail(f"{server} did not stop within 45 s of SIGTERM")
+        finally:
+            for path, mode in opened.items():  # pytest's directories closed again
+                os.chmod(path, mode)
     assert not port_taken(port)
