@@ -8,7 +8,7 @@ keep-alive, and the process model (how many processes, and that exactly one of t
 holds a ZEO connection), then stops it with SIGTERM to its process group. pyruvate and
 waitress are left out: they are the session stack's own clients, checked on the same
 paths by tests/test_integration.py. About 15 s per server here. mod_wsgi started as root
-runs as www-data (its run-as): the test opens pytest's directories to it (o+x).
+runs as www-data (its run-as): the test opens pytest's directories to it (o+x) while it runs.
 """
 import http.client
 import os
