@@ -24,11 +24,11 @@ from its runs (results.jsonl records):
 import csv
 import json
 import os
-from statistics import geometric_mean, median
+from statistics import geometric_mean
 
 import matplotlib.ticker
 
-from loadtests.core import new_figure, save_figure
+from loadtests.core import format_spread, new_figure, save_figure, spread
 from loadtests.matrix_plan import cell_of, steady, trimmed_mean
 
 TRIMMED = ("rps", "p50_ms", "p95_ms", "p99_ms", "max_ms", "cpu_ms_per_req")
@@ -301,11 +301,6 @@ def client_ratios(records):
     return ratios_to(records, partner)
 
 
-def _spread(values):
-    values = sorted(values)
-    return f"{median(values):.2f} ({values[0]:.2f}–{values[-1]:.2f})"
-
-
 def thread_ratios(rows, sweep, single_threaded):
     """``{threads: [ratio, ...]}``: req/s at each swept thread count over req/s at the
     default 2, one ratio per multi-threaded server and Zope path at ``sweep`` connections."""
@@ -372,8 +367,7 @@ def summary(rows, meta, single_threaded, records=()):
         for path in paths:
             cells_text = []
             for conns in levels:
-                values = sorted(ratios.get((path, conns), []))
-                cells_text.append("-" if not values else f"{median(values):.2f} ({values[0]:.2f}–{values[-1]:.2f})")
+                cells_text.append(_ratio_spread(ratios.get((path, conns), [])))
             lines.append(f"| `{path}` | " + " | ".join(cells_text) + " |")
         lines.append("")
     lines += sendfile_summary(rows, records) + clients_summary(rows, records)
@@ -405,6 +399,11 @@ def summary(rows, meta, single_threaded, records=()):
     return "\n".join(lines)
 
 
+def _ratio_spread(values):
+    """``median (min–max)`` of per-round ratios, 2 decimals (core.spread, core.format_spread)."""
+    return format_spread(spread(values), 2)
+
+
 def sendfile_summary(rows, records):
     """Markdown lines: per blob cell measured with blob-sendfile on and off, req/s of each
     and on/off per round (median, min–max); [] without such pairs."""
@@ -423,7 +422,7 @@ def sendfile_summary(rows, records):
         via = f"HAProxy, {cell.clients} client{'s' if cell.clients != 1 else ''}" if cell.clients else "direct"
         lines.append(f"| {cell.server} ({cell.threads}) | {via} | {cell.connections:,} "
                      f"| {_fmt(on['rps'])} {_flags(on)}".rstrip() + f" | {_fmt(off['rps'])} {_flags(off)}".rstrip()
-                     + f" | {_spread(ratios[cell])} |")
+                     + f" | {_ratio_spread(ratios[cell])} |")
     return lines + [""]
 
 
@@ -453,7 +452,7 @@ def clients_summary(rows, records):
                 continue
             text = f"{_fmt(row['rps'])} {_flags(row)}".rstrip()
             if group._replace(clients=n) in ratios:
-                text += f", ×{_spread(ratios[group._replace(clients=n)])}"
+                text += f", ×{_ratio_spread(ratios[group._replace(clients=n)])}"
             if row["share"] and n > 1:
                 text += f", share ≥ {min(row['share'].values()):.2f}"
             texts.append(text)
