@@ -358,8 +358,12 @@ def tree_processes(root_pid):
 def tree_cpu_seconds(root_pid):
     """CPU seconds (user + system, reaped children included) of the process tree of
     ``root_pid``, or the sum over the trees of a list of PIDs."""
-    roots = [root_pid] if isinstance(root_pid, int) else root_pid
-    return sum(cpu_seconds({p.pid: p for root in roots for p in tree_processes(root)}).values())
+    return sum(cpu_seconds({p.pid: p for root in _roots(root_pid) for p in tree_processes(root)}).values())
+
+
+def _roots(root_pid):
+    """``[pid]`` of one PID or a list of PIDs (tree_cpu_seconds, RssSampler)."""
+    return [root_pid] if isinstance(root_pid, int) else list(root_pid)
 
 
 class RssSampler(threading.Thread):
@@ -369,7 +373,7 @@ class RssSampler(threading.Thread):
 
     def __init__(self, root_pid, interval=0.2):
         super().__init__(daemon=True)
-        self.roots = [root_pid] if isinstance(root_pid, int) else list(root_pid)
+        self.roots = _roots(root_pid)
         self.interval, self.peak = interval, 0
         self._stop_event = threading.Event()
 
