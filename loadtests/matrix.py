@@ -78,7 +78,6 @@ from loadtests.balancers import BalancerError, TemporaryBalancer
 from loadtests.core import (ROOT, add_counts_argument, add_run_arguments, add_stack_arguments,
                             exits_2_when_not_ready, load_stack, new_parser, parse_counts, raise_fd_limit,
                             require_wrk, run_wrk, running_zeo_server, stack_pids, wait_tree_idle, zeo_server)
-from loadtests.matrix_plan import Part
 from loadtests.matrix_measure import MATRIX_PATHS, measure
 from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED
 from plonedeploy.recipe.stack import StackError
@@ -366,8 +365,7 @@ class Targets:
     def keys(self, cell):
         """The ``(part, kind)`` keys of the processes serving ``cell``."""
         kind = "hello" if cell.path == "hello" else "zope"
-        return [(Part(cell.server, cell.threads, cell.sendfile, replica), kind)
-                for replica in range(1, max(cell.clients, 1) + 1)]
+        return [(part, kind) for part in matrix_plan.parts_of(cell)]
 
     @contextlib.contextmanager
     def open(self, cell):

@@ -87,11 +87,16 @@ def cells(servers, paths, connections, threads, sweep_at, single_threaded, clien
     return out
 
 
+def parts_of(cell):
+    """``[Part]`` serving ``cell``: replicas 1..n of its (server, threads, sendfile) for n
+    clients behind HAProxy, replica 1 alone for a direct cell."""
+    return [Part(cell.server, cell.threads, cell.sendfile, replica) for replica in range(1, max(cell.clients, 1) + 1)]
+
+
 def parts_needed(cell_list):
-    """Sorted ``[Part]`` the cells need: per (server, threads, sendfile) replicas 1..n for
-    the largest client count n of those cells (1 for direct cells)."""
-    return sorted({Part(c.server, c.threads, c.sendfile, replica)
-                   for c in cell_list for replica in range(1, max(c.clients, 1) + 1)})
+    """Sorted ``[Part]`` the cells need (:func:`parts_of` each): per (server, threads,
+    sendfile) replicas 1..n for the largest client count n of those cells."""
+    return sorted({part for c in cell_list for part in parts_of(c)})
 
 
 def run_order(cell_list, runs, seed):
