@@ -206,6 +206,9 @@ def setup():
             "buildout_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
             "loadgenerator_pip_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
             "loadgenerator_master_host": "10.231.0.1",
+            # The control host is the admin network: its checks read X-Served-By and
+            # X-Cache, which HAProxy removes for visitors.
+            "haproxy_manage_networks": ["127.0.0.1/32", "10.231.0.1/32"],
             "loadgenerator_master_port": MASTER_PORT,
             "loadgenerator_workers": 2,
         }

@@ -229,13 +229,18 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
     assert check.returncode == 0, check.stdout + check.stderr
     assert "\n    default_backend zeoclients\n" in text
     assert ("acl admin_network src 127.0.0.1/32" in text) == bool(networks)
+    # no admin network: the ZMI is refused to every address, and visitors get no internal headers
+    assert ("\n    acl admin_network always_false\n" in text) == (not networks)
+    assert ("\n    acl internal_viewer always_false\n" in text) == (not networks)
+    assert "\n    http-request deny deny_status 403 if zmi !admin_network\n" in text
     # ulimit-n and no strict-limits only where HAProxy's own 2-fds-per-connection sizing
     # would exceed fd_limit; a line of their own either way
     assert ("\n    ulimit-n 20000\n    no strict-limits\n" in text) == (fd_limit == 20000)
     assert ("strict-limits" in text) == (fd_limit == 20000)
     assert "acl allowed_host req.hdr(host),lower -m reg '^(127\\.0\\.0\\.1|www\\.example\\.org)(:[0-9]+)?$'" in text
-    assert ("\n    tcp-request connection track-sc0 src if !per_source_exempt\n" in text) == bool(networks)
-    assert ("\n    tcp-request connection track-sc0 src\n" in text) == (not networks)
+    # IPv6 sources are counted per /64, IPv4 per address
+    assert ("\n    tcp-request connection track-sc0 src,ipmask(32,64) if !per_source_exempt\n" in text) == bool(networks)
+    assert ("\n    tcp-request connection track-sc0 src,ipmask(32,64)\n" in text) == (not networks)
     assert "\n    http-request wait-for-body time 10s\n" in text
     assert ("\n    use_backend uploads if body_large || !body_whole || tus_upload\n" in text) == uploads
     assert ("\n    server u 127.0.0.1:18079 maxconn 8 check" in text) == uploads

@@ -176,7 +176,9 @@ def test_haproxy_config_from_client_parts(built):
     # 1 fd per client connection: below HAProxy's own 2 x maxconn estimate, so it must not
     # refuse to start (strict-limits) under a hard limit of 20,000
     assert "    ulimit-n 20000\n    no strict-limits\n" in text
-    assert "admin_network" not in text  # /manage* not blocked unless manage-networks is set
+    # no manage-networks: the ZMI from no address (it was open to all before)
+    assert "\n    acl admin_network always_false\n" in text
+    assert "\n    http-request deny deny_status 403 if zmi !admin_network\n" in text
     # the edge (docs/operations.md, "Edge limits"): the body is held before a server is
     # chosen, larger bodies go to the upload lane, Host is the bind's host unless set
     assert "\n    http-request wait-for-body time 10s\n" in text
@@ -185,7 +187,7 @@ def test_haproxy_config_from_client_parts(built):
     assert "# uploads: waitress, bodies up to 1073741824 bytes" in text
     assert "acl allowed_host req.hdr(host),lower -m reg '^(127\\.0\\.0\\.1)(:[0-9]+)?$'" in text
     assert "sc_conn_cur(0) gt 100" in text and "sc_http_req_rate(0) gt 1000" in text
-    assert "\n    tcp-request connection track-sc0 src\n" in text  # nobody exempt by default
+    assert "\n    tcp-request connection track-sc0 src,ipmask(32,64)\n" in text  # nobody exempt by default
     assert "http-request use-service prometheus-exporter if { path /metrics }" in text
     # it was checked by haproxy -c before being written
     check = subprocess.run(["haproxy", "-c", "-f", str(directory / "parts" / "haproxy" / "haproxy.cfg")],

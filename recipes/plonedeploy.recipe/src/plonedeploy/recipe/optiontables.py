@@ -217,8 +217,10 @@ HAPROXY = (
            "whoever starts HAProxy; below HAProxy's own 2 × (maxconn + 16) + 64 the config adds "
            "`no strict-limits`"),
     Option("manage-networks", "", _NETWORKS,
-           "networks allowed to reach Zope's `manage`/`manage_*` screens; others get 403; empty: "
-           "not blocked (buildout.cfg: `127.0.0.1/32`)", "empty"),
+           "networks allowed to reach Zope's `manage`/`manage_*` screens (by any path Zope decodes "
+           "to one, or a `:method` form directive); others get 403; empty: the ZMI from no address "
+           "(buildout.cfg: `127.0.0.1/32`). These networks and `per-source-exempt` also see the "
+           "`Server`, `Via`, `X-Served-By`, `X-Cache` headers that visitors do not get", "empty"),
     Option("upload-backends", "", _PARTS + ", waitress clients",
            "the **upload lane** (backend `uploads`): bodies above `upload-threshold` or too large for "
            "HAProxy's buffer, and TUS requests (`/@tus-upload`); each needs `max-request-body-size` "
