@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, develop_eggs
+from conftest import ROOT, develop_eggs, setup_budget
 from loadtests.extrabuild import BUILDOUT, checkout_header
 from plonedeploy.recipe.options import SERVERS, TEMPLATES_DIRECTORY, render_template
 
@@ -78,6 +78,7 @@ def buildout(directory, extra=""):
 
 
 @pytest.fixture(scope="module")
+@setup_budget(300)  # conftest.develop_eggs' buildout the first time, then this one (~10 s each; 300 s allowed each)
 def built(tmp_path_factory):
     directory = tmp_path_factory.mktemp("buildout")
     result = buildout(directory)
