@@ -47,6 +47,71 @@ def develop_eggs():
     return os.path.join(directory, "develop-eggs")
 
 
+#: ``{fixture name: seconds}``: fixtures whose setup takes minutes (the stack, a buildout, the
+#: Ansible converge), registered by ``setup_budget``. See ``pytest_runtest_protocol``.
+SETUP_BUDGET = {}
+#: Names of SETUP_BUDGET's fixtures set up now (added at setup, removed after teardown).
+_SET_UP = set()
+
+
+def setup_budget(seconds):
+    """Register the fixture below (put it under ``@pytest.fixture``) as one whose setup takes
+    long: the test that sets it up gets ``seconds`` more than its timeout (pytest.ini's
+    ``timeout``, or its ``@pytest.mark.timeout``); the tests that find it set up do not.
+    With ``timeout_method = signal`` a test's timeout covers its fixtures' setup too.
+    Give about 6x the setup's time on a quiet machine (a busy one takes 3-6x as long)."""
+    def register(function):
+        SETUP_BUDGET[function.__name__] = seconds
+        return function
+    return register
+
+
+def default_timeout(config):
+    """pytest-timeout's default seconds per test: ``--timeout``, else ``PYTEST_TIMEOUT``, else
+    pytest.ini's ``timeout`` (0: no timeout)."""
+    for value in (config.getoption("timeout"), os.environ.get("PYTEST_TIMEOUT"), config.getini("timeout")):
+        if value not in (None, ""):
+            return float(value)
+    return 0.0
+
+
+def configured_timeout(item):
+    """The seconds pytest-timeout gives ``item``: its ``timeout`` marker, else the default."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        return float(marker.kwargs.get("timeout", marker.args[0] if marker.args else 0) or 0)
+    return default_timeout(item.config)
+
+
+def pending_budget(fixturenames, set_up=None):
+    """Seconds of SETUP_BUDGET for those of ``fixturenames`` not set up yet."""
+    set_up = _SET_UP if set_up is None else set_up
+    return sum(SETUP_BUDGET[name] for name in set(fixturenames) if name in SETUP_BUDGET and name not in set_up)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Before pytest-timeout arms its timer (its own wrapper of this hook runs inside this
+    one): a test that will set up fixtures of SETUP_BUDGET gets their budgets on top of its
+    timeout, as a ``timeout`` marker of its own. No timeout (0) stays none."""
+    extra = pending_budget(getattr(item, "fixturenames", ()))
+    timeout = configured_timeout(item)
+    if extra and timeout > 0:
+        item.add_marker(pytest.mark.timeout(timeout + extra), append=False)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if fixturedef.argname in SETUP_BUDGET:
+        _SET_UP.add(fixturedef.argname)  # a failed setup is cached too: the next test fails at once
+    return (yield)
+
+
+def pytest_fixture_post_finalizer(fixturedef, request):
+    _SET_UP.discard(fixturedef.argname)
+
+
 def run(cmd, timeout, check=True, cwd_override=None, **kwargs):
     """Run ``cmd`` in the checkout (or ``cwd_override``); return CompletedProcess (text).
 
@@ -191,6 +256,7 @@ class Stack:
 
 
 @pytest.fixture(scope="session")
+@setup_budget(600)  # bin/stack start + the site + wait-up: ~45 s quiet (README); its calls allow 300+600+180 s
 def stack():
     """Start the built stack once for all integration tests, create the site, stop it by PID.
 
@@ -218,6 +284,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 @pytest.fixture(scope="session")
+@setup_budget(600)  # one bin/buildout of every server, the first one downloads eggs: serverbuild.build allows 600 s
 def servers_build(tmp_path_factory):
     """A buildout (loadtests/serverbuild.py) with one ZEO client part ``c_<server>`` per server.
 

@@ -567,7 +567,11 @@ def ab_with_remote_workers():
             cwd=ROOT, text=True, capture_output=True, timeout=300, check=False)
     finally:
         tunnel.terminate()
-        tunnel.wait(10)
+        try:
+            tunnel.wait(10)
+        except subprocess.TimeoutExpired:
+            tunnel.kill()
+            tunnel.wait(10)
     results.append(("A/B with the master here and lg1's workers exits 0", result.returncode == 0,
                     (result.stdout + result.stderr)[-1500:] if result.returncode else ""))
     if result.returncode != 0:

@@ -186,7 +186,7 @@ def test_interrupted_run_stops_its_balancer(stack, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.wait(10)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert locust and not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in locust)
     assert not port_taken(port) and not port_taken(port + 1)

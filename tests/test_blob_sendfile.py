@@ -183,7 +183,12 @@ def _strace_sendfile(pid, url, downloads):
     finally:
         if tracer.poll() is None:
             tracer.send_signal(signal.SIGINT)  # detach; -c prints the summary
-        _, summary = tracer.communicate(timeout=30)
+        try:
+            _, summary = tracer.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            tracer.kill()  # not left attached to the client
+            tracer.communicate(timeout=10)
+            raise
     assert results == [(200, BLOB_SIZE)] * downloads
     calls = 0
     for line in summary.splitlines():

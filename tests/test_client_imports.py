@@ -30,7 +30,7 @@ import time
 import pytest
 import requests
 
-from conftest import port_taken, stop_group
+from conftest import port_taken, setup_budget, stop_group
 from loadtests import serverbuild
 
 pytestmark = pytest.mark.buildout
@@ -79,6 +79,7 @@ def module_files(trace_text):
 
 
 @pytest.fixture(scope="module")
+@setup_budget(600)  # one client part's bin/buildout: not timed here, so the builder's own limit (serverbuild: 600 s)
 def client_build(tmp_path_factory):
     """One pyruvate client ``c_pyruvate`` (loadtests/serverbuild.py: Plone, ZEO client,
     shared blobs, blobsendfile on) with metrics, and its ZEO server's config."""

@@ -118,7 +118,7 @@ def test_stack_pids_and_cpu_seconds(tmp_path, monkeypatch):
     config = {"run_dir": str(tmp_path), "processes": [{"name": "me"}, {"name": "gone"}, {"name": "never"}]}
     assert core.stack_pids(config) == {}  # no supervisord in tmp_path: nothing runs
     gone = subprocess.Popen([sys.executable, "-c", ""])
-    gone.wait()
+    gone.wait(60)
     _supervised(monkeypatch, {"me": os.getpid(), "gone": gone.pid})
     procs = core.stack_pids(config)
     assert list(procs) == ["me"] and procs["me"].pid == os.getpid()
@@ -200,7 +200,7 @@ def test_rss_sampler_and_idle_tree():
     finally:
         for p in busy:
             p.kill()
-            p.wait()
+            p.wait(10)
     assert core.tree_processes(2**22 + 1) == []
     # A sleeping process tree is idle at once (one window).
     sleeper = subprocess.Popen(["sleep", "30"])
@@ -208,7 +208,7 @@ def test_rss_sampler_and_idle_tree():
         assert core.wait_tree_idle(sleeper.pid, max_seconds=2, window=0.1) < 1.0
     finally:
         sleeper.kill()
-        sleeper.wait()
+        sleeper.wait(10)
 
 
 def test_raise_fd_limit_never_beyond_hard():

@@ -185,7 +185,7 @@ def test_ab_report_with_a_remote_worker(stack, tmp_path):
     finally:
         if worker.poll() is None:
             worker.kill()
-            worker.wait()
+            worker.wait(10)
 
 
 def test_ab_rounds_with_control(stack, tmp_path):
@@ -273,6 +273,7 @@ def test_killed_client_loses_no_get(stack, tmp_path):
     finally:
         if load.poll() is None:
             load.kill()
+            load.wait(10)
         # the tests after this one need the whole stack, also when the client did not come back
         restarted = run([STACK, "start", "--timeout", "120"], timeout=200, check=False)
     (folder,) = list(tmp_path.iterdir())

@@ -211,6 +211,6 @@ def test_instance_fg_as_the_readme_says(stack, tmp_path):
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                process.wait(10)
     finally:
         run([zeoserver, "stop"], timeout=120, check=False)

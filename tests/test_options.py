@@ -225,7 +225,8 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
                                redirect_exempt=networks))
     path = tmp_path / "haproxy.cfg"
     path.write_text(text)
-    check = subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, check=False)
+    check = subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, timeout=60,
+                           check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "\n    default_backend zeoclients\n" in text
     assert ("acl admin_network src 127.0.0.1/32" in text) == bool(networks)

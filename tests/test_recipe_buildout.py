@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, develop_eggs
+from conftest import ROOT, develop_eggs, setup_budget, stop_group
 from loadtests.extrabuild import BUILDOUT, checkout_header
 from plonedeploy.recipe.options import SERVERS, TEMPLATES_DIRECTORY, render_template
 
@@ -78,6 +78,7 @@ def buildout(directory, extra=""):
 
 
 @pytest.fixture(scope="module")
+@setup_budget(300)  # conftest.develop_eggs' buildout the first time, then this one (~10 s each; 300 s allowed each)
 def built(tmp_path_factory):
     directory = tmp_path_factory.mktemp("buildout")
     result = buildout(directory)
@@ -191,7 +192,7 @@ def test_haproxy_config_from_client_parts(built):
     assert "http-request use-service prometheus-exporter if { path /metrics }" in text
     # it was checked by haproxy -c before being written
     check = subprocess.run(["haproxy", "-c", "-f", str(directory / "parts" / "haproxy" / "haproxy.cfg")],
-                           capture_output=True, text=True, check=False)
+                           capture_output=True, text=True, timeout=60, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -223,7 +224,7 @@ def test_stack_script_and_config(built):
     assert render_template(config["haproxy_template"], config["haproxy_context"]) == \
         (directory / "parts" / "haproxy" / "haproxy.cfg").read_text()
     help_text = subprocess.run([str(directory / "bin" / "stack"), "--help"], capture_output=True,
-                               text=True, check=True).stdout
+                               text=True, timeout=60, check=True).stdout
     assert "start" in help_text and "stop" in help_text
     # supervisord's config, rendered at install from the templates the Ansible role links to.
     assert config["supervisor_config"] == str(directory / "parts" / "stack" / "supervisord.conf")
@@ -238,7 +239,8 @@ def test_stack_script_and_config(built):
     for name in ("supervisord.conf.j2", "program.conf.j2"):
         assert os.path.realpath(os.path.join(ROOT, "ansible", "roles", "process_manager", "templates", name)) == \
             os.path.join(TEMPLATES_DIRECTORY, name)
-    ctl = subprocess.run([str(directory / "bin" / "supervisorctl"), "status"], capture_output=True, text=True)
+    ctl = subprocess.run([str(directory / "bin" / "supervisorctl"), "status"], capture_output=True, text=True,
+                         timeout=60)
     assert "supervisor.sock no such file" in ctl.stdout  # its config baked in; nothing runs
 
 
@@ -293,8 +295,7 @@ def test_tls_certificate_and_redirect(tmp_path):
                                  "http://127.0.0.1:18580/Plone/front?x=1"], capture_output=True, text=True,
                                 timeout=30, check=False).stdout
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_group(proc, timeout=10)  # SIGKILL if SIGTERM did not stop it
     assert answer == "301 https://127.0.0.1:18543/Plone/front?x=1", answer
 
 
@@ -693,7 +694,7 @@ def test_relstorage_switch_renders_every_client(tmp_path):
     assert pg_config["data_directory"] == str(tmp_path / "var" / "postgresql" / "data")
     # bin/buildout creates no cluster and no password: bin/stack start does (first start).
     assert not (tmp_path / "var" / "postgresql").exists()
-    usage = subprocess.run([str(tmp_path / "bin" / "postgresql")], capture_output=True, text=True)
+    usage = subprocess.run([str(tmp_path / "bin" / "postgresql")], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "fg | init | psql" in usage.stderr
 
 

@@ -39,7 +39,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import ROOT, port_taken, run, stop_group, while_loaded
+from conftest import ROOT, port_taken, run, setup_budget, stop_group, while_loaded
 from loadtests.extrabuild import BUILDOUT, checkout_header
 
 pytestmark = pytest.mark.integration
@@ -102,6 +102,7 @@ metrics-address =
 
 
 @pytest.fixture(scope="module")
+@setup_budget(600)  # bin/buildout, bin/stack start and the site (the module: 130-175 s quiet, 878 s busy, all tests)
 def relstack():
     """Build relstorage.cfg in a fresh directory, start it, create the site; stop it by PID.
 
