@@ -16,7 +16,9 @@ limits", embeds that table. The functions are the ones tests/test_edge.py assert
 Cases: slow request bodies (N connections, each trickling a 100-byte body 1 byte per
 0.5 s) while ``GET /Plone`` is timed; the same with 100 MiB announced (upload lane); a POST of ``--big-post-mib`` MiB (upload lane,
 spooled to disk); a body over ``max-body-size``; a forged Host, a 10 kB Host, no Host;
-the per-source request rate from 127.0.0.2 (127.0.0.1 is exempt in the demo); a TUS
+the per-source request rate from 127.0.0.2 (127.0.0.1 is exempt in the demo); the ways
+around the path rules of loadtests.bypass (the ZMI in disguise, client-sent virtual
+hosting, internal headers), on the plain and the TLS listener; a TUS
 upload (plone.restapi) of ``--upload-mib`` MiB stored as a blob and read back; an honest
 slow upload of ``--slow-upload-mib`` MiB at 1 MiB/s; then, on each ZEO client of the page
 pool directly and through the frontend, ``--fd-downloads`` whole downloads of the 5 MiB
@@ -44,6 +46,7 @@ import urllib.request
 
 import numpy
 
+from loadtests import bypass
 from loadtests.core import (BLOB_SIZE, PATHS, STACK_JSON, client_urls, exits_2_when_not_ready, load_stack, new_parser,
                             require_wrk, RssSampler, run_wrk, stack_pids)
 
@@ -558,10 +561,7 @@ def run_all(config, args, password):
         print(f"attacks: {name}: {outcome} ({seconds:.1f} s)", flush=True)
 
     def statuses(answers):
-        counts = {}
-        for answer in answers:
-            counts[str(answer.status)] = counts.get(str(answer.status), 0) + 1
-        return {"answers": counts, "answer_s": round(max(a.seconds for a in answers), 2)}
+        return {"answers": _counts(a.status for a in answers), "answer_s": round(max(a.seconds for a in answers), 2)}
 
     case(f"{args.slow_connections} slow request bodies (1 byte / 0.5 s)", "408 after 10 s, /Plone answers",
          lambda: statuses(slow_bodies(host, port, args.slow_connections, args.slow_seconds)), probe_pages=True)
@@ -581,6 +581,9 @@ def run_all(config, args, password):
         [send(host, port, request_head("GET", "/Plone", host=None))]))
     case(f"{args.rate_requests} requests from 127.0.0.2", "429 beyond the per-source rate",
          lambda: statuses(rate_limit(host, port, args.rate_requests)))
+
+    for name, expected, call in bypass_cases(config, host, port, password):
+        case(name, expected, call)
 
     def upload():
         url, sent, seconds = tus_upload(host, port, password, args.upload_mib * MIB)
@@ -615,6 +618,54 @@ def run_all(config, args, password):
     return rows
 
 
+def bypass_cases(config, host, port, password):
+    """``[(name, expected, call)]``: the ways around the path rules (loadtests.bypass) from
+    127.0.0.6, on the plain listener and, when the stack has one, the TLS listener. Each
+    call returns a row's ``answers`` (status counts), ``answer_s`` and ``ok`` (the verdict)."""
+    listeners = [("plain", port, False)]
+    if config.get("tls_url"):
+        listeners.append(("TLS", int(config["tls_url"].rsplit(":", 1)[1]), True))
+    cases = []
+    for label, listen_port, tls in listeners:
+        def zmi(listen_port=listen_port, tls=tls):
+            started = time.monotonic()
+            result = bypass.zmi_case(host, listen_port, auth=("admin", password), tls=tls)
+            statuses = [status for _, _, status in result["zmi"]]
+            return {"answers": _counts(statuses), "answer_s": round(time.monotonic() - started, 2),
+                    "ok": all(s in (400, 403) for s in statuses)
+                    and all(s not in (400, 403) for _, s in result["not_zmi"])}
+
+        def virtual_hosting(listen_port=listen_port, tls=tls):
+            started = time.monotonic()
+            rows = bypass.virtual_host_case(host, listen_port, tls=tls)
+            return {"answers": _counts([status for _, status, _ in rows]),
+                    "answer_s": round(time.monotonic() - started, 2),
+                    "ok": all(status == 400 and not leaked for _, status, leaked in rows)}
+
+        def headers(listen_port=listen_port, tls=tls):
+            started = time.monotonic()
+            found = bypass.internal_headers(host, listen_port, ["/Plone", "/Plone/@@ok"], tls=tls)
+            names = sorted({name for values in found.values() for name in values})
+            return {"answers": {f"internal headers: {', '.join(names) or 'none'}": len(found)},
+                    "answer_s": round(time.monotonic() - started, 2), "ok": not names}
+
+        cases += [
+            (f"the ZMI in {len(bypass.ZMI_PATHS)} disguises ({label}, from {bypass.OUTSIDER}, admin's credentials)",
+             "403 each (400 when undecodable); managers-guide reaches Zope", zmi),
+            (f"client-sent virtual hosting, {len(bypass.VIRTUAL_HOST_PATHS)} paths ({label})",
+             f"400 each, {bypass.FOREIGN_HOST} in no answer", virtual_hosting),
+            (f"internal headers to a visitor ({label})", "none", headers),
+        ]
+    return cases
+
+
+def _counts(statuses):
+    counts = {}
+    for status in statuses:
+        counts[str(status)] = counts.get(str(status), 0) + 1
+    return counts
+
+
 #: How :func:`markdown` shows the keys of a row's ``answers`` that are not HTTP statuses.
 ANSWER_LABELS = {"-1": "no answer (client gave up)", "aborted": "aborted after 64 KiB (RST)",
                  "status": "non-2xx/3xx", "connect": "connect errors", "read": "read errors",
@@ -639,6 +690,8 @@ def markdown(rows):
             answers += "; descriptors " + ", ".join(f"{n} {b} → {a}" for n, (b, a) in row["descriptors"].items())
             if not row["ok"]:
                 answers += " — NOT OK"
+        elif row.get("ok") is False:
+            answers += " — NOT OK"
         rss = " | ".join("/".join(str(v) for v in row["rss_mib"][n]) for n in names)
         lines.append(f"| {row['case']} | {row['expected']} | {answers} | {row['answer_s']} | {probe} | {rss} |")
     return "\n".join(lines) + "\n"
