@@ -23,7 +23,7 @@ PYTHON ?= python3
 # .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/pins.md)
 VENV := .venv
 BUILDOUT_VENV := .venv-buildout
-# make ab: 4 rounds with swapped slots, each also as A/A control (about 9 minutes);
+# make ab: 4 rounds with swapped slots, each also as A/A control (7.5 minutes, measured 23 Nov 2026: docs/usage.md);
 # make demo: 2 rounds of 20 s (about 4 minutes), intervals all the same (docs/usage.md).
 AB_ARGS ?= --rounds 4 --duration 30 --warmup 10 --control --users 10 --spawn-rate 10
 DEMO_AB_ARGS ?= --rounds 2 --duration 20 --warmup 10 --control --users 10 --spawn-rate 10
