@@ -1,9 +1,10 @@
 # plonedeploy: one entry point for building, running, load-testing and testing the stack.
 #
-#   make demo    fresh machine -> build, start, create the site, 60 s A/B load test, report, stop
+#   make demo    fresh machine -> build, start, create the site, A/B load test (DEMO_AB_ARGS: 2 rounds,
+#                each an A/B and an A/A control run of 10 s warm-up + 20 s measured), report, stop
 #   make test    unit tests, real buildouts of the recipe, and the end-to-end integration test
 #
-# Other targets: multihost (Ansible over SSH into three network namespaces), blobbench (the
+# Other targets: multihost (Ansible over SSH into four network namespaces), blobbench (the
 # matrix's blob preset: blob-sendfile on/off, direct and through HAProxy, needs wrk), matrix (benchmark matrix of the
 # WSGI servers, needs wrk and the running stack; docs/servers.md), storagebench (ZEO vs RelStorage
 # on stacks of its own, needs wrk and PostgreSQL 15; docs/storage.md), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
@@ -22,7 +23,7 @@ PYTHON ?= python3
 # .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/pins.md)
 VENV := .venv
 BUILDOUT_VENV := .venv-buildout
-# make ab: 4 rounds with swapped slots, each also as A/A control (about 9 minutes);
+# make ab: 4 rounds with swapped slots, each also as A/A control (7.5 minutes, measured 23 Nov 2026: docs/usage.md);
 # make demo: 2 rounds of 20 s (about 4 minutes), intervals all the same (docs/usage.md).
 AB_ARGS ?= --rounds 4 --duration 30 --warmup 10 --control --users 10 --spawn-rate 10
 DEMO_AB_ARGS ?= --rounds 2 --duration 20 --warmup 10 --control --users 10 --spawn-rate 10

@@ -27,7 +27,7 @@ Output: the tables on stdout and ``<out>/headline-<YYYYmmdd-HHMMSS>/`` with
 stack is not running, wrk is missing or the pool lacks a pyruvate or a waitress client.
 
 The default run (3 rounds of 14 runs of 8 s, plus warm-up, the off clients' build and
-start) takes about 8 minutes on 2 cores.
+start) took 6.5 minutes on 2 cores (24 Nov 2026, quiet machine; docs/performance.md).
 """
 import os
 import sys

@@ -517,12 +517,18 @@ def test_processes_run_under_supervisor(deployed):
         assert re.search(rf"^{name}\s+RUNNING", status, re.MULTILINE), status
 
 
+#: Prometheus' targets in the local converge, ``(job, instance)``; docs/ansible.md names them
+#: and their number (tests/test_doc_figures.py checks it).
+PROMETHEUS_TARGETS = frozenset({
+    ("prometheus", "127.0.0.1:18190"), ("haproxy", "127.0.0.1:18404"), ("varnish", "127.0.0.1:19131"),
+    ("zeoclients", "127.0.0.1:18091"), ("zeoclients", "127.0.0.1:18092"), ("zeoclients", "127.0.0.1:18093"),
+    ("node", "127.0.0.1:18191")})
+
+
 def test_prometheus_scrapes_every_target_up(deployed):
     """Prometheus (monitoring role) finds HAProxy's exporter, varnish's, the three clients'
     exporters, node-exporter and itself, all up, and has loaded the alert rules."""
-    expected = {("prometheus", "127.0.0.1:18190"), ("haproxy", "127.0.0.1:18404"), ("varnish", "127.0.0.1:19131"),
-                ("zeoclients", "127.0.0.1:18091"), ("zeoclients", "127.0.0.1:18092"),
-                ("zeoclients", "127.0.0.1:18093"), ("node", "127.0.0.1:18191")}
+    expected = PROMETHEUS_TARGETS
     for _ in range(60):  # the first scrape of each target comes within one interval (15 s)
         with urllib.request.urlopen(PROMETHEUS + "/api/v1/targets", timeout=10) as response:
             targets = json.load(response)["data"]["activeTargets"]
