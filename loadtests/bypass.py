@@ -20,6 +20,7 @@ Every request is one HTTP/1.1 ``GET`` (or the case's method) on a new connection
 one of the addresses .2-.5 that other edge tests count requests or connections of), read to
 its end; nothing here raises for an HTTP status.
 """
+import base64
 import http.client
 import ssl
 
@@ -99,8 +100,6 @@ def request(host, port, method, path, headers=None, body=b"", source=OUTSIDER, t
     without certificate verification (the demo's certificate is self-signed);
     ``server_name``: the Host header; ``auth``: ``(user, password)`` for HTTP basic auth.
     """
-    import base64
-
     if tls:
         context = ssl.create_default_context()
         context.check_hostname = False

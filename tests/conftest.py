@@ -202,6 +202,13 @@ def stop_group(proc, timeout=60):
         return True
 
 
+def admin_auth():
+    """``("admin", password)`` of this checkout's Zope admin (var/admin-password, written
+    0600 by scripts/create_site.py; never printed). OSError when the site was never made."""
+    with open(os.path.join(ROOT, "var", "admin-password"), encoding="utf-8") as fp:
+        return "admin", fp.read().strip()
+
+
 def port_taken(port, host="127.0.0.1"):
     """True if something accepts TCP connections on host:port."""
     with socket.socket() as sock:

@@ -14,7 +14,7 @@ import uuid
 import pytest
 import requests
 
-from conftest import ROOT, run
+from conftest import admin_auth, run
 from plonedeploy.recipe import options, varnish
 
 # The demo's certificate is self-signed.
@@ -64,10 +64,6 @@ def edge(stack):
     if not cache or not stack.config.get("tls_url"):
         pytest.fail("the build has no cache tier: buildout.cfg sets [haproxy] cache = varnish and tls-bind")
     return stack.config["tls_url"], cache
-
-
-def admin():
-    return "admin", open(os.path.join(ROOT, "var", "admin-password"), encoding="utf-8").read().strip()
 
 
 def get(url, **kwargs):
@@ -125,7 +121,7 @@ def test_logged_in_requests_never_come_from_or_go_into_the_cache(edge):
     tls_url, _ = edge
     url = f"{tls_url}/Plone?auth={uuid.uuid4().hex}"
     for _ in range(2):
-        assert get(url, auth=admin()).headers["X-Cache"] == "MISS"
+        assert get(url, auth=admin_auth()).headers["X-Cache"] == "MISS"
     # The admin's pages were not stored: the first anonymous request is a miss.
     assert get(url).headers["X-Cache"] == "MISS"
     assert get(url).headers["X-Cache"] == "HIT"
@@ -142,17 +138,17 @@ def test_edit_through_restapi_purges_the_page_within_a_second(edge):
     doc = f"cache-{uuid.uuid4().hex[:8]}"
     api = {"Accept": "application/json"}
     created = requests.post(f"{tls_url}/Plone", json={"@type": "Document", "id": doc, "title": "Before"},
-                            headers=api, auth=admin(), verify=False, timeout=60)
+                            headers=api, auth=admin_auth(), verify=False, timeout=60)
     assert created.status_code == 201, created.text[:500]
     try:
-        published = requests.post(f"{tls_url}/Plone/{doc}/@workflow/publish", headers=api, auth=admin(),
+        published = requests.post(f"{tls_url}/Plone/{doc}/@workflow/publish", headers=api, auth=admin_auth(),
                                   verify=False, timeout=60)
         assert published.status_code == 200, published.text[:500]
         url = f"{tls_url}/Plone/{doc}"
         assert "<title>Before" in get(url).text
         cached = get(url)
         assert cached.headers["X-Cache"] == "HIT" and "<title>Before" in cached.text
-        edited = requests.patch(url, json={"title": "After"}, headers=api, auth=admin(), verify=False,
+        edited = requests.patch(url, json={"title": "After"}, headers=api, auth=admin_auth(), verify=False,
                                 timeout=60)
         assert edited.status_code == 204, edited.text[:500]
         start = time.monotonic()
@@ -160,7 +156,7 @@ def test_edit_through_restapi_purges_the_page_within_a_second(edge):
             assert time.monotonic() - start < 1.0, "the edited page was still served from the cache after 1 s"
             time.sleep(0.05)
     finally:
-        requests.delete(f"{tls_url}/Plone/{doc}", headers=api, auth=admin(), verify=False, timeout=60)
+        requests.delete(f"{tls_url}/Plone/{doc}", headers=api, auth=admin_auth(), verify=False, timeout=60)
 
 
 @pytest.mark.integration

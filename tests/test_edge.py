@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from conftest import ROOT
+from conftest import ROOT, admin_auth
 from loadtests import attacks, haproxy_stats
 from loadtests.core import stack_pids
 
@@ -145,7 +145,7 @@ def test_tus_upload_of_200_mib_round_trip_while_pages_answer(edge):
     """200 MiB through plone.restapi's TUS endpoint (the upload lane) is stored as a blob and
     downloads byte-identical, while two readers of /Plone see p99 < 2 s."""
     host, port, _ = edge
-    password = open(os.path.join(ROOT, "var", "admin-password"), encoding="utf-8").read().strip()
+    password = admin_auth()[1]
     probe = attacks.PageProbe(host, port)
     probe.start()
     try:
@@ -163,7 +163,7 @@ def test_slow_honest_upload_outlasts_the_header_timeout(edge):
     """12 MiB at 1 MiB/s (12 s, longer than timeout http-request) succeeds: an upload
     is judged by progress, not by its total time."""
     host, port, _ = edge
-    password = open(os.path.join(ROOT, "var", "admin-password"), encoding="utf-8").read().strip()
+    password = admin_auth()[1]
     url, sent, seconds = attacks.tus_upload(host, port, password, 12 * MIB, rate=MIB, filename="slow-12.bin")
     assert seconds > 10.5, seconds
     got, size = attacks.download_sha256(host, port, "/" + url.split("/", 3)[3] + "/@@download/file")

@@ -5,13 +5,12 @@ The requests are ``loadtests.bypass``'s (the same that ``python -m loadtests att
 reports in docs/operations.md's edge table). buildout.cfg's manage-networks and
 per-source-exempt are 127.0.0.1/32; the outsider is 127.0.0.6 on the same loopback.
 """
-import os
 import re
 
 import pytest
 import requests
 
-from conftest import ROOT
+from conftest import admin_auth
 from loadtests import bypass
 
 pytestmark = pytest.mark.integration
@@ -23,18 +22,13 @@ def _listeners(stack):
     return [("plain", stack.ports["haproxy"], False), ("tls", tls_port, True)]
 
 
-def _admin_auth():
-    with open(os.path.join(ROOT, "var", "admin-password"), encoding="utf-8") as fp:
-        return ("admin", fp.read().strip())
-
-
 def test_zmi_refused_by_every_disguise_from_outside(stack):
     """Each of bypass.ZMI_PATHS, with the admin's credentials, from 127.0.0.6 gets
     HAProxy's 403 (400 for a path it cannot decode) on both listeners, where Zope would
     have shown the ZMI (the clients answer most of them with 200 when reached directly);
     a page that merely starts with "manage" reaches Zope (404); from 127.0.0.1 (the admin
     network) the encoded path still reaches the ZMI."""
-    auth = _admin_auth()
+    auth = admin_auth()
     for label, port, tls in _listeners(stack):
         result = bypass.zmi_case("127.0.0.1", port, auth=auth, tls=tls)
         wrong = [(method, path, status) for method, path, status in result["zmi"]
@@ -50,11 +44,13 @@ def test_the_zmi_reaches_zope_directly(stack):
     """The control of the test above: the disguises are real ones. Sent to a ZEO client
     directly (past HAProxy), the encoded, dot-segment, query-directive and form-body forms
     show the ZMI (200 with its page) to the admin."""
-    auth = _admin_auth()
+    auth = admin_auth()
     port = stack.ports["client2"]
-    shown = {(method, path) for method, path, headers, body in bypass.ZMI_PATHS
-             if (lambda reply: reply.status == 200 and b"zmi-object-id" in reply.body)(
-                 bypass.request("127.0.0.1", port, method, path, headers, body, source="127.0.0.1", auth=auth))}
+    shown = set()
+    for method, path, headers, body in bypass.ZMI_PATHS:
+        reply = bypass.request("127.0.0.1", port, method, path, headers, body, source="127.0.0.1", auth=auth)
+        if reply.status == 200 and b"zmi-object-id" in reply.body:
+            shown.add((method, path))
     for path in ("/Plone/manage%5Fmain", "/Plone/%6Danage_main", "/Plone/news/../manage_main",
                  "/Plone?manage_main:method=1", "/Plone?:action=manage_main", "/Plone/%ZZ/../manage_main"):
         assert ("GET", path) in shown, (path, sorted(shown))

@@ -8,12 +8,10 @@ the full address, each of them would get the whole limit.
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-import jinja2
 import pytest
 
 from conftest import stop_group
@@ -36,16 +34,14 @@ print(json.dumps(statuses))
 
 
 def _render(tmp_path):
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(options.TEMPLATES_DIRECTORY),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    return env.get_template("haproxy.cfg.j2").render(
+    return options.render_template(os.path.join(options.TEMPLATES_DIRECTORY, "haproxy.cfg.j2"), dict(
         part="ipv6", servers=[{"name": "a", "host": "[fd00::1]", "port": PORT + 1, "maxconn": 2,
                                "wsgi_server": "pyruvate"}],
         bind=f"[fd00::1]:{PORT}", stats_bind=f"[fd00::1]:{PORT + 2}", balance="leastconn",
         health_check="/Plone/@@ok", timeout_queue=5, max_body_size=1024, maxconn=100, fd_limit=1000,
         manage_networks=[], run_directory=str(tmp_path),
         **edge.template_context(["[fd00::1]"], per_source={"connections": 100, "requests": 5, "period": 10}),
-        **tls.template_context("", "", False, 0))
+        **tls.template_context("", "", False, 0)))
 
 
 @pytest.fixture

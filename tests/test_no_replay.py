@@ -22,7 +22,7 @@ import uuid
 import pytest
 import requests
 
-from conftest import ROOT, port_taken, stop_group
+from conftest import ROOT, admin_auth, port_taken, stop_group
 from loadtests.core import free_local_port, render_haproxy
 
 pytestmark = pytest.mark.integration
@@ -88,8 +88,7 @@ def _documents(base, auth, title):
 
 
 def test_a_post_killed_after_commit_is_not_committed_twice(stack, tmp_path):
-    with open(os.path.join(ROOT, "var", "admin-password"), encoding="utf-8") as fp:
-        auth = ("admin", fp.read().strip())
+    auth = admin_auth()
     port, front, stats = free_local_port(), free_local_port(), free_local_port()
     argv = _killer_client(tmp_path, port)
     log = str(tmp_path / "killer.log")

@@ -17,7 +17,7 @@ import time
 import pytest
 import requests
 
-from conftest import ROOT, STACK, port_taken, run
+from conftest import ROOT, STACK, admin_auth, port_taken, run
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ LOGROTATE = shutil.which("logrotate") or "/usr/sbin/logrotate"
 def _admin():
     """A requests session authenticated as the Zope admin (password never printed)."""
     session = requests.Session()
-    session.auth = ("admin", open(os.path.join(ROOT, "var", "admin-password")).read().strip())
+    session.auth = admin_auth()
     session.headers["Accept"] = "application/json"
     return session
 

@@ -4,7 +4,6 @@ Short versions for CI; ``loadtests.connections`` and the figures in docs/operati
 the full-length runs. Every test leaves the stack as it found it: all servers UP.
 """
 import json
-import os
 import socket
 import sys
 import threading
@@ -14,7 +13,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import ROOT, STACK, run, while_loaded
+from conftest import STACK, admin_auth, run, while_loaded
 from loadtests.attacks import abort_download
 
 pytestmark = pytest.mark.integration
@@ -196,15 +195,11 @@ def test_zmi_only_from_the_admin_network(stack):
     assert _raw(port, b"GET /manage_main HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") == 401
 
 
-def _admin_auth():
-    return ("admin", open(os.path.join(ROOT, "var", "admin-password")).read().strip())
-
-
 def test_zeo_restart_loses_nothing_committed(stack):
     """Write documents through plone.restapi (authenticated POSTs via HAProxy) before and
     during a ZEO restart under read load. Every POST that got 201 is there afterwards, reads
     succeed again, and the outage is reported (failed reads/writes, recovery seconds)."""
-    auth, url = _admin_auth(), stack.frontend_url
+    auth, url = admin_auth(), stack.frontend_url
     prefix = f"zeo-restart-{int(time.time())}"
     session = requests.Session()
     session.auth = auth

@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import psutil
