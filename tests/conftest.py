@@ -318,3 +318,7 @@ def servers_build(tmp_path_factory):
     except RuntimeError as exc:
         pytest.fail(f"servers_build: {exc}")
     return directory, serverbuild.ports(base_port), (directory / "buildout.log").read_text()
+
+
+# The Ansible converge every test module can read (one per session; tests/ansible_deploy.py).
+from ansible_deploy import deployed  # noqa: E402,F401 (a fixture: pytest finds it by name here)

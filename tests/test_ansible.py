@@ -1,122 +1,28 @@
-"""Ansible, for real: lint, converge on localhost, idempotence, check mode, rolling restart.
-
-The converge uses ansible/inventories/local (everything on this machine, ports 18xxx, varnish
-on 16081) into an isolated prefix under pytest's temporary directory, with this checkout's
-eggs as the eggs cache (so bin/buildout downloads nothing). Varnish's directory is a
-separate temporary directory that its jail's users can reach (pytest's is 0700). At the end supervisord is shut down,
-which stops every deployed process. The two PLAY RECAPs are printed (``pytest -s``) and
-written to var/ansible/recaps.txt with their wall times.
+"""Ansible, for real: lint, the roles' rules against the recipe's, bad variables refused
+before any change, and the checks of the shared converge (``deployed``, tests/ansible_deploy.py):
+the processes, Prometheus, the paths through HAProxy, cron, a changed build rolled under
+load, idempotence, check mode, TLS and the cache, a rolling restart.
 """
 import base64
 import hashlib
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
-import tempfile
 import time
 import urllib.parse
 import urllib.request
 
-import psutil
 import pytest
 import requests
 
-from conftest import ROOT, run, setup_budget, while_loaded
+from ansible_deploy import (ANSIBLE, BIN, BLOB_SIZE, CRON_FILES, FRONTEND, LOAD_RATE, PROMETHEUS, TLS_FRONTEND,
+                            VARNISH, playbook, recap, record)
+from conftest import ROOT, run, while_loaded
 from loadtests import haproxy_stats
 from plonedeploy.recipe import optiontables, rules, storage, varnish
 
 pytestmark = pytest.mark.ansible
-
-ANSIBLE = os.path.join(ROOT, "ansible")
-BIN = os.path.join(ANSIBLE, ".venv", "bin")
-PORTS = (18079, 18080, 18081, 18082, 18100, 18404, 18443,
-         18091, 18092, 18093, 18190, 18191,  # clients' metrics, Prometheus, node-exporter
-         16081, 16088)  # varnish, HAProxy's cache_fill listener
-PROMETHEUS = "http://127.0.0.1:18190"
-FRONTEND = "http://127.0.0.1:18080"
-TLS_FRONTEND = "https://127.0.0.1:18443"
-VARNISH = "http://127.0.0.1:16081"
-BLOB_SIZE = 5 * 1024 * 1024
-#: Requests per second per loop of the load under which the clients restart (conftest.while_loaded).
-LOAD_RATE = 50
-
-
-def playbook(*args, extra, timeout=900, check=True):
-    """Run ansible-playbook in ansible/ with extra vars (a dict, passed as JSON)."""
-    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-    return run([os.path.join(BIN, "ansible-playbook"), *args, "-e", json.dumps(extra)],
-               timeout=timeout, check=check, cwd_override=ANSIBLE, env=env)
-
-
-def recap(output):
-    """Return the PLAY RECAP counters of localhost, e.g. {'ok': 68, 'changed': 0, ...}."""
-    line = re.findall(r"^localhost\s+:\s+(.*)$", output, re.MULTILINE)[-1]
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
-
-
-def _record(title, result, seconds):
-    block = result.stdout[result.stdout.rindex("PLAY RECAP"):].strip()
-    text = f"## {title}: {seconds:.0f} s\n{block}\n"
-    print("\n" + text)
-    os.makedirs(os.path.join(ROOT, "var", "ansible"), exist_ok=True)
-    with open(os.path.join(ROOT, "var", "ansible", "recaps.txt"), "a", encoding="utf-8") as fp:
-        fp.write(text)
-
-
-def _port_taken(port):
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-#: /etc/cron.d files of the test deployment (names: letters, digits, - and _ only, or cron
-#: ignores them); one pair per test process.
-CRON_FILES = {"zeoserver": f"plonedeploy-test-{os.getpid()}-zeoserver",
-              "zeoclient": f"plonedeploy-test-{os.getpid()}-zeoclient"}
-
-
-@pytest.fixture(scope="module")
-@setup_budget(900)  # site.yml's first converge: ~125 s on a quiet machine; the playbook allows 1,500 s
-def deployed(tmp_path_factory):
-    taken = [p for p in PORTS if _port_taken(p)]
-    if taken:
-        pytest.fail(f"ports {taken} in use: another Ansible test deployment is running")
-    prefix = str(tmp_path_factory.mktemp("ansible") / "srv")
-    # varnishd's unix jail (users varnish and vcache) must reach its VCL and working directory.
-    varnish_directory = tempfile.mkdtemp(prefix="plonedeploy-varnish-")
-    os.chmod(varnish_directory, 0o755)
-    extra = {
-        "plonedeploy_prefix": prefix,
-        "varnish_directory": varnish_directory,
-        "zeoserver_eggs_directory": os.path.join(ROOT, "eggs"),
-        "zeoclient_eggs_directory": os.path.join(ROOT, "eggs"),
-        # The cron jobs of a temporary prefix go into /etc/cron.d files of their own (removed
-        # at the end), where test_cron_jobs_run_as_cron_runs_them finds and runs them.
-        "zeoserver_cron_file": CRON_FILES["zeoserver"],
-        "zeoclient_cron_file": CRON_FILES["zeoclient"],
-    }
-    supervisorctl = ["supervisorctl", "-c", os.path.join(prefix, "etc", "supervisord.conf")]
-    try:
-        started = time.monotonic()
-        first = playbook("site.yml", extra=extra, timeout=1500)
-        _record("site.yml, first run", first, time.monotonic() - started)
-        yield {"prefix": prefix, "extra": extra, "first": first, "supervisorctl": supervisorctl}
-    finally:
-        pidfile = os.path.join(prefix, "var", "run", "supervisord.pid")
-        if os.path.exists(pidfile):
-            pid = int(open(pidfile).read().strip())
-            run(supervisorctl + ["shutdown"], timeout=120, check=False)
-            try:
-                psutil.Process(pid).wait(60)
-            except psutil.NoSuchProcess:
-                pass
-        shutil.rmtree(varnish_directory, ignore_errors=True)
-        for name in CRON_FILES.values():
-            if os.path.exists(os.path.join("/etc/cron.d", name)):
-                os.remove(os.path.join("/etc/cron.d", name))
-
 
 def test_lint_and_syntax():
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ["PATH"])
@@ -637,7 +543,7 @@ def test_changed_build_rolls_the_clients_under_load(deployed):
         FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=1200), threads=2,
         rate=LOAD_RATE)
     deployed["extra"] = extra
-    _record("site.yml, changed build under load", result, seconds)
+    record("site.yml, changed build under load", result, seconds)
     after = _client_pids(deployed["supervisorctl"])
     print(f"\nchanged build: {seconds:.0f} s, {done} requests, {len(failures)} failed")
     for name in before:  # the included tasks print their names only when they run
@@ -654,7 +560,7 @@ def test_changed_build_rolls_the_clients_under_load(deployed):
 def test_second_run_changes_nothing(deployed):
     started = time.monotonic()
     second = playbook("site.yml", extra=deployed["extra"], timeout=900)
-    _record("site.yml, second run", second, time.monotonic() - started)
+    record("site.yml, second run", second, time.monotonic() - started)
     counts = recap(second.stdout)
     assert counts["changed"] == 0 and counts["failed"] == 0, (counts, changed_tasks(second.stdout))
 
