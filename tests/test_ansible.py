@@ -282,7 +282,8 @@ BAD = [
     ({"zeoclient_storage": "s3"}, "value of zeoclient_storage must be one of: zeo, relstorage, got: s3"),
     ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_blobs": "nfs"},
      "value of zeoclient_relstorage_blobs must be one of: database, shared-directory, got: nfs"),
-    ({"zeoclient_storage": "relstorage"}, "zeoclient_storage = relstorage needs a database: a host in group 'databases'"),
+    # (the group's name follows: each refusal case has a databases group of its own)
+    ({"zeoclient_storage": "relstorage"}, "zeoclient_storage = relstorage needs a database: a host in group '"),
     ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_dsn": "host=db1 dbname=plone password=Sekr1t"},
      "zeoclient_relstorage_dsn: 'host=db1 dbname=plone password=***' is invalid: expected libpq key=value pairs"),
     ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_dsn": "host=db1 user=plone"}, "(dbname is missing)"),
@@ -372,43 +373,95 @@ def test_loadgenerator_locust_is_the_projects():
     assert f"\nlocust=={pinned}\n" in requirements
 
 
-def _bad_variables_fail_in_group(tmp_path, group, bad, message):
-    """site.yml with localhost also in ``group`` and the variables ``bad`` fails in the check
-    play with ``message`` (folding ignored), changes nothing and creates no prefix."""
-    inventory = tmp_path / f"{group}.yml"
-    inventory.write_text(f"all:\n  children:\n    {group}:\n      hosts:\n        localhost:\n")
-    extra = {"plonedeploy_prefix": str(tmp_path / "srv"), "postgresql_prefix": str(tmp_path / "srv"), **bad}
-    result = playbook("-i", "inventories/local/hosts.yml", "-i", str(inventory), "site.yml", extra=extra, timeout=300,
-                      check=False)
+#: Every refusal case: ``(label, group the host joins besides the four of inventories/local,
+#: bad variables, message)``. The label is the test's id.
+REFUSALS = ([(f"{next(iter(b))}-{i}", None, b, m) for i, (b, m) in enumerate(BAD)]
+            + [(f"database-{i}", "databases", b, m) for i, (b, m) in enumerate(DATABASE_BAD)]
+            + [(f"loadgenerator-{i}", "loadgenerators", b, m) for i, (b, m) in enumerate(LOADGENERATOR_BAD)])
+
+#: The variables that name the group whose hosts a role's checks read (haproxy's backends,
+#: varnish's purge ACL, the zeoclient's database and cache, monitoring's targets): each
+#: refusal host gets groups of its own, so that no case sees another case's variables.
+GROUP_VARIABLES = {"haproxy_backend_group": "clients", "varnish_zeoclient_group": "clients",
+                   "monitoring_zeoclient_group": "clients", "postgresql_client_group": "clients",
+                   "zeoclient_database_group": "databases", "zeoclient_cache_group": "balancers",
+                   "monitoring_haproxy_group": "balancers"}
+
+
+def _failure_blocks(output):
+    """``{host: text}``: the ``fatal: [host]`` / ``failed: [host]`` result blocks of a
+    playbook's output (the line and the indented lines after it), joined per host."""
+    blocks, current = {}, None
+    for line in output.splitlines():
+        started = re.match(r"^(?:fatal|failed): \[([^\]]+)\]", line)
+        if started:
+            current = started.group(1)
+            blocks.setdefault(current, [])
+        elif line and not line[0].isspace():
+            current = None
+        if current:
+            blocks[current].append(line)
+    return {host: "\n".join(lines) for host, lines in blocks.items()}
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory):
+    """site.yml run once for every case of REFUSALS, each case a host of its own (local
+    connection) with its bad variables as host variables and its own prefix: one
+    ansible-playbook instead of one per case (47 runs took ~120 s, 2-5 s each).
+
+    Each host is in the four groups of inventories/local (and the case's extra group), with
+    its group_vars, and reads only groups of its own (GROUP_VARIABLES). Returns
+    ``(output, {label: (host's failure text, its PLAY RECAP counters, its prefix)})``.
+    """
+    directory = tmp_path_factory.mktemp("refusals")
+    (directory / "group_vars").mkdir()
+    (directory / "group_vars" / "all.yml").symlink_to(os.path.join(ANSIBLE, "inventories", "local", "group_vars",
+                                                                    "all.yml"))
+    groups = {name: {} for name in ("zeoservers", "zeoclients", "loadbalancers", "monitoring", "databases",
+                                    "loadgenerators")}
+    hosts, prefixes = {}, {}
+    for number, (label, group, bad, _message) in enumerate(REFUSALS):
+        host = f"refusal{number:02d}"
+        prefix = directory / host / "srv"
+        own = {kind: f"{host}_{kind}" for kind in ("clients", "balancers", "databases")}
+        hosts[host] = {"plonedeploy_prefix": str(prefix), "postgresql_prefix": str(prefix),
+                       **{variable: own[kind] for variable, kind in GROUP_VARIABLES.items()}, **bad}
+        for name in ("zeoservers", "zeoclients", "loadbalancers", "monitoring") + ((group,) if group else ()):
+            groups[name][host] = None
+        groups[own["clients"]] = {host: None}
+        groups[own["balancers"]] = {host: None}
+        if group == "databases":
+            groups[own["databases"]] = {host: None}
+        prefixes[label] = (host, prefix)
+    inventory = {"all": {"vars": {"ansible_connection": "local",
+                                  "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+                         "hosts": hosts,
+                         "children": {name: {"hosts": members} for name, members in groups.items() if members}}}
+    (directory / "hosts.yml").write_text(json.dumps(inventory))
+    result = playbook("-i", str(directory / "hosts.yml"), "site.yml", extra={}, timeout=600, check=False)
     output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", output), output[-3000:]
-    assert "changed=0" in output
-    assert not (tmp_path / "srv").exists()
+    assert result.returncode != 0, output[-3000:]
+    blocks = _failure_blocks(output)
+    recaps = {host: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
+              for host, line in re.findall(r"^(refusal\d+)\s+:\s+(.*)$", output, re.MULTILINE)}
+    return output, {label: (blocks.get(host, ""), recaps.get(host, {}), prefix)
+                    for label, (host, prefix) in prefixes.items()}
 
 
-@pytest.mark.parametrize("bad, message", LOADGENERATOR_BAD, ids=[str(i) for i in range(len(LOADGENERATOR_BAD))])
-def test_bad_loadgenerator_variables_fail_before_any_change(tmp_path, bad, message):
-    _bad_variables_fail_in_group(tmp_path, "loadgenerators", bad, message)
-
-
-@pytest.mark.parametrize("bad, message", DATABASE_BAD, ids=[str(i) for i in range(len(DATABASE_BAD))])
-def test_bad_postgresql_variables_fail_before_any_change(tmp_path, bad, message):
-    _bad_variables_fail_in_group(tmp_path, "databases", bad, message)
-
-
-@pytest.mark.parametrize("bad, message", BAD, ids=[next(iter(b)) + "-" + str(i) for i, (b, _) in enumerate(BAD)])
-def test_bad_variables_fail_before_any_change(tmp_path, bad, message):
-    prefix = tmp_path / "srv"
-    extra = {"plonedeploy_prefix": str(prefix), **bad}
-    result = playbook("site.yml", extra=extra, timeout=300, check=False)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    # the message may be folded over lines by the YAML callback
-    assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", output), output[-3000:]
-    assert "changed=0" in output
-    assert "Sekr1t" not in output  # a password in a refused DSN is never repeated
+@pytest.mark.parametrize("label, message", [(label, message) for label, _g, _b, message in REFUSALS],
+                         ids=[label for label, *_ in REFUSALS])
+def test_bad_variables_fail_before_any_change(refusals, label, message):
+    """Each case fails site.yml's first play with its message (folding ignored), changes
+    nothing, creates no prefix; a password in a refused DSN is never repeated."""
+    output, cases = refusals
+    failure, counts, prefix = cases[label]
+    # the YAML callback may fold the message over lines and doubles quotes in 'strings'
+    assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", failure).replace("''", "'"), (
+        failure[-3000:] or output[-3000:])
+    assert counts.get("failed") == 1 and counts.get("changed") == 0, counts
     assert not prefix.exists()
+    assert "Sekr1t" not in output
 
 
 def test_processes_run_under_supervisor(deployed):
