@@ -12,7 +12,7 @@
 # Variables: AB_ARGS (passed to python -m loadtests ab, e.g. AB_ARGS="--rounds 6 --duration 30 --control";
 #            make demo uses DEMO_AB_ARGS unless AB_ARGS is given;
 #            AB_ARGS="--balance leastconn,roundrobin" compares HAProxy balance modes),
-#            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'"),
+#            PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-m 'not integration'"), PYTEST_WORKERS (make test's xdist workers, 2),
 #            BLOBBENCH_ARGS (passed to python -m loadtests blob, e.g. BLOBBENCH_ARGS="--runs 1 --connections 1,8"),
 #            MATRIX_ARGS (passed to python -m loadtests matrix, e.g. MATRIX_ARGS="--quick" or "--resume var/reports/matrix-<ts>").
 #            STORAGEBENCH_ARGS (passed to python -m loadtests storage, e.g. STORAGEBENCH_ARGS="--rounds 1 --paths /Plone,write").
@@ -28,6 +28,9 @@ BUILDOUT_VENV := .venv-buildout
 AB_ARGS ?= --rounds 4 --duration 30 --warmup 10 --control --users 10 --spawn-rate 10
 DEMO_AB_ARGS ?= --rounds 2 --duration 20 --warmup 10 --control --users 10 --spawn-rate 10
 PYTEST_ARGS ?=
+# make test: two pytest-xdist workers, one per group of tests/conftest.py (the buildout stack;
+# the Ansible converge, RelStorage and the recipe's buildouts); PYTEST_ARGS="-n 0" runs serially.
+PYTEST_WORKERS ?= 2
 BLOBBENCH_ARGS ?=
 MATRIX_ARGS ?=
 STORAGEBENCH_ARGS ?=
@@ -56,7 +59,7 @@ demo: system build
 	  $(MAKE) --no-print-directory ab $(if $(filter command line environment,$(origin AB_ARGS)),,AB_ARGS="$(DEMO_AB_ARGS)")
 
 test: system build ansible-venv
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 system:
 	bash scripts/install-system.sh

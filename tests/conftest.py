@@ -285,9 +285,39 @@ def stack():
         run([STACK, "stop"], timeout=120, check=False)
 
 
+#: Modules whose tests use neither the stack's ports (8xxx) nor the stack: with pytest-xdist
+#: they run in the "deploy" group, beside the "stack" group (see ``xdist_group``).
+DEPLOY_MODULES = {"test_ansible.py", "test_relstorage.py", "test_recipe_buildout.py", "test_client_imports.py"}
+
+
+def xdist_group(item):
+    """The pytest-xdist group of ``item`` (``make test`` runs ``pytest -n 2 --dist loadgroup``:
+    each group runs on one worker, in collection order, beside the other group):
+
+    - ``"deploy"``: the Ansible converge (ports 18xxx, 16081; ``deployed``), the RelStorage
+      build (ports 9650-9663) and the recipe's buildouts (render only) -- the tests of
+      DEPLOY_MODULES and any test that reads ``deployed``;
+    - ``"stack"``: everything else, above all every test of the buildout stack (``stack``,
+      ports 8xxx) and of the servers' build (``servers_build``: ZEO clients of that stack),
+      so that one stack and one servers' build serve them all, as in a serial run.
+
+    One group per worker keeps each session fixture set up once (xdist's workers are
+    sessions of their own) and puts the two longest chains of the suite side by side.
+    """
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & {"stack", "servers_build"}:
+        return "stack"
+    if "deployed" in fixtures or item.path.name in DEPLOY_MODULES:
+        return "deploy"
+    return "stack"
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Run tests marked ``stack_last`` (they stop the stack) after every other test."""
+    """Run tests marked ``stack_last`` (they stop the stack) after every other test, and give
+    every test its xdist group (``xdist_group``; without ``-n`` the marker does nothing)."""
     items.sort(key=lambda item: item.get_closest_marker("stack_last") is not None)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,10 @@ def _running(pid):
         return False
 
 
-def test_hanging_subprocess_fails_its_test_and_is_killed(tmp_path):
+# [] is a serial run (pytest alone), the other as make test runs: tests in xdist workers,
+# whose timeouts must fail the test and leave the summary as well.
+@pytest.mark.parametrize("workers", [[], ["-n", "2", "--dist", "loadgroup"]], ids=["serial", "xdist"])
+def test_hanging_subprocess_fails_its_test_and_is_killed(tmp_path, workers):
     ini = configparser.ConfigParser(interpolation=None)
     ini.read(os.path.join(ROOT, "pytest.ini"))
     method = ini["pytest"]["timeout_method"]
@@ -69,7 +72,7 @@ def test_hanging_subprocess_fails_its_test_and_is_killed(tmp_path):
         result = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
              "-c", str(tmp_path / "pytest.ini"), "--timeout", str(INNER_TIMEOUT), "--durations=5", "-ra",
-             str(tmp_path / "test_hang.py")],
+             *workers, str(tmp_path / "test_hang.py")],
             cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False, env=env)
         seconds = time.monotonic() - started
         output = result.stdout + result.stderr
