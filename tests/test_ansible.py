@@ -610,18 +610,37 @@ def test_changed_build_rolls_the_clients_under_load(deployed):
     assert failures == [], failures[:10]
 
 
-def test_second_run_changes_nothing(deployed):
+@pytest.fixture(scope="module")
+def unchanged_runs(deployed):
+    """``{"second": CompletedProcess, "check": CompletedProcess}``: site.yml run a second time
+    and in ``--check --diff`` mode, both with the variables of the last run, side by side.
+
+    Both must change nothing, so neither can disturb the other; together they take the
+    time of the longer one instead of the sum (58 s + 46 s apart on a quiet machine): most
+    of a no-op run is Ansible's own overhead per task, on both cores. If one does change
+    something, both tests fail and say which tasks did.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     started = time.monotonic()
-    second = playbook("site.yml", extra=deployed["extra"], timeout=900)
-    record("site.yml, second run", second, time.monotonic() - started)
+    with ThreadPoolExecutor(2) as pool:
+        second = pool.submit(playbook, "site.yml", extra=deployed["extra"], timeout=900)
+        check = pool.submit(playbook, "site.yml", "--check", "--diff", extra=deployed["extra"], timeout=900)
+        runs = {"second": second.result(), "check": check.result()}
+    record("site.yml, second run and check mode side by side", runs["second"], time.monotonic() - started)
+    return runs
+
+
+def test_second_run_changes_nothing(unchanged_runs):
+    second = unchanged_runs["second"]
     counts = recap(second.stdout)
     assert counts["changed"] == 0 and counts["failed"] == 0, (counts, changed_tasks(second.stdout))
 
 
-def test_check_diff_reports_no_change(deployed):
-    result = playbook("site.yml", "--check", "--diff", extra=deployed["extra"], timeout=900)
+def test_check_diff_reports_no_change(unchanged_runs):
+    result = unchanged_runs["check"]
     counts = recap(result.stdout)
-    assert counts["changed"] == 0 and counts["failed"] == 0, counts
+    assert counts["changed"] == 0 and counts["failed"] == 0, (counts, changed_tasks(result.stdout))
 
 
 def test_ab_report_against_deployed_stack(deployed, tmp_path):
@@ -644,8 +663,10 @@ def test_edge_rules_deployed(deployed):
     big = requests.post(FRONTEND + "/Plone/@@ok", data=b"x" * 100_000, timeout=30)
     small = requests.post(FRONTEND + "/Plone/@@ok", data=b"x" * 100, timeout=30)
     assert big.headers["X-Served-By"] == "uploads" and small.headers["X-Served-By"] in ("client1", "client2")
-    answers = attacks.rate_limit("127.0.0.1", 18080, 1010, source="127.0.0.2")
-    assert answers[-1].status == 429 and answers[0].status == 200
+    # the 1,008 between the first and the last are misdirected (421 from HAProxy itself),
+    # counted by the same per-source rate: the check does not hang on Zope's speed
+    answers = attacks.rate_limit("127.0.0.1", 18080, 1010, source="127.0.0.2", misdirected=True)
+    assert answers[0].status == 200 and {a.status for a in answers[1:-1]} == {421} and answers[-1].status == 429
 
 
 def test_https_with_generated_certificate(deployed):
