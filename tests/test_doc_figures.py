@@ -215,9 +215,8 @@ CLAIMS = [
      lambda: (cases("test_recipe_buildout", "test_bad_option_fails_buildout_with_named_error"),)),
     ("docs/operations.md", r"tests/test_ansible.py \(`BAD`, (\d+) cases; `DATABASE_BAD`, (\d+) cases; "
      r"`LOADGENERATOR_BAD`, (\d+) cases\)",
-     lambda: (cases("test_ansible", "test_bad_variables_fail_before_any_change"),
-              cases("test_ansible", "test_bad_postgresql_variables_fail_before_any_change"),
-              cases("test_ansible", "test_bad_loadgenerator_variables_fail_before_any_change"))),
+     lambda: tuple(len(getattr(__import__("test_ansible"), name))
+                   for name in ("BAD", "DATABASE_BAD", "LOADGENERATOR_BAD"))),
     # make multihost: tests/multihost.py's hosts, one network namespace each.
     ("Makefile", r"multihost \(Ansible over SSH into (\w+) network namespaces\)", multihost_hosts),
     ("README.md", r"Ansible over SSH into (\w+) network namespaces", multihost_hosts),

@@ -123,7 +123,9 @@ def _slow_request(url):
 
 
 def _wait_for_session(sock, server="live"):
-    deadline = time.monotonic() + 5
+    # 15 s: the thread, urllib and HAProxy on a 2-core machine busy with the other xdist
+    # group took more than 5 s once (load 7)
+    deadline = time.monotonic() + 15
     while int(rolling.server_stats(sock, "b", server)["scur"] or 0) == 0:
         assert time.monotonic() < deadline, "the slow request never reached the server"
         time.sleep(0.02)
@@ -176,7 +178,9 @@ def test_drain_waits_for_the_request_in_flight_then_enable(balancer):
     """drain: the request in flight ends with 200 before the server goes to MAINT; a second
     drain changes nothing; enable puts it back UP; a second enable changes nothing."""
     sock = balancer["socket"]
-    thread, result = _slow_request(balancer["frontend"] + "/slow/1.5")
+    # 4 s: the drain must still find the request in flight after rolling.py's own start-up,
+    # which took over 1 s under load (a 1.5 s request left it 0.26 s to wait)
+    thread, result = _slow_request(balancer["frontend"] + "/slow/4")
     _wait_for_session(sock)
     drained = cli("drain", "--socket", sock, "--backend", "b", "--server", "live")
     thread.join(30)
@@ -198,7 +202,7 @@ def test_drain_waits_for_the_request_in_flight_then_enable(balancer):
 @requires_haproxy
 def test_drain_that_times_out_puts_the_server_back(balancer):
     sock = balancer["socket"]
-    thread, result = _slow_request(balancer["frontend"] + "/slow/3")
+    thread, result = _slow_request(balancer["frontend"] + "/slow/6")  # in flight past the drain's start-up
     _wait_for_session(sock)
     drained = cli("drain", "--socket", sock, "--backend", "b", "--server", "live", "--timeout", "0.5")
     status = rolling.server_stats(sock, "b", "live")["status"]
