@@ -60,7 +60,6 @@ for a Unix tool killed by SIGPIPE.
 """
 import argparse
 import csv
-import grp
 import io
 import json
 import os
@@ -215,12 +214,11 @@ class Recipe:
             cache=cache, storage="relstorage" if database else "zeo", zeoserver=None if database else opts["zeoserver"],
             zeo_address=zeo_address, blob_storage=blob_storage, service=service)
         # For the [logrotate] part: logrotate refuses a log directory that a group other than
-        # root may write (the service user's, see service_layout) unless told whom to rotate
-        # as: root's own files as root, the service's files as the service user. Empty
-        # without a service user (a non-root logrotate cannot "su" at all).
-        group = grp.getgrgid(pwd.getpwnam(service_user).pw_gid).gr_name if service else ""
-        options["logrotate-root-su"] = "su root root" if service else ""
-        options["logrotate-service-su"] = f"su {service_user} {group}" if service else ""
+        # root may write (the service user's, see prepare_service) unless a "su" directive
+        # says whom to rotate as: root, since the directory also holds files of root's (the
+        # stdout logs, and the logs of extra clients run as root) that the service user may
+        # not rename there. Empty without a service user (a non-root logrotate cannot "su").
+        options["logrotate-su"] = "su root root" if service else ""
         options["stack-config"] = json.dumps(self.config, sort_keys=True)
         options["location"] = location
         # bin/stack runs supervisord and talks to it with supervisor's own client: the egg
