@@ -122,3 +122,19 @@ def _setfacl(user, directory):
             f"user {user!r} cannot enter {directory}, and setfacl -m u:{user}:x failed: "
             f"{(result.stderr or result.stdout).strip()}; give it search permission another way "
             f"(chmod o+x {directory}) or build elsewhere")
+
+
+def default_entry(user, directory):
+    """Give ``user`` read, write and search permission on ``directory``, every directory in
+    it and every one made in it later, by anyone: the ACL entry ``u:<user>:rwx`` as a
+    default ACL (inherited by what is made inside) of each directory in the tree
+    (``setfacl -R -d -m``). The permissions a creator asks for still cap it (a file made 0600
+    stays its creator's alone). Raises AccessError when setfacl is missing or fails."""
+    program = shutil.which(SETFACL) or next(
+        (p for p in ("/usr/bin/setfacl", "/bin/setfacl") if os.access(p, os.X_OK)), None)
+    if program is None:
+        raise AccessError(f"setfacl is missing to share {directory} with {user!r}: apt-get install acl (make system)")
+    result = subprocess.run([program, "-R", "-d", "-m", f"u:{user}:rwx", directory], capture_output=True,
+                            text=True, timeout=120, check=False)
+    if result.returncode != 0:
+        raise AccessError(f"setfacl -R -d -m u:{user}:rwx {directory} failed: {(result.stderr or result.stdout).strip()}")

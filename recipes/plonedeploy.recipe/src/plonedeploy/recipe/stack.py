@@ -337,6 +337,10 @@ def service_layout(buildout, name, user, zeo_part, clients):
         "reach": unique(reach),
         "file_storage": file_storage,
         "blob_storage": blob_storage,
+        # Written by processes of other users too: the shared blob directory, where every ZEO
+        # client of this ZEO server (bin/instance run as root, the load tools' extra clients)
+        # writes a new blob's directories itself and the server then moves the file in.
+        "shared": [blob_storage] if blob_storage else [],
     }
 
 
@@ -525,6 +529,13 @@ def prepare_service(config, say=None):
         if os.path.lexists(path):
             own(path)
     _new_file_storage(service, uid, gid, say)
+    for directory in service.get("shared", []):
+        # A default ACL: the directories a root client makes in there are the service user's
+        # to write too (ZODB makes them with the creator's umask; its blob files are 0444).
+        try:
+            access.default_entry(user, directory)
+        except access.AccessError as exc:
+            raise StackError(f"service-user {user!r}: {exc}") from exc
     try:
         access.grant_search(user, service["reach"], "it runs ZEO and the ZEO clients from this build", say)
     except (access.AccessError, OSError) as exc:
