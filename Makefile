@@ -47,10 +47,11 @@ BUILDOUT_CFG_zeo := buildout.cfg
 BUILDOUT_CFG_relstorage := relstorage.cfg
 BUILDOUT_CFG = $(or $(BUILDOUT_CFG_$(STORAGE)),$(error STORAGE=$(STORAGE) is invalid: expected zeo or relstorage))
 # Who runs the ZEO server and the ZEO clients when bin/stack runs as root ([stack] service-user,
-# docs/operations.md "Users"): as root, make build creates this system user (once) and builds
-# with it; SERVICE_USER= (empty) builds without one (bin/stack then warns when run as root).
-# Not root: empty (bin/stack runs everything as the invoking user).
-SERVICE_USER ?= $(if $(filter 0,$(shell id -u)),plonedeploy,)
+# docs/operations.md "Users"): make build SERVICE_USER=plonedeploy (as root) creates this
+# system user (once) and builds with it. Empty by default for now: a ZEO client started as
+# root (make site's bin/instance run, the load tools' extra clients) writes blobs into the
+# shared blob directory that the ZEO server, run as that user, cannot then chmod (issue 26).
+SERVICE_USER ?=
 
 .PHONY: demo test multihost blobbench headline matrix storagebench system service-user venv ansible-venv build start site status ab stop pins clean
 

@@ -321,8 +321,8 @@ STACK = (
            "`user=`): it owns what they write in `var/` (data, blobs, their logs, caches, pid files) and "
            "nothing of the build; `bin/<part> start` gives it search permission (POSIX ACL) on the "
            "directories on the way to the build it cannot enter. Empty: they run as whoever runs "
-           "`bin/<part>` (as root with a warning). `make demo`/`make build` as root: `plonedeploy` "
-           "([operations.md, Users](operations.md#users))", "empty"),
+           "`bin/<part>` (as root with a warning). `make build SERVICE_USER=plonedeploy` as root "
+           "creates the user and sets it ([operations.md, Users](operations.md#users))", "empty"),
 )
 
 #: ``plonedeploy.recipe:postgresql`` (postgresql.py): the buildout stack's database.

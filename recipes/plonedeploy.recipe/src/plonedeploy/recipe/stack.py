@@ -456,7 +456,7 @@ LOG_DIRECTORY_MODE = 0o1770
 #: What ``bin/stack start`` says on stderr when root starts a stack without a service user.
 ROOT_WARNING = ("bin/stack: warning: running as root without [{part}] service-user: the ZEO server and the "
                 "ZEO clients run as root. Set service-user = plonedeploy (an unprivileged system user; "
-                "make build does as root) and run bin/buildout again (docs/operations.md, Users).")
+                "make build SERVICE_USER=plonedeploy) and run bin/buildout again (docs/operations.md, Users).")
 
 
 def service_users(config):
@@ -595,9 +595,10 @@ def write_supervisor_config(config):
         "process_manager_supervisor_programs": programs,
         "process_manager_supervisor_logfile_maxbytes": 0,
         "process_manager_stop_timeout": STOP_WAIT,
-        # Files the programs and supervisord create (logs, data, caches): no access for others.
-        "process_manager_supervisor_umask": UMASK,
     }
+    if config.get("service"):
+        # Files the programs and supervisord create (logs, data, caches): no access for others.
+        common["process_manager_supervisor_umask"] = UMASK
     filters = {"quote": shlex.quote}
     wanted = set()
     users = service_users(config)
