@@ -49,8 +49,14 @@ MULTIHOST_STORAGE ?= zeo
 BUILDOUT_CFG_zeo := buildout.cfg
 BUILDOUT_CFG_relstorage := relstorage.cfg
 BUILDOUT_CFG = $(or $(BUILDOUT_CFG_$(STORAGE)),$(error STORAGE=$(STORAGE) is invalid: expected zeo or relstorage))
+# Who runs the ZEO server and the ZEO clients when bin/stack runs as root ([stack] service-user,
+# docs/operations.md "Users"): make build SERVICE_USER=plonedeploy (as root) creates this
+# system user (once) and builds with it. Empty by default for now: a ZEO client started as
+# root (make site's bin/instance run, the load tools' extra clients) writes blobs into the
+# shared blob directory that the ZEO server, run as that user, cannot then chmod (issue 26).
+SERVICE_USER ?=
 
-.PHONY: demo test multihost blobbench headline matrix storagebench system venv ansible-venv build start site status ab stop pins clean
+.PHONY: demo test multihost blobbench headline matrix storagebench system service-user venv ansible-venv build start site status ab stop pins clean
 
 demo: system build
 	@# Whatever happens, stop what was started (by PID).
@@ -84,12 +90,22 @@ $(BUILDOUT_VENV)/.installed: requirements-buildout.txt
 	$(BUILDOUT_VENV)/bin/pip install --quiet -r requirements-buildout.txt
 	touch $@
 
-build: venv $(BUILDOUT_VENV)/.installed
+# The service user: a system account with no home, no shell and no password (useradd
+# --system --user-group). Idempotent: an existing user is left as it is.
+service-user:
+	@if [ -n "$(SERVICE_USER)" ]; then \
+	  if getent passwd "$(SERVICE_USER)" >/dev/null; then echo "service user: $(SERVICE_USER) exists"; \
+	  else useradd --system --user-group --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin \
+	    --comment "plonedeploy services (ZEO, Zope)" "$(SERVICE_USER)" && \
+	    echo "service user: created system user $(SERVICE_USER) (runs ZEO and the ZEO clients)"; fi; fi
+
+build: venv $(BUILDOUT_VENV)/.installed service-user
 	@# Buildout runs pip once per egg: no pip self-check (a PyPI request) in those runs.
 	@start=$$(date +%s); export PIP_DISABLE_PIP_VERSION_CHECK=1; \
 	  $(BUILDOUT_VENV)/bin/python scripts/fetch_eggs.py --cache $(DOWNLOAD_CACHE) --eggs-directory eggs/v5 && \
 	  fetched=$$(date +%s) && \
-	  $(BUILDOUT_VENV)/bin/buildout -c $(BUILDOUT_CFG) buildout:download-cache=$(DOWNLOAD_CACHE) buildout:install-from-cache=true && \
+	  $(BUILDOUT_VENV)/bin/buildout -c $(BUILDOUT_CFG) buildout:download-cache=$(DOWNLOAD_CACHE) buildout:install-from-cache=true \
+	    stack:service-user=$(SERVICE_USER) && \
 	  mkdir -p var && echo "$(abspath $(BUILDOUT_CFG))" > var/buildout-config && \
 	  echo "build finished in $$(( $$(date +%s) - start )) s (fetch_eggs $$(( fetched - start )) s, bin/buildout $$(( $$(date +%s) - fetched )) s)"
 

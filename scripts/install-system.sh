@@ -11,7 +11,7 @@
 # postgresql (storage = relstorage); for wsgi-server = mod_wsgi Apache's binary and headers
 # (apache2-bin, apache2-dev: no apache2 service package, and any system apache2 service is
 # stopped) and mod_wsgi itself, compiled against /usr/bin/python3 into a venv of its own
-# (MOD_WSGI_VENV). Does nothing when they are already there.
+# (MOD_WSGI_VENV); acl (setfacl). Does nothing when they are already there.
 set -euo pipefail
 need=()
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
@@ -38,6 +38,9 @@ command -v prometheus-varnish-exporter >/dev/null 2>&1 || need+=(prometheus-varn
 # and apxs (apache2-dev) to compile mod_wsgi against it.
 [ -x /usr/sbin/apache2 ] || need+=(apache2-bin)
 [ -x /usr/bin/apxs ] || need+=(apache2-dev)
+# setfacl (acl): bin/stack, bin/postgresql and the mod_wsgi runner give the user they run a
+# program as search permission (u:<user>:x) on the parents of a checkout it cannot enter.
+command -v setfacl >/dev/null 2>&1 || [ -x /usr/bin/setfacl ] || need+=(acl)
 # mod_wsgi-express's httpd.conf reads TypesConfig /etc/mime.types (not a dependency of apache2-bin).
 [ -f /etc/mime.types ] || need+=(media-types)
 

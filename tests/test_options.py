@@ -3,6 +3,8 @@ import configparser
 import os
 import re
 import shutil
+import stat
+import subprocess
 import tempfile
 
 import pytest
@@ -416,28 +418,42 @@ def test_scram_verifier_format_and_salt():
         postgresql.scram_verifier("p\u00e9ncil")
 
 
-def test_unreachable_directory_names_the_first_closed_parent(tmp_path):
-    """pytest's own tmp_path sits below /tmp/pytest-of-<user> (mode 0700): the first closed
-    parent for another user is that one, which is why tests/test_relstorage.py builds in a
-    directory of its own."""
-    from plonedeploy.recipe import postgresql
+def test_grant_search_opens_exactly_the_closed_parents_by_acl():
+    """A checkout under closed directories (a mktemp -d clone, root's home): the user gets
+    search permission (an ACL entry u:<user>:x) on each directory it cannot enter and on
+    no other, checked as that user; a second call grants nothing; a file it cannot read
+    stays an error (search is all it gets). Root only: the check runs as the user."""
+    import pwd
 
-    nobody = 65534
-    # pytest's base directory, mode 0700 (one level deeper under xdist: pytest-N/popen-gwK/)
-    base = next(p for p in tmp_path.parents if p.name.startswith("pytest-of-"))
-    assert postgresql.unreachable_directory(str(tmp_path / "data"), nobody, [nobody]) == str(base)
-    base = tempfile.mkdtemp(prefix="plonedeploy-reach-")
+    from plonedeploy.recipe import access
+
+    if os.geteuid() != 0:
+        pytest.fail("runs as root only (bin/stack and bin/postgresql grant as root)")
+    user = pwd.getpwnam("nobody")
+    base = tempfile.mkdtemp(prefix="plonedeploy-reach-")  # mode 0700, like a fresh clone's parent
     try:
-        os.chmod(base, 0o755)
-        closed = os.path.join(base, "closed")
-        os.makedirs(os.path.join(closed, "inner"), mode=0o700)
+        open_dir = os.path.join(base, "open")
+        closed = os.path.join(open_dir, "closed")
+        os.makedirs(os.path.join(closed, "inner"))
+        os.chmod(open_dir, 0o755)
         os.chmod(closed, 0o700)
         target = os.path.join(closed, "inner", "data")
-        assert postgresql.unreachable_directory(target, nobody, [nobody]) == closed
-        assert postgresql.unreachable_directory(target, os.getuid(), []) is None  # the owner
-        os.chmod(closed, 0o711)
-        os.chmod(os.path.join(closed, "inner"), 0o711)
-        assert postgresql.unreachable_directory(target, nobody, [nobody]) is None
+        said = []
+        assert access.grant_search("nobody", [target], "a test", said.append) == [base, closed]
+        assert said == [f"granted user 'nobody' search permission (setfacl -m u:nobody:x) on {base}, {closed}: "
+                        "a test"]
+        for directory, granted in ((base, True), (open_dir, False), (closed, True)):
+            acl = subprocess.run(["getfacl", "-cp", directory], capture_output=True, text=True, timeout=30).stdout
+            assert ("user:nobody:--x" in acl) is granted, (directory, acl)
+        assert stat.S_IMODE(os.stat(closed).st_mode) & 0o007 == 0  # others: still nothing
+        assert access.grant_search("nobody", [target], "a test", said.append) == [] and len(said) == 1
+        secret = os.path.join(closed, "inner", "secret")
+        with open(secret, "w") as fp:
+            fp.write("x")
+        os.chmod(secret, 0o600)
+        with pytest.raises(access.AccessError, match=f"user 'nobody' .* cannot read {secret}"):
+            access.grant_search("nobody", [secret], "a test", said.append)
+        assert access._check_as(user, [target]) == {target: None}
     finally:
         shutil.rmtree(base)
 

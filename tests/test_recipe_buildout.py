@@ -362,6 +362,11 @@ blob-storage = ${buildout:directory}/var/blobstorage
 
 
 BAD = [
+    ("[stack]\nservice-user = no-such-user-pd\n",
+     "[stack] service-user = 'no-such-user-pd' is invalid: expected an existing system user (make demo "
+     "creates 'plonedeploy'"),
+    ("[stack]\nservice-user = root\n",
+     "[stack] service-user = 'root' is invalid: expected a system user other than root"),
     ("[stack]\nclients = client2 instance\n",
      "[stack] clients = 'client2 instance' is invalid: expected the [haproxy] part's backends in their "
      "order, 'instance client2'"),

@@ -85,13 +85,32 @@ def test_mod_wsgi_daemon_path_is_the_eggs_without_this_interpreters_library(tmp_
     assert mod_wsgi.eggs_path(path) == ["/b/eggs/Zope.egg", "/venv/lib/python3.11/site-packages"]
 
 
-def test_mod_wsgi_unreachable_names_the_closed_directory(tmp_path):
-    closed = tmp_path / "closed"
-    (closed / "inner").mkdir(parents=True)
-    uid = os.geteuid()  # the owner of every directory on the way: its u+x bits count
-    os.chmod(closed, 0o600)
-    try:
-        assert mod_wsgi.unreachable(str(closed / "inner" / "file"), uid, []) == str(closed)
-    finally:
-        os.chmod(closed, 0o700)
-    assert mod_wsgi.unreachable(str(closed / "inner" / "file"), uid, []) is None
+def test_mod_wsgi_grant_search_is_the_recipes(tmp_path):
+    """The mod_wsgi runner's copy of plonedeploy.recipe.access.grant_search (a client must
+    not import the recipe) opens the same directories, by the same ACL entry. Root only."""
+    import pwd
+    import shutil
+    import subprocess
+    import tempfile
+
+    from plonedeploy.recipe import access
+
+    if os.geteuid() != 0:
+        pytest.fail("runs as root only (the runner grants when started as root)")
+    granted = {}
+    for name, grant in (("runtime", lambda paths: mod_wsgi.grant_search(pwd.getpwnam("nobody"), paths)),
+                        ("recipe", lambda paths: access.grant_search("nobody", paths, "a test", lambda line: None))):
+        base = tempfile.mkdtemp(prefix="plonedeploy-reach-")  # 0700
+        try:
+            os.makedirs(os.path.join(base, "a", "b"))
+            os.chmod(os.path.join(base, "a"), 0o750)
+            target = os.path.join(base, "a", "b", "egg")
+            granted[name] = [path[len(base):] for path in grant([target])]
+            assert grant([target]) == []
+            acl = subprocess.run(["getfacl", "-cp", base], capture_output=True, text=True, timeout=30).stdout
+            assert "user:nobody:--x" in acl
+        finally:
+            shutil.rmtree(base)
+    assert granted["runtime"] == granted["recipe"] == ["", "/a"]
+
+

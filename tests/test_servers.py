@@ -8,10 +8,13 @@ keep-alive, and the process model (how many processes, and that exactly one of t
 holds a ZEO connection), then stops it with SIGTERM to its process group. pyruvate and
 waitress are left out: they are the session stack's own clients, checked on the same
 paths by tests/test_integration.py. About 15 s per server here. mod_wsgi started as root
-runs as www-data (its run-as): the test opens pytest's directories to it (o+x) while it runs.
+runs as www-data (its run-as): the test opens pytest's directories to it (o+x) while it runs,
+and the runner itself gives www-data search permission by ACL on the checkout's closed
+parents (root's home, a ``mktemp -d`` clone), which the test checks: no skip.
 """
 import http.client
 import os
+import pathlib
 import signal
 import subprocess
 import time
@@ -55,18 +58,12 @@ def _let_run_as_in(directory):
     """Started as root, the mod_wsgi client runs as its run-as user (www-data), who must
     enter this test's build directory (pytest makes its base directory 0700): search
     permission (o+x) on the directories of pytest's own tree up to it, for this test only.
-    Returns ``{path: former mode}`` to restore. Skips when the checkout itself (eggs,
-    develop eggs) is where that user cannot go."""
-    import pwd
+    Returns ``{path: former mode}`` to restore. The checkout itself (its eggs, develop eggs)
+    under a closed directory (root's home, a ``mktemp -d`` clone) is the runner's to open:
+    it grants www-data search permission by ACL and says so (mod_wsgi.grant_search), which
+    the test checks in the client's log."""
     import stat
 
-    from plonedeploy.runtime.servers.mod_wsgi import unreachable
-
-    user = pwd.getpwnam("www-data")
-    gids = os.getgrouplist(user.pw_name, user.pw_gid)
-    blocked = unreachable(str(ROOT), user.pw_uid, gids)
-    if blocked:
-        pytest.skip(f"www-data cannot enter {blocked}: the mod_wsgi daemon could not read this checkout's eggs")
     opened = {}
     for path in [directory, *list(directory.parents)[:2]]:  # servers0, pytest-<n>, pytest-of-<user>
         mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -74,6 +71,22 @@ def _let_run_as_in(directory):
             opened[path] = mode
             os.chmod(path, mode | 0o001)
     return opened
+
+
+def _closed_parents(path, user):
+    """The directories on the way to ``path`` that ``user`` (a name) cannot enter without
+    an ACL entry of its own: closed to others (no o+x) and neither its own nor its group's."""
+    import grp
+    import pwd
+
+    entry = pwd.getpwnam(user)
+    groups = {g.gr_gid for g in grp.getgrall() if user in g.gr_mem} | {entry.pw_gid}
+    closed = []
+    for parent in reversed(list(path.parents)):
+        info = os.stat(parent)
+        if not info.st_mode & 0o001 and info.st_uid != entry.pw_uid and info.st_gid not in groups:
+            closed.append(str(parent))
+    return closed
 
 
 def _group(proc):
@@ -88,7 +101,11 @@ def test_server_serves_zope_with_one_zeo_client(stack, servers_build, server):
     port = ports[server]
     assert not port_taken(port), f"port {port} is taken"
     url = f"http://127.0.0.1:{port}"
-    opened = _let_run_as_in(directory) if server == "mod_wsgi" and os.geteuid() == 0 else {}
+    as_root = server == "mod_wsgi" and os.geteuid() == 0
+    opened = _let_run_as_in(directory) if as_root else {}
+    # A checkout under a closed directory: the runner must open it for www-data (a POSIX ACL,
+    # said in its output), where this test used to skip.
+    closed = _closed_parents(pathlib.Path(ROOT), "www-data") if as_root else []
     log = directory / "var" / "log" / f"c_{server}.console.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
@@ -97,6 +114,11 @@ def test_server_serves_zope_with_one_zeo_client(stack, servers_build, server):
     try:
         root = _wait_for_root(url, proc, log)
         assert "plone-overview" in root.text  # the Zope root lists its Plone sites
+        if closed:  # this start or an earlier one granted www-data search permission there
+            said = log.read_text()
+            for parent in closed:
+                acl = subprocess.run(["getfacl", "-cp", parent], capture_output=True, text=True, timeout=30)
+                assert "user:www-data:--x" in acl.stdout, (parent, acl.stdout, said[-2000:])
         expected = SERVER_HEADER[server]
         if expected:
             assert root.headers.get("Server", "").lower().startswith(expected.lower())

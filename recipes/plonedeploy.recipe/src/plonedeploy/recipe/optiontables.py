@@ -316,6 +316,13 @@ STACK = (
            "started after the clients and before HAProxy", "empty"),
     Option("eggs", "plonedeploy.recipe", "egg names",
            "zc.recipe.egg's: the eggs `bin/<part>` runs with; `supervisor` (its supervisord) is always added"),
+    Option("service-user", "", "an existing system user other than root",
+           "who runs the ZEO server and the ZEO clients when `bin/<part>` runs as root (supervisord's "
+           "`user=`): it owns what they write in `var/` (data, blobs, their logs, caches, pid files) and "
+           "nothing of the build; `bin/<part> start` gives it search permission (POSIX ACL) on the "
+           "directories on the way to the build it cannot enter. Empty: they run as whoever runs "
+           "`bin/<part>` (as root with a warning). `make build SERVICE_USER=plonedeploy` as root "
+           "creates the user and sets it ([operations.md, Users](operations.md#users))", "empty"),
 )
 
 #: ``plonedeploy.recipe:postgresql`` (postgresql.py): the buildout stack's database.

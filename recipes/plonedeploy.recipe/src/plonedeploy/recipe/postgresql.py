@@ -85,13 +85,13 @@ import pwd
 import re
 import secrets
 import signal
-import stat
 import subprocess
 import sys
 import time
 
 import zc.buildout
 
+from plonedeploy.recipe import access
 from plonedeploy.recipe.options import fail, parse_http_address
 from plonedeploy.recipe.optiontables import POSTGRESQL, DeclaredOptions
 # The DSN and the verifier are storage.py's (Ansible's postgresql role uses them too).
@@ -224,27 +224,6 @@ def _server_env(uid):
     return env
 
 
-def unreachable_directory(path, uid, gids):
-    """The first parent directory of ``path`` that user ``uid`` (groups ``gids``) cannot
-    enter (no search permission), or None. Root's view of the file system, no ACLs."""
-    parts = os.path.abspath(path).split(os.sep)
-    for index in range(1, len(parts)):
-        directory = os.sep.join(parts[:index]) or os.sep
-        try:
-            info = os.stat(directory)
-        except FileNotFoundError:
-            return None  # created later, by us, for that user
-        if info.st_uid == uid:
-            allowed = info.st_mode & stat.S_IXUSR
-        elif info.st_gid in gids:
-            allowed = info.st_mode & stat.S_IXGRP
-        else:
-            allowed = info.st_mode & stat.S_IXOTH
-        if not allowed:
-            return directory
-    return None
-
-
 def _make_directory(path, user):
     os.makedirs(path, mode=0o700, exist_ok=True)
     os.chmod(path, 0o700)
@@ -294,13 +273,13 @@ def initialise(config):
     user = server_user(config)
     os.makedirs(config["directory"], exist_ok=True)
     if user is not None:
-        blocked = unreachable_directory(config["data_directory"], user[0],
-                                        os.getgrouplist(config["run_as"], user[1]))
-        if blocked:
-            raise PostgresError(
-                f"{config['name']}: user {config['run_as']!r} (who runs PostgreSQL when bin/stack runs "
-                f"as root) cannot enter {blocked}: give it search permission (chmod o+x {blocked}) "
-                "or build in another directory")
+        # A checkout under a mode-0700 directory (root's home, a mktemp -d clone): the server's
+        # user gets search permission on the way to var/<part>, nothing more, and we say so.
+        try:
+            access.grant_search(config["run_as"], [config["directory"]],
+                                f"it runs PostgreSQL in {config['directory']}")
+        except (access.AccessError, OSError) as exc:
+            raise PostgresError(f"{config['name']}: {exc}") from None
     data, bin_dir = config["data_directory"], config["bin_directory"]
     fresh = not os.path.exists(os.path.join(data, "PG_VERSION"))
     if fresh:

@@ -63,6 +63,7 @@ import csv
 import io
 import json
 import os
+import pwd
 import shlex
 import signal
 import socket
@@ -76,7 +77,7 @@ import urllib.request
 import zc.buildout
 
 from plonedeploy.recipe import rolling, rules, varnish as varnish_rules
-from plonedeploy.recipe.options import parse_http_address
+from plonedeploy.recipe.options import fail, parse_http_address
 from plonedeploy.recipe.optiontables import STACK, DeclaredOptions
 
 
@@ -199,6 +200,11 @@ class Recipe:
                 "blob_sendfile": client.get("blob-sendfile", "off") == "on",
                 "metrics_url": metrics.get(part),
             }
+        service = None
+        service_user = opts.setdefault("service-user").strip()
+        if service_user:
+            service = service_layout(buildout, name, service_user, None if database else opts["zeoserver"],
+                                     clients + upload_clients)
         location = os.path.join(buildout["buildout"]["parts-directory"], name)
         self.config = contract(
             haproxy=context, clients=facts, part=name, processes=processes,
@@ -206,7 +212,13 @@ class Recipe:
             supervisor_config=os.path.join(location, "supervisord.conf"), directory=directory,
             haproxy_binary=hap["binary"], haproxy_config=hap["config"], haproxy_template=hap["template"],
             cache=cache, storage="relstorage" if database else "zeo", zeoserver=None if database else opts["zeoserver"],
-            zeo_address=zeo_address, blob_storage=blob_storage)
+            zeo_address=zeo_address, blob_storage=blob_storage, service=service)
+        # For the [logrotate] part: logrotate refuses a log directory that a group other than
+        # root may write (the service user's, see prepare_service) unless a "su" directive
+        # says whom to rotate as: root, since the directory also holds files of root's (the
+        # stdout logs, and the logs of extra clients run as root) that the service user may
+        # not rename there. Empty without a service user (a non-root logrotate cannot "su").
+        options["logrotate-su"] = "su root root" if service else ""
         options["stack-config"] = json.dumps(self.config, sort_keys=True)
         options["location"] = location
         # bin/stack runs supervisord and talks to it with supervisor's own client: the egg
@@ -239,9 +251,102 @@ class Recipe:
     update = install
 
 
+def service_layout(buildout, name, user, zeo_part, clients):
+    """What the service user ``user`` of stack part ``name`` runs and owns, for
+    ``stack.json``'s ``service`` (see :func:`contract`): the ZEO server part ``zeo_part``
+    (None on RelStorage) and the client parts ``clients`` run as it; it owns the
+    directories they write (the ZEO server's Data.fs directory, blob directory and pid-file
+    directory; each client's home ``var/<part>``, Chameleon cache, blob directory or blob
+    cache, ``TUS_TMP_FILE_DIR``), their log files, and the RelStorage passfile the clients
+    read; it needs to reach the build (buildout directory, eggs, develop eggs, the Python of
+    the ``bin/`` scripts). The defaults are those of plone.recipe.zeoserver and
+    plone.recipe.zope2instance where a part does not set the option.
+
+    Raises zc.buildout.UserError naming ``[name] service-user`` when the user does not exist
+    or is root, and naming ``[<zeoserver>] pid-file`` when the pid file lies directly in a
+    directory root keeps (``var/``, the buildout directory): runzeo replaces it there.
+    """
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        fail(name, "service-user", user, "an existing system user (make demo creates 'plonedeploy': "
+             "useradd --system --user-group --home-dir /nonexistent --shell /usr/sbin/nologin plonedeploy)")
+    if entry.pw_uid == 0:
+        fail(name, "service-user", user, "a system user other than root (it is what the programs drop to)")
+    top = buildout["buildout"]["directory"]
+    var = os.path.join(top, "var")
+    directories, files, readable = [], [], []
+    file_storage = blob_storage = None
+    if zeo_part:
+        zeo = buildout[zeo_part]
+        storage = zeo.get("file-storage") or os.path.join(var, "filestorage", "Data.fs")
+        pid_file = zeo.get("pid-file") or os.path.join(var, f"{zeo_part}.pid")
+        if os.path.dirname(pid_file) in (top, var):
+            fail(zeo_part, "pid-file", pid_file,
+                 f"a file in a directory of its own with [{name}] service-user (runzeo, running as "
+                 f"{user!r}, replaces it; var/ itself stays root's), e.g. ${{buildout:directory}}/var/"
+                 f"{zeo_part}/{zeo_part}.pid")
+        directories += [os.path.dirname(storage), os.path.dirname(pid_file)]
+        if zeo.get("blob-storage"):
+            directories.append(zeo["blob-storage"])
+        file_storage, blob_storage = storage, zeo.get("blob-storage") or None
+        files.append(zeo.get("zeo-log") or os.path.join(var, "log", f"{zeo_part}.log"))
+    for part in clients:
+        client = buildout[part]
+        client_var = client.get("var") or var
+        directories.append(client.get("client-home") or os.path.join(client_var, part))
+        environment = dict(line.strip().split(None, 1) for line in client.get("environment-vars", "").splitlines()
+                           if len(line.split(None, 1)) == 2)
+        cache = environment.get("CHAMELEON_CACHE")
+        if cache is None:
+            cache = client.get("template-cache", "on").strip()
+            if cache.lower() in ("on", "1", "true", "enabled"):
+                cache = os.path.join(client_var, "cache")
+            elif cache.lower() in ("off", "0", "false", "disabled"):
+                cache = None
+        directories += [d for d in (cache, environment.get("TUS_TMP_FILE_DIR")) if d]
+        if client.get("storage") == "relstorage":
+            directories.append(client["relstorage-blob-dir"])
+            dsn = dict(pair.split("=", 1) for pair in client["relstorage-dsn"].split() if "=" in pair)
+            if dsn.get("passfile"):
+                readable.append(dsn["passfile"])
+        elif client.get("blob-storage"):
+            directories.append(client["blob-storage"])
+        for option, suffix in (("event-log", ""), ("z2-log", "-access")):
+            path = client.get(option) or (client.get("access-log") if option == "z2-log" else None) \
+                or os.path.join(client_var, "log", f"{part}{suffix}.log")
+            if path.lower() != "disable":
+                files.append(path)
+    develop = [os.path.join(top, path) for path in buildout["buildout"].get("develop", "").split()]
+    # Develop eggs of another directory (a build sharing the checkout's develop-eggs): the
+    # source directories their .egg-link files name.
+    links = buildout["buildout"]["develop-eggs-directory"]
+    for link in sorted(os.listdir(links)) if os.path.isdir(links) else ():
+        if link.endswith(".egg-link"):
+            with open(os.path.join(links, link), encoding="utf-8") as fp:
+                develop.append(fp.readline().strip())
+    reach = [top, buildout["buildout"]["eggs-directory"], buildout["buildout"]["develop-eggs-directory"],
+             *develop, sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix]
+    unique = lambda paths: list(dict.fromkeys(os.path.normpath(p) for p in paths))  # noqa: E731
+    return {
+        "user": user,
+        "processes": ([zeo_part] if zeo_part else []) + list(clients),
+        "directories": unique(directories),
+        "files": unique(files),
+        "readable": unique(readable),
+        "reach": unique(reach),
+        "file_storage": file_storage,
+        "blob_storage": blob_storage,
+        # Written by processes of other users too: the shared blob directory, where every ZEO
+        # client of this ZEO server (bin/instance run as root, the load tools' extra clients)
+        # writes a new blob's directories itself and the server then moves the file in.
+        "shared": [blob_storage] if blob_storage else [],
+    }
+
+
 def contract(*, haproxy, clients, part="stack", processes=(), run_dir="", log_dir="", haproxy_binary="haproxy",
              haproxy_config="", haproxy_template="", cache=None, storage="zeo", zeoserver=None, zeo_address=None,
-             blob_storage=None, supervisor_config="", directory=""):
+             blob_storage=None, supervisor_config="", directory="", service=None):
     """The stack's facts, the dict written as ``stack.json``: the one place that says what
     the load tools and tests may know about a stack (they read it through
     ``loadtests.core``, never from haproxy.cfg or wsgi.ini).
@@ -261,7 +366,10 @@ def contract(*, haproxy, clients, part="stack", processes=(), run_dir="", log_di
     ``storage``: ``zeo`` or ``relstorage``; ``zeoserver``: the ZEO server's process name
     (None for RelStorage); ``zeo_address``: the ZEO server's ``host:port`` and
     ``blob_storage`` its blob directory, for tools that build more ZEO clients of it (None
-    for RelStorage). The A/B tool's keys come from ``rules.ab_contract``, which the Ansible
+    for RelStorage). ``service``: None, or the service user's dict of :func:`service_layout`
+    (``user``; ``processes`` that run as it when bin/stack runs as root; ``directories`` and
+    ``files`` it owns; ``readable`` files it must read; ``reach``: paths it must be able to
+    reach). The A/B tool's keys come from ``rules.ab_contract``, which the Ansible
     role's abtest.json uses too.
 
     Returns a JSON-able dict; raises KeyError when ``haproxy`` lacks a variable named
@@ -307,6 +415,8 @@ def contract(*, haproxy, clients, part="stack", processes=(), run_dir="", log_di
         # The ZEO server and its blob directory (null for RelStorage).
         "zeo_address": zeo_address,
         "blob_storage": blob_storage,
+        # Who runs ZEO and the clients when bin/stack runs as root, and what it owns; or null.
+        "service": service,
     })
     return document
 
@@ -331,6 +441,129 @@ _ALIVE = ("STARTING", "RUNNING", "STOPPING")
 #: The states in which supervisord may still start the program again (BACKOFF: between two
 #: tries of a program that exited too soon): a stop must end these too.
 _STOPPABLE = _ALIVE + ("BACKOFF",)
+
+
+#: supervisord's umask, which its programs inherit: what they create is theirs and their
+#: group's to read, nobody else's (logs, Data.fs, blobs, caches).
+UMASK = "027"
+#: Mode of the log directory with a service user: root's and its group's (the service user
+#: writes its own logs there), sticky: neither may remove or replace the other's files. root
+#: (supervisord) writes every program's stdout log there; the service user must not be able
+#: to swap one of those for a symbolic link to a file of root's.
+LOG_DIRECTORY_MODE = 0o1770
+
+
+#: What ``bin/stack start`` says on stderr when root starts a stack without a service user.
+ROOT_WARNING = ("bin/stack: warning: running as root without [{part}] service-user: the ZEO server and the "
+                "ZEO clients run as root. Set service-user = plonedeploy (an unprivileged system user; "
+                "make build SERVICE_USER=plonedeploy) and run bin/buildout again (docs/operations.md, Users).")
+
+
+def service_users(config):
+    """``{process name: user}`` for the processes that supervisord runs as another user:
+    the ``service`` processes of ``config`` when this process runs as root, else none
+    (supervisord started by anyone else cannot change user, and runs everything as that one)."""
+    service = config.get("service")
+    if not service or os.geteuid() != 0:
+        return {}
+    return {name: service["user"] for name in service["processes"]}
+
+
+def prepare_service(config, say=None):
+    """As root with a service user: give it what it needs before its programs start. The
+    directories it writes are made and owned by it (recursively: files that root wrote
+    meanwhile, e.g. by bin/restore or bin/instance fg, become its own again); its log files
+    (and their rotations) and the files it reads (the RelStorage passfile) too, where they
+    exist; the log directory becomes root's and its group's, sticky (:data:`LOG_DIRECTORY_MODE`),
+    and root's own logs in it (supervisord.log, every program's stdout log) are made plain
+    files of root's, so that supervisord never opens a link the service user put there;
+    and it gets search permission on the way to the build (:func:`access.grant_search`).
+    Symbolic links are never followed (``lchown``). Does nothing without a service user or
+    when not root. ``say``: prints what it did (default print). Raises StackError when the
+    user is missing or cannot reach the build."""
+    from plonedeploy.recipe import access
+
+    service = config.get("service")
+    if not service or os.geteuid() != 0:
+        return
+    say = say or (lambda line: print(line, flush=True))
+    user = service["user"]
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise StackError(f"service-user {user!r} does not exist (make demo creates 'plonedeploy'); "
+                         "create it or build without service-user") from None
+    uid, gid = entry.pw_uid, entry.pw_gid
+
+    def own(path):
+        info = os.lstat(path)
+        if (info.st_uid, info.st_gid) != (uid, gid) and not os.path.islink(path):
+            os.chown(path, uid, gid, follow_symlinks=False)
+
+    log_dir = config["log_dir"]
+    os.makedirs(log_dir, exist_ok=True)
+    os.chown(log_dir, 0, gid)
+    os.chmod(log_dir, LOG_DIRECTORY_MODE)
+    for name in ["supervisord"] + [p["name"] for p in config["processes"]]:
+        path = os.path.join(log_dir, "supervisord.log" if name == "supervisord" else f"{name}.stdout.log")
+        info = os.lstat(path) if os.path.lexists(path) else None
+        if info is not None and (not os.path.isfile(path) or os.path.islink(path) or info.st_uid != 0):
+            os.unlink(path)  # root may, in its sticky directory; a link or foreign file is not ours
+            info = None
+        if info is None:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640))
+    for directory in service["directories"]:
+        os.makedirs(directory, exist_ok=True)
+        own(directory)
+        for base, dirs, names in os.walk(directory):
+            for item in dirs + names:
+                own(os.path.join(base, item))
+    for path in service["files"]:
+        folder, stem = os.path.split(path)
+        if not os.path.isdir(folder):
+            continue
+        for item in os.listdir(folder):  # the file and its rotations (name.1, name.2.gz, ...)
+            if item == stem or item.startswith(stem + "."):
+                own(os.path.join(folder, item))
+    for path in service["readable"]:
+        if os.path.lexists(path):
+            own(path)
+    _new_file_storage(service, uid, gid, say)
+    for directory in service.get("shared", []):
+        # A default ACL: the directories a root client makes in there are the service user's
+        # to write too (ZODB makes them with the creator's umask; its blob files are 0444).
+        try:
+            access.default_entry(user, directory)
+        except access.AccessError as exc:
+            raise StackError(f"service-user {user!r}: {exc}") from exc
+    try:
+        access.grant_search(user, service["reach"], "it runs ZEO and the ZEO clients from this build", say)
+    except (access.AccessError, OSError) as exc:
+        raise StackError(f"service-user {user!r}: {exc}") from exc
+
+
+#: The first bytes of a FileStorage (ZODB.FileStorage.format.packed_version): what
+#: FileStorage itself writes into a new Data.fs, an empty database.
+FILE_STORAGE_MAGIC = b"FS21"
+
+
+def _new_file_storage(service, uid, gid, say):
+    """A fresh build: no Data.fs yet. FileStorage would create it and first remove and make
+    again the blob directory, whose parent (``var/``) stays root's, so the ZEO server, run as
+    the service user, could do neither. Write the empty database FileStorage would write,
+    owned by the service user; with blobs of an earlier database in the blob directory,
+    refuse (FileStorage would delete them) and say what to do. Raises StackError."""
+    path, blobs = service.get("file_storage"), service.get("blob_storage")
+    if not path or os.path.lexists(path):
+        return
+    if blobs and os.path.isdir(blobs) and set(os.listdir(blobs)) - {".layout", "tmp"}:
+        raise StackError(f"{path} is missing but {blobs} holds blobs: restore the Data.fs (bin/restore) "
+                         f"or remove {blobs} to start with an empty database")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+    with os.fdopen(fd, "wb") as fp:
+        fp.write(FILE_STORAGE_MAGIC)
+    os.chown(path, uid, gid)
+    say(f"zeoserver: new empty database {path}")
 
 
 def supervisor_config(config):
@@ -363,13 +596,18 @@ def write_supervisor_config(config):
         "process_manager_supervisor_logfile_maxbytes": 0,
         "process_manager_stop_timeout": STOP_WAIT,
     }
+    if config.get("service"):
+        # Files the programs and supervisord create (logs, data, caches): no access for others.
+        common["process_manager_supervisor_umask"] = UMASK
     filters = {"quote": shlex.quote}
     wanted = set()
+    users = service_users(config)
     for proc in config["processes"]:
         name = f"{proc['name']}.conf"
         wanted.add(name)
         text = render_template(os.path.join(TEMPLATES_DIRECTORY, "program.conf.j2"), dict(
             common, process_manager_program_name=proc["name"], process_manager_program_command=proc["argv"],
+            process_manager_program_user=users.get(proc["name"], ""),
             process_manager_program_directory=common["process_manager_prefix"],
             process_manager_program_autostart=False, process_manager_program_startsecs=START_SECONDS,
             process_manager_program_logfile=os.path.join(config["log_dir"], f"{proc['name']}.stdout.log"),
@@ -539,6 +777,7 @@ def start_stage(config, procs, timeout):
     """
     import xmlrpc.client
 
+    prepare_service(config)  # before supervisord opens a log: the log directory's mode first
     rpc = ensure_supervisord(config)
     started = time.monotonic()
     waiting = {}  # name -> (proc, the PID it got, once seen)
@@ -791,6 +1030,8 @@ def _command(config_path, argv):
     try:
         if args.command == "start":
             _check_names(args.names, [p["name"] for p in config["processes"]])
+            if os.geteuid() == 0 and not config.get("service"):
+                print(ROOT_WARNING.format(part=config.get("part", "stack")), file=sys.stderr, flush=True)
             chosen = [p for p in config["processes"] if not args.names or p["name"] in args.names]
             try:
                 for stage in sorted({p["stage"] for p in chosen}):

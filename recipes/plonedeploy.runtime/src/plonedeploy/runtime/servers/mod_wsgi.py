@@ -25,7 +25,10 @@ Two things differ from the other servers (docs/servers.md):
   what the client writes (the server root, the files of the ini's log handlers, the
   ``writable`` directories such as the part's Chameleon cache), then drops to that user
   (``setgroups``/``setgid``/``setuid``) before the exec, so Apache never runs as root
-  and never switches user. As any other user it runs as that user.
+  and never switches user. As any other user it runs as that user. A checkout under a
+  mode-0700 directory (root's home, a ``mktemp -d`` clone): ``run_as`` is first given
+  search permission by POSIX ACL on each directory on the way that it cannot enter
+  (:func:`grant_search`, said on stderr).
 
 ini keys (plonedeploy.recipe's ``templates/mod_wsgi.ini.in``): ``host``, ``port``,
 ``threads``, ``express`` (path of ``mod_wsgi-express``), ``run_as`` (user when started
@@ -39,7 +42,8 @@ import grp
 import logging
 import os
 import pwd
-import stat
+import shutil
+import subprocess
 import sys
 import sysconfig
 
@@ -107,40 +111,73 @@ def log_files():
     return paths
 
 
-def unreachable(path, uid, gids):
-    """The first directory on the way to ``path`` (itself included, if it is one) that user
-    ``uid`` (groups ``gids``) cannot enter, or None. Root's view, no ACLs."""
-    parts = os.path.abspath(path).split(os.sep)
-    for index in range(1, len(parts) + 1):
-        directory = os.sep.join(parts[:index]) or os.sep
+def _blocked_as(user, paths):
+    """The first directory on the way to each of ``paths`` (the path itself included, if it
+    is one) that ``user`` (a ``pwd`` entry) cannot search, as a sorted list without
+    repeats; checked in a forked child that has become the user, so ACLs and groups count
+    as the kernel counts them. Root only. Raises OSError when the child fails."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become the user, look, report, exit without cleanup
+        status = 1
         try:
-            info = os.stat(directory)
-        except FileNotFoundError:
-            return None  # made later, for that user
-        if not stat.S_ISDIR(info.st_mode):
-            return None
-        if info.st_uid == uid:
-            allowed = info.st_mode & stat.S_IXUSR
-        elif info.st_gid in gids:
-            allowed = info.st_mode & stat.S_IXGRP
-        else:
-            allowed = info.st_mode & stat.S_IXOTH
-        if not allowed:
-            return directory
-    return None
+            os.close(reader)
+            os.setgroups(os.getgrouplist(user.pw_name, user.pw_gid))
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            found = set()
+            for path in paths:
+                parts = os.path.abspath(path).split(os.sep)
+                for index in range(1, len(parts) + 1):
+                    directory = os.sep.join(parts[:index]) or os.sep
+                    if index == len(parts) and not os.path.isdir(directory):
+                        break
+                    if not os.access(directory, os.X_OK):
+                        found.add(directory)
+                        break
+            os.write(writer, "\0".join(sorted(found)).encode() + b"\n")
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as fp:
+        data = fp.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not data.endswith(b"\n"):
+        raise OSError(f"checking access as {user.pw_name!r} failed (child status {status})")
+    return [d for d in data[:-1].decode().split("\0") if d]
 
 
-def check_reachable(paths, user):
-    """Raise ``ValueError`` naming the first of ``paths`` that ``user`` (a ``pwd`` entry)
-    cannot reach: the daemon runs as that user and reads the eggs and the part from there."""
-    gids = os.getgrouplist(user.pw_name, user.pw_gid)
-    for path in paths:
-        blocked = unreachable(path, user.pw_uid, gids)
-        if blocked:
-            raise ValueError(
-                f"[server:main] run_as = {user.pw_name!r} cannot enter {blocked} (on the way to {path}); "
-                f"mod_wsgi's daemon runs as that user and reads the part and its eggs there: give it "
-                f"search permission (chmod o+x {blocked}) or build in another directory")
+def grant_search(user, paths):
+    """Give ``user`` (a ``pwd`` entry) search permission, by POSIX ACL (``setfacl -m
+    u:<user>:x``), on every directory on the way to ``paths`` that it cannot enter (a
+    checkout under root's home or a ``mktemp -d`` directory), and say so on stderr. Returns
+    the directories granted. A copy of plonedeploy.recipe.access.grant_search, which a
+    client must not import (tests/test_runners.py compares the two). Raises ValueError
+    naming the directory when setfacl is missing or does not help."""
+    granted = []
+    while True:
+        blocked = _blocked_as(user, paths)
+        if not blocked:
+            break
+        setfacl = shutil.which("setfacl") or "/usr/bin/setfacl"
+        for directory in blocked:
+            # Granted before and still blocked (ACLs not honoured), no setfacl, or it failed.
+            failed = directory in granted or not os.access(setfacl, os.X_OK) or subprocess.run(
+                [setfacl, "-m", f"u:{user.pw_name}:x", directory], capture_output=True, timeout=30,
+                check=False).returncode != 0
+            if failed:
+                raise ValueError(
+                    f"[server:main] run_as = {user.pw_name!r} cannot enter {directory}, and setfacl -m "
+                    f"u:{user.pw_name}:x did not help (apt-get install acl; a file system without ACLs): "
+                    f"mod_wsgi's daemon runs as that user and reads the part and its eggs there; give it "
+                    f"search permission (chmod o+x {directory}) or build in another directory")
+            granted.append(directory)
+    if granted:
+        print(f"granted user {user.pw_name!r} search permission (setfacl -m u:{user.pw_name}:x) on "
+              f"{', '.join(granted)}: mod_wsgi's daemon reads the part and its eggs there",
+              file=sys.stderr, flush=True)
+    return granted
 
 
 def prepare(conf, user):
@@ -178,8 +215,8 @@ def server_factory(global_conf, **conf):
             raise ValueError(f"[server:main] run_as = {conf['run_as']!r}: no such user (Apache refuses "
                              "to serve as root; scripts/install-system.sh uses www-data)") from None
     if user is not None:
-        check_reachable([os.path.dirname(ini), conf["express"]] + eggs_path()
-                        + [conf["server_root"]] + conf["writable"].split(), user)
+        grant_search(user, [os.path.dirname(ini), conf["express"]] + eggs_path()
+                     + [conf["server_root"]] + conf["writable"].split())
     prepare(conf, user)
     script = args[2]
     with open(script, "w", encoding="utf-8") as fp:

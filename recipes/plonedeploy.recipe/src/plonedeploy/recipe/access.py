@@ -1,0 +1,140 @@
+"""Let a service user reach the files it runs from: search permission, by POSIX ACL.
+
+A program the kit starts as root and runs as another user (the stack's ``service-user``
+for ZEO and the ZEO clients, ``postgres`` for PostgreSQL) reads its build: the eggs, the
+interpreter, ``bin/`` and ``parts/``. A checkout under a mode-0700 directory (root's
+home, a ``mktemp -d`` clone) stops that user at the first such parent. This module grants
+exactly what is missing: ``setfacl -m u:<user>:x`` (search, not read) on each directory
+on the way that the user cannot enter, and nothing on directories it can enter already.
+It checks as that user (a forked child with its uid, gid and groups, so ACLs, groups and
+every mode bit count as the kernel counts them), not by reading mode bits as root.
+
+stdlib only: ``bin/stack`` and ``bin/postgresql`` import it. The mod_wsgi runner
+(plonedeploy.runtime, which must not import this package) has its own copy of
+:func:`grant_search` in ``plonedeploy.runtime.servers.mod_wsgi``.
+"""
+import json
+import os
+import pwd
+import shutil
+import subprocess
+
+#: setfacl (Debian's package ``acl``; scripts/install-system.sh installs it).
+SETFACL = "setfacl"
+
+
+class AccessError(Exception):
+    """The user cannot reach a path, and granting search permission did not (or could not)
+    change that; the message names the user, the path and what to do."""
+
+
+def _check_as(user, paths):
+    """``{path: None | ["enter", directory] | ["read", path]}`` for each of ``paths`` as
+    ``user`` (a ``pwd`` entry) sees them: the first directory on the way (the path itself
+    included, when it is a directory) it cannot search, else ``read`` when it cannot read
+    the path, else None. Runs the checks in a forked child that has become the user; only
+    root can fork one that changes user. Raises OSError when the child fails."""
+    gids = os.getgrouplist(user.pw_name, user.pw_gid)
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become the user, look, report, exit without cleanup
+        status = 1
+        try:
+            os.close(reader)
+            os.setgroups(gids)
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            result = {}
+            for path in paths:
+                result[path] = None
+                parts = os.path.abspath(path).split(os.sep)
+                for index in range(1, len(parts) + 1):
+                    directory = os.sep.join(parts[:index]) or os.sep
+                    if index == len(parts) and not os.path.isdir(directory):
+                        break
+                    if not os.access(directory, os.X_OK):
+                        result[path] = ["enter", directory]
+                        break
+                if result[path] is None and os.path.lexists(path) and not os.access(path, os.R_OK):
+                    result[path] = ["read", path]
+            os.write(writer, json.dumps(result).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as fp:
+        data = fp.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not data:
+        raise OSError(f"checking access as {user.pw_name!r} failed (child status {status})")
+    return json.loads(data)
+
+
+def grant_search(user, paths, why, say=None):
+    """Make every one of ``paths`` reachable for system user ``user`` (a name): for each
+    directory on the way that the user cannot search, ``setfacl -m u:<user>:x``, then
+    check again, until nothing blocks. ``why`` (text) says in the one output line what the
+    user runs from there; ``say`` prints it (default: print, flushed). Paths that do not exist
+    yet count as reachable up to where they end.
+
+    Returns the directories granted, in order (empty when nothing was missing). Must run
+    as root (it checks as the user). Raises KeyError when the user does not exist,
+    AccessError when setfacl is missing or fails (a file system without ACLs: the message
+    names ``chmod o+x`` instead), or when a path stays unreadable for the user after its
+    directories were opened (a file of mode 0600: that is for its owner to change).
+    """
+    entry = pwd.getpwnam(user)
+    say = say or (lambda line: print(line, flush=True))
+    paths = list(dict.fromkeys(os.path.abspath(p) for p in paths))
+    granted = []
+    while True:
+        problems = _check_as(entry, paths)
+        blocked = sorted({where for kind, where in filter(None, problems.values()) if kind == "enter"})
+        if not blocked:
+            break
+        for directory in blocked:
+            if directory in granted:  # granted and still blocked: ACLs are not honoured here
+                raise AccessError(
+                    f"user {user!r} still cannot enter {directory} after setfacl -m u:{user}:x; give it "
+                    f"search permission another way (chmod o+x {directory}) or build elsewhere")
+            _setfacl(user, directory)
+            granted.append(directory)
+    unreadable = sorted(where for kind, where in filter(None, problems.values()) if kind == "read")
+    if unreadable:
+        raise AccessError(f"user {user!r} ({why}) cannot read {', '.join(unreadable)}: make it readable "
+                          f"(chmod o+r, or a group of that user)")
+    if granted:
+        say(f"granted user {user!r} search permission (setfacl -m u:{user}:x) on {', '.join(granted)}: {why}")
+    return granted
+
+
+def _setfacl(user, directory):
+    program = shutil.which(SETFACL) or next(
+        (p for p in ("/usr/bin/setfacl", "/bin/setfacl") if os.access(p, os.X_OK)), None)
+    if program is None:
+        raise AccessError(
+            f"user {user!r} cannot enter {directory}, and setfacl is missing to give it search "
+            f"permission: apt-get install acl (make system), or chmod o+x {directory}")
+    result = subprocess.run([program, "-m", f"u:{user}:x", directory], capture_output=True, text=True,
+                            timeout=30, check=False)
+    if result.returncode != 0:
+        raise AccessError(
+            f"user {user!r} cannot enter {directory}, and setfacl -m u:{user}:x failed: "
+            f"{(result.stderr or result.stdout).strip()}; give it search permission another way "
+            f"(chmod o+x {directory}) or build elsewhere")
+
+
+def default_entry(user, directory):
+    """Give ``user`` read, write and search permission on ``directory``, every directory in
+    it and every one made in it later, by anyone: the ACL entry ``u:<user>:rwx`` as a
+    default ACL (inherited by what is made inside) of each directory in the tree
+    (``setfacl -R -d -m``). The permissions a creator asks for still cap it (a file made 0600
+    stays its creator's alone). Raises AccessError when setfacl is missing or fails."""
+    program = shutil.which(SETFACL) or next(
+        (p for p in ("/usr/bin/setfacl", "/bin/setfacl") if os.access(p, os.X_OK)), None)
+    if program is None:
+        raise AccessError(f"setfacl is missing to share {directory} with {user!r}: apt-get install acl (make system)")
+    result = subprocess.run([program, "-R", "-d", "-m", f"u:{user}:rwx", directory], capture_output=True,
+                            text=True, timeout=120, check=False)
+    if result.returncode != 0:
+        raise AccessError(f"setfacl -R -d -m u:{user}:rwx {directory} failed: {(result.stderr or result.stdout).strip()}")
