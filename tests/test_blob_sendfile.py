@@ -15,6 +15,7 @@ import configparser
 import glob
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,8 +27,10 @@ import psutil
 import pytest
 import requests
 
-from conftest import ROOT, STACK_JSON, Stack
+from conftest import ROOT, STACK_JSON, Stack, stop_group
 from loadtests.attacks import abort_download
+from loadtests.core import free_local_port
+from unavailable import unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -168,16 +171,23 @@ def test_stalled_downloads_do_not_hold_the_blob_in_memory(stack, client):
     assert after[client] <= fds_before + 2
 
 
-def _strace_sendfile(pid, url, downloads):
-    """Count the ``sendfile`` calls of process ``pid`` (all threads) during ``downloads``."""
+#: What a server may send a response with: sendfile(2), or a copy from memory.
+SEND_CALLS = ("sendfile", "sendto", "sendmsg", "write", "writev")
+
+
+def _strace_sends(pid, url, downloads):
+    """Count the calls of SEND_CALLS of process ``pid`` (all threads) during ``downloads``
+    whole downloads of ``url``: ``({call: count}, strace's summary)``. The copying calls show
+    that the tracer saw the process send, so that 0 sendfile calls means something.
+    Without strace, or when ptrace is refused: skipped, and failed in CI (tests/unavailable.py)."""
     if shutil.which("strace") is None:
-        pytest.skip("strace not installed (scripts/install-system.sh installs it)")
-    tracer = subprocess.Popen(["strace", "-f", "-c", "-e", "trace=sendfile", "-p", str(pid)],
+        unavailable("strace not installed (scripts/install-system.sh installs it)")
+    tracer = subprocess.Popen(["strace", "-f", "-c", "-e", "trace=" + ",".join(SEND_CALLS), "-p", str(pid)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(1.0)  # attached to every thread
         if tracer.poll() is not None:
-            pytest.skip(f"strace cannot attach here: {tracer.stderr.read().strip()[:200]}")
+            unavailable(f"strace cannot attach here (ptrace refused?): {tracer.stderr.read().strip()[:200]}")
         results = [_download(url) for _ in range(downloads)]
         time.sleep(0.5)
     finally:
@@ -190,22 +200,76 @@ def _strace_sendfile(pid, url, downloads):
             tracer.communicate(timeout=10)
             raise
     assert results == [(200, BLOB_SIZE)] * downloads
-    calls = 0
+    calls = dict.fromkeys(SEND_CALLS, 0)
     for line in summary.splitlines():
         fields = line.split()
-        if fields and fields[-1] == "sendfile":
-            calls = int(fields[3])
+        # "% time  seconds  usecs/call  calls  [errors]  syscall"
+        if fields and fields[-1] in calls and fields[0][0].isdigit():
+            calls[fields[-1]] = int(fields[3])
     return calls, summary
 
 
 def test_pyruvate_sends_blobs_with_sendfile(stack):
     name = next(n for n, kind in stack.kinds.items() if kind == "pyruvate")
-    calls, summary = _strace_sendfile(stack.pids()[name], stack.client_urls[name] + BLOB_PATH, 5)
-    assert calls >= 5, summary
+    calls, summary = _strace_sends(stack.pids()[name], stack.client_urls[name] + BLOB_PATH, 5)
+    assert calls["sendfile"] >= 5, summary
 
 
 def test_waitress_never_calls_sendfile(stack, reference):
     # "harmless without sendfile": waitress streams the file with read(); same bytes
     name = next(n for n, kind in stack.kinds.items() if kind == "waitress")
-    calls, summary = _strace_sendfile(stack.pids()[name], stack.client_urls[name] + BLOB_PATH, 3)
-    assert calls == 0, summary
+    calls, summary = _strace_sends(stack.pids()[name], stack.client_urls[name] + BLOB_PATH, 3)
+    assert calls["sendfile"] == 0, summary
+    assert calls["sendto"] + calls["sendmsg"] + calls["write"] + calls["writev"] >= 3, summary  # it sent them
+
+
+@pytest.fixture
+def pyruvate_without_filter(stack, tmp_path):
+    """The stack's pyruvate client once more, as a process of its own beside it (same
+    interpreter, zope.conf and ZEO server; no persistent ZEO cache to share), from a copy of
+    its wsgi.ini without the ``blobsendfile`` filter: what ``blob-sendfile = off`` builds.
+    Also without ``metrics`` (its port is the running client's), on a free port, logging into
+    ``tmp_path``. Yields its base URL and PID; stopped by its process group afterwards."""
+    name = next(n for n, kind in stack.kinds.items() if kind == "pyruvate")
+    command = psutil.Process(stack.pids()[name]).cmdline()  # [python, interpreter, serve.py, wsgi.ini]
+    ini_path = command[-1]
+    assert ini_path.endswith("wsgi.ini"), command
+    text = open(ini_path, encoding="utf-8").read()
+    port = free_local_port()
+    text = re.sub(r"(?m)^socket = .*$", f"socket = 127.0.0.1:{port}", text)
+    text = re.sub(r"(?m)^    (blobsendfile|metrics)\n", "", text)
+    text = text.replace(os.path.join(ROOT, "var", "log") + os.sep, str(tmp_path) + os.sep)
+    ini = configparser.ConfigParser(interpolation=None)
+    ini.read_string(text)
+    pipeline = ini["pipeline:main"]["pipeline"].split()
+    assert "blobsendfile" not in pipeline and "metrics" not in pipeline and pipeline[-1] == "zope", pipeline
+    assert ini["server:main"]["use"] == "egg:pyruvate#main"
+    (tmp_path / "wsgi.ini").write_text(text)
+    with open(tmp_path / "client.log", "wb") as log:
+        proc = subprocess.Popen(command[:-1] + [str(tmp_path / "wsgi.ini")], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, f"exited {proc.returncode}: {(tmp_path / 'client.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "not answering within 90 s"
+            try:
+                if requests.get(base + "/Plone/@@ok", timeout=10).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        yield base, proc.pid
+    finally:
+        stop_group(proc, timeout=30)
+
+
+def test_pyruvate_without_the_filter_never_calls_sendfile(pyruvate_without_filter):
+    """The other half of test_pyruvate_sends_blobs_with_sendfile: the same client without the
+    filter reads the blob into memory and sends it with write calls (Plone's iterator has no
+    fileno()): 0 sendfile calls, the same bytes."""
+    base, pid = pyruvate_without_filter
+    calls, summary = _strace_sends(pid, base + BLOB_PATH, 3)
+    assert calls["sendfile"] == 0, summary
+    assert calls["sendto"] + calls["sendmsg"] + calls["write"] + calls["writev"] >= 3, summary  # it sent them

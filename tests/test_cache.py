@@ -14,7 +14,7 @@ import uuid
 import pytest
 import requests
 
-from conftest import admin_auth, run
+from conftest import STACK, admin_auth, run
 from plonedeploy.recipe import options, varnish
 
 # The demo's certificate is self-signed.
@@ -191,3 +191,44 @@ def test_plain_frontend_is_never_cached(stack, edge):
         response = get(url)
         assert response.status_code == 200
         assert "X-Cache" not in response.headers  # HAProxy sent it to the pool, not to varnish
+
+
+@pytest.mark.integration
+def test_varnish_down_sends_requests_straight_to_the_pool(stack, edge):
+    """varnish stopped: once HAProxy has the cache tier DOWN (three refused connections, or
+    its health check: inter 2 s x fall 3), GETs over TLS go straight to the pool and are
+    answered 200, with https links and no varnish header; started again, they go through
+    varnish again. A GET that HAProxy sent to varnish before it was DOWN gets HAProxy's 503
+    after its connect retries (a second apart, measured ~3 s) and nothing worse: there is no
+    other server in the cache backend to retry on (docs/operations.md, "Cache")."""
+    from plonedeploy.recipe.stack import cache_state, stop_process
+
+    tls_url, _ = edge
+    url = f"{tls_url}/Plone?down={uuid.uuid4().hex}"
+    assert get(url).headers["X-Cache"] == "MISS" and get(url).headers["X-Cache"] == "HIT"
+    answers = []  # (seconds since the stop, status or exception name, through varnish)
+    stop_process(stack.config, "varnish")
+    stopped = time.monotonic()
+    try:
+        while (state := cache_state(stack.config)) != "DOWN":
+            assert time.monotonic() - stopped < 15, f"varnish still {state} in HAProxy 15 s after its stop"
+            try:
+                answer = get(url)
+                answers.append((time.monotonic() - stopped, answer.status_code, "X-Cache" in answer.headers))
+            except requests.RequestException as exc:
+                answers.append((time.monotonic() - stopped, type(exc).__name__, False))
+            time.sleep(0.1)
+        down_after = time.monotonic() - stopped
+        while_down = [get(url) for _ in range(5)]
+    finally:
+        run([STACK, "start", "varnish"], timeout=120)
+        deadline = time.monotonic() + 30
+        while cache_state(stack.config) != "UP" and time.monotonic() < deadline:
+            time.sleep(0.2)
+    print(f"\nvarnish stopped: DOWN in HAProxy after {down_after:.2f} s; before that {answers}")
+    assert down_after < 10, down_after
+    assert all(status == 503 or (status == 200 and not cached) for _, status, cached in answers), answers
+    assert [(a.status_code, "X-Cache" in a.headers) for a in while_down] == [(200, False)] * 5
+    assert all(f'href="{tls_url}/Plone' in a.text for a in while_down)  # VirtualHostMonster path set
+    assert cache_state(stack.config) == "UP", "varnish not UP again in HAProxy 30 s after its start"
+    assert "X-Cache" in get(url).headers  # through varnish again

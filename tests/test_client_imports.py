@@ -32,6 +32,7 @@ import requests
 
 from conftest import port_taken, setup_budget, stop_group
 from loadtests import serverbuild
+from unavailable import unavailable
 
 pytestmark = pytest.mark.buildout
 
@@ -99,7 +100,7 @@ def client_build(tmp_path_factory):
 
 def test_running_zeo_client_loads_no_build_module(client_build):
     if shutil.which("strace") is None:
-        pytest.skip("strace not installed (scripts/install-system.sh installs it)")
+        unavailable("strace not installed (scripts/install-system.sh installs it)")
     directory = client_build
     trace, log = directory / "client.strace", directory / "client.log"
     # -c, not -m ZEO.runzeo: the part's interpreter script would take runzeo's -C as its own.

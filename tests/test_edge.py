@@ -67,14 +67,17 @@ def test_slow_bodies_never_take_a_page_slot(edge):
 
 def test_big_post_goes_to_the_upload_lane_and_moves_no_rss(edge):
     """512 MiB POSTed to /Plone: the upload lane's waitress spools it to disk; no ZEO
-    client's RSS moves by 100 MiB (pyruvate would have held it, +1.5 GiB at peak)."""
+    client's RSS moves by 8 MiB, at peak or after (measured: +0 in the page clients, +0-2 MiB
+    in the lane's, its buffers and the request; pyruvate would have held the body, +1.5 GiB
+    at peak)."""
     host, port, stack = edge
     with attacks.RssWatch(client_processes(stack)) as watch:
         answer = attacks.big_post(host, port, 512 * MIB)
+    print(f"\n512 MiB POST in {answer.seconds:.1f} s: RSS MiB (before, peak, after) {watch.result}")
     assert answer.status == 200, answer
     assert answer.headers.get("x-served-by") in stack.config["upload_servers"], answer.headers
     for name, (before, peak, after) in watch.result.items():
-        assert peak - before < 100 and after - before < 100, (name, watch.result)
+        assert peak - before < 8 and after - before < 8, (name, watch.result)
 
 
 def test_oversized_body_refused_at_once(edge):
@@ -84,7 +87,7 @@ def test_oversized_body_refused_at_once(edge):
                               b"x" * 1000)
     assert answer.status == 413 and answer.seconds < 2, answer
     for name, (before, peak, after) in watch.result.items():
-        assert peak - before < 100, (name, watch.result)
+        assert peak - before < 8, (name, watch.result)  # no client saw a byte of it
 
 
 @pytest.mark.parametrize("host_header, status", [

@@ -246,3 +246,8 @@ def test_ansible_runs_the_steps_in_the_modules_order():
     found = re.findall(r"restart_rolling_script \}\} (\w+)|process_manager/tasks/(restart)\.yml", text)
     assert tuple(a or b for a, b in found) == rolling.STEPS
     assert "plonedeploy/recipe/rolling.py" in text and "community.general.haproxy" not in text
+    # and docs/ansible.md says so (it once named community.general.haproxy)
+    with open(os.path.join(ROOT, "docs", "ansible.md"), encoding="utf-8") as fp:
+        docs = fp.read()
+    rolling_section = docs.split("## Rolling restart", 1)[1].split("\n## ", 1)[0]
+    assert "plonedeploy/recipe/rolling.py" in rolling_section and "community.general.haproxy" not in docs
