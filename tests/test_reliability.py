@@ -116,9 +116,10 @@ def test_hostile_requests_then_memory_and_fds_come_back(stack):
     """Two rounds of hostile requests and vanishing blob downloads against HAProxy and each
     client: every answer as pinned, both clients serve after each round, open fds return to
     where they were once pyruvate's send_timeout has passed, and RSS stops growing: the
-    first rounds may grow it (pyruvate buffers each aborted 5 MiB response until
-    send_timeout, and the allocator keeps freed memory), the third must not add more than
-    64 MiB, and all three less than what one round buffers (3 targets x 30 x 5 MiB)."""
+    first round may grow it (pyruvate buffers each aborted 5 MiB response until
+    send_timeout, and the allocator keeps freed memory: waitress +19-20 MiB in the first
+    round, measured), the third must add less than 8 MiB (measured 0-2 MiB), and all three
+    less than 48 MiB (measured up to 20 MiB; one round buffers up to 3 x 30 x 5 MiB)."""
     _all_serve(stack)
     baseline = _memory(stack)
     rss_after = []
@@ -138,8 +139,9 @@ def test_hostile_requests_then_memory_and_fds_come_back(stack):
         rss_after.append(now)
     for name in baseline:
         grown = rss_after[2][name][0] - rss_after[1][name][0]
-        assert grown < 64, f"{name}: RSS grew {grown:.0f} MiB in the third round"
-        assert rss_after[2][name][0] - baseline[name][0] < 3 * 30 * 5, name
+        assert grown < 8, f"{name}: RSS grew {grown:.1f} MiB in the third round"
+        total = rss_after[2][name][0] - baseline[name][0]
+        assert total < 48, f"{name}: RSS {total:.1f} MiB above its baseline after three rounds"
 
 
 def test_slowloris_is_cut_by_haproxy_and_starves_no_client(stack):
@@ -197,8 +199,9 @@ def test_zmi_only_from_the_admin_network(stack):
 
 def test_zeo_restart_loses_nothing_committed(stack):
     """Write documents through plone.restapi (authenticated POSTs via HAProxy) before and
-    during a ZEO restart under read load. Every POST that got 201 is there afterwards, reads
-    succeed again, and the outage is reported (failed reads/writes, recovery seconds)."""
+    during a ZEO restart under read load. Every POST that got 201 is there afterwards, no
+    read of /Plone fails (the clients' caches serve it while ZEO is away), writes succeed
+    again, and the outage is reported (failed writes, recovery seconds)."""
     auth, url = admin_auth(), stack.frontend_url
     prefix = f"zeo-restart-{int(time.time())}"
     session = requests.Session()
@@ -266,7 +269,10 @@ def test_zeo_restart_loses_nothing_committed(stack):
           f"{recovered_at - zeo_up_at:.1f} s after; {len(reads)} reads ({failed_reads} failed), "
           f"{len(writes)} writes ({failed_writes} failed: {write_errors}), {len(created)} documents committed")
     assert recovered_at < deadline, "no successful write and read within 90 s after ZEO came back"
-    assert all(ok for t, ok in reads[-10:]), "reads still failing at the end"
+    # Reads of /Plone never fail: while ZEO is away the clients serve it from their caches.
+    during = sum(1 for t, _ in reads if restart_at <= t <= zeo_up_at)
+    assert during >= 10, f"only {during} reads while ZEO restarted: too few to tell"
+    assert failed_reads == 0, f"{failed_reads} reads failed during the ZEO restart"
     run([STACK, "wait-up", "--timeout", "120"], timeout=180)
     for name, base in stack.client_urls.items():  # each client sees every committed document
         listing = requests.get(base + "/Plone/@search", params={"portal_type": "Document", "b_size": 1000,
@@ -312,6 +318,39 @@ def test_rolling_restart_under_load_fails_no_request(stack):
     assert done > 20 * took, (done, took)  # the load ran all along
     assert failures == [], failures[:10]
     assert stack.states() == {**{n: "UP" for n in stack.client_urls}, "BACKEND": "UP"}
+
+
+def test_uploads_get_503_while_the_upload_lane_restarts(stack):
+    """bin/stack restart of the upload lane's only client (drained in HAProxy, MAINT,
+    restarted, enabled: plonedeploy.recipe.rolling) while 2 loops POST 64 KiB bodies (over
+    upload-threshold: the upload lane) to /Plone through HAProxy, each at most 10/s: every
+    upload gets 200 from the lane or HAProxy's own 503, never a cut connection, a 502 or a
+    504; the lane was really away (at least 5 x 503); the uploads succeed again afterwards.
+    (test_rolling_restart_under_load_fails_no_request restarts the lane too, under GETs only.)"""
+    (lane,) = stack.config["upload_servers"]
+    body = b"u" * 65536
+    assert len(body) > stack.config["haproxy_context"]["upload_threshold"]
+    answers = []  # (status, X-Served-By, start of the body) of every answer
+
+    def send(session, url, number):
+        response = session.post(url + "/Plone", data=body, headers={"Content-Type": "application/octet-stream"},
+                                timeout=60)
+        answers.append((response.status_code, response.headers.get("X-Served-By"), response.text[:200]))
+        return response
+
+    restart, took, done, failures = while_loaded(
+        stack.frontend_url, lambda: run([STACK, "restart", lane, "--timeout", "120"], timeout=300), threads=2,
+        send=send, rate=10)
+    assert restart.stdout.splitlines()[-1] == f"{lane}: UP again", restart.stdout
+    print(f"\nrestart of {lane} in {took:.1f} s: {done} uploads, {failures.count(503)} x 503, "
+          f"other failures {[f for f in failures if f != 503][:5]}")
+    assert [f for f in failures if f != 503] == [], failures[:10]
+    # 200s from the lane (not from a page client), 503s from HAProxy itself (not from Zope)
+    assert {served for status, served, _ in answers if status == 200} == {lane}, answers[:10]
+    assert all("No server is available" in text for status, _, text in answers if status == 503), answers[:10]
+    assert failures.count(503) >= 5, (done, failures)  # the lane was away, and the loops saw it
+    after = [requests.post(stack.frontend_url + "/Plone", data=body, timeout=60) for _ in range(3)]
+    assert [(a.status_code, a.headers.get("X-Served-By")) for a in after] == [(200, lane)] * 3  # back
 
 
 def test_thousand_connections_on_every_path(stack, tmp_path):
