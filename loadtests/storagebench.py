@@ -42,7 +42,10 @@ client's process tree and of the database's (the zeoserver, or PostgreSQL's post
 its backends; reaped children included), and the cores the rest of the machine used
 meanwhile. After the last round, per variant: the documents written and the database size
 (ZEO: ``Data.fs`` + the blob directory; RelStorage: ``pg_database_size`` + the client's blob
-cache, or + the shared blob directory). Summary: per variant, path and connections the
+cache, or + the shared blob directory), and the conflict report of its client's event log
+(``loadtests.conflicts``: ConflictErrors per class and oid, retried or failed; on zeo also
+the ZEO server's resolutions that failed on a class it could not import, each a problem).
+Summary: per variant, path and connections the
 median req/s over the rounds (min–max) and median p50/p99; per round the ratio
 RelStorage/ZEO of req/s, reported as median (min–max).
 
@@ -74,7 +77,7 @@ import numpy as np
 import psutil
 import requests
 
-from loadtests import extrabuild
+from loadtests import conflicts, extrabuild
 from loadtests.core import (BLOB_SIZE, PATHS, ROOT, WRK_POST_SCRIPT, add_counts_argument, add_run_arguments,
                             add_stack_arguments, exits_2_when_not_ready, finish_report, format_spread,
                             load_stack, machine_busy_seconds, markdown_table, new_figure, new_parser, NotReady,
@@ -319,6 +322,13 @@ class Variant:
                                f"{answer.text[:300]}")
         return {k: round(v, 2) for k, v in times.items()}
 
+    def conflict_report(self):
+        """:func:`loadtests.conflicts.read` of the client's event log (and the ZEO server's
+        log on zeo): ConflictErrors per class and oid over the whole run, warm-ups included."""
+        log = os.path.join(self.directory, "var", "log")
+        server = [os.path.join(log, "zeoserver.log")] if self.name == BASELINE else []
+        return conflicts.read([os.path.join(log, "instance.log")], [p for p in server if os.path.exists(p)])
+
     def documents(self):
         """Number of Documents in the write folder (plone.restapi's ``items_total``)."""
         answer = self.session.get(f"{self.url}/Plone/{WRITE_FOLDER}", params={"b_size": 1}, timeout=120)
@@ -472,9 +482,10 @@ def _mib(n):
     return f"{n / 2**20:,.1f}"
 
 
-def to_markdown(meta, cells, ratios, sizes):
+def to_markdown(meta, cells, ratios, sizes, found=None):
     """report.md: settings, req/s per path/connections/variant, ratios, latencies and CPU,
-    database sizes."""
+    database sizes, and per variant the conflict report of its client's log (``found``:
+    ``{variant: loadtests.conflicts.read(...)}``)."""
     variants, labels, counts = meta["variants"], meta["paths"], meta["connections"]
     groups = [(label, n) for label in labels for n in counts]
 
@@ -528,6 +539,11 @@ def to_markdown(meta, cells, ratios, sizes):
         "![req/s per path, connections and variant](storage.png)",
         "",
     ]
+    for variant, report in (found or {}).items():
+        lines += [f"Conflicts on {variant} (`python -m loadtests conflicts {variant}/var/log/instance.log"
+                  + (f" --server-log {variant}/var/log/zeoserver.log" if report.get("server") is not None else "")
+                  + "` in the work directory; the whole run, warm-ups included):", "",
+                  conflicts.to_markdown(report, limit=10), ""]
     return "\n".join(lines)
 
 
@@ -575,7 +591,7 @@ def main(argv=None):
             "load_before": [round(x, 2) for x in os.getloadavg()], "load_during": None, "setup": {}}
     os.makedirs(args.work_dir, exist_ok=True)
     os.chmod(args.work_dir, 0o755)
-    variants, runs, problems, sizes = {}, [], [], {}
+    variants, runs, problems, sizes, found = {}, [], [], {}, {}
     directories = [os.path.join(args.work_dir, v) for v in args.variants]
     try:
         for name, directory in zip(args.variants, directories):
@@ -611,13 +627,23 @@ def main(argv=None):
         meta["leftovers"] = left
         if left:
             problems.append(f"processes left running: {left}")
+    for name, variant in variants.items():  # also after a stop: what the logs have so far
+        try:
+            found[name] = variant.conflict_report()
+        except OSError as exc:
+            problems.append(f"{name}: no conflict report: {exc}")
+            continue
+        if found[name]["server"] and found[name]["server"]["badclass"]:
+            problems.append(f"{name}: the ZEO server failed {found[name]['server']['badclass']} conflict "
+                            f"resolution(s) on a class it could not import (BadClass)")
     meta["load_after"] = [round(x, 2) for x in os.getloadavg()]
     meta["minutes"] = round((time.monotonic() - clock) / 60, 1)
     meta["problems"] = problems
     cells, ratios = summarize(runs, args.variants)
     folder = report_folder(args.out, "storage")
-    text = to_markdown(meta, cells, ratios, sizes)
-    return finish_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "sizes": sizes, "runs": runs},
+    text = to_markdown(meta, cells, ratios, sizes, found)
+    return finish_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "sizes": sizes,
+                                  "conflicts": found, "runs": runs},
                          text, [("storage.png", lambda path: plot(cells, meta, path))] if cells else [], problems)
 
 
