@@ -150,6 +150,17 @@ def test_pool_size_equals_threads(built, part, threads):
     assert re.findall(r"^\s*pool-size (\d+)$", main, re.MULTILINE) == [str(threads)]
 
 
+def test_conflict_retries_in_zope_conf(built):
+    """Zope's max-conflict-retries: the recipe's default in every client's zope.conf, once,
+    after the part's own zope-conf-additional lines."""
+    from plonedeploy.recipe.rules import DEFAULT_CONFLICT_RETRIES
+
+    directory, _ = built
+    for part in ("instance", "client2", "uploads"):
+        text = (directory / "parts" / part / "etc" / "zope.conf").read_text()
+        assert re.findall(r"^\s*max-conflict-retries (\d+)$", text, re.MULTILINE) == [DEFAULT_CONFLICT_RETRIES], part
+
+
 def test_server_egg_added_to_client_scripts(built):
     directory, _ = built
     assert re.search(r"pyruvate-[\d.]+-py", (directory / "bin" / "instance").read_text())
@@ -485,6 +496,11 @@ BAD = [
     # storage = relstorage (tests/test_relstorage.py runs it against a real PostgreSQL)
     ("[instance]\nstorage = s3\n",
      "[instance] storage = 's3' is invalid: expected one of: zeo, relstorage"),
+    # Zope's conflict retries: more than 6 would retry past HAProxy's timeout server
+    ("[instance]\nmax-conflict-retries = 9\n",
+     "[instance] max-conflict-retries = '9' is invalid: expected one of: 0, 1, 2, 3, 4, 5, 6"),
+    ("[instance]\nzope-conf-additional = max-conflict-retries 2\n",
+     "[instance] zope-conf-additional sets max-conflict-retries; remove it there"),
     ("[instance]\nstorage = relstorage\n",
      "[instance] relstorage-dsn is required with storage = relstorage"),
     ("[instance]\nstorage = relstorage\nrelstorage-dsn = dbname=plone\nrelstorage-blobs = nfs\n",

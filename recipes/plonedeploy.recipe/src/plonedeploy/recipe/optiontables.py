@@ -179,6 +179,13 @@ INSTANCE = (
     Option("rel-storage", "", "nothing",
            "plone.recipe.zope2instance's option, refused here: written from `storage = relstorage` and the `relstorage-*` options",
            "unset"),
+    Option("max-conflict-retries", rules.DEFAULT_CONFLICT_RETRIES, rules.CONFLICT_RETRIES,
+           "Zope's `max-conflict-retries` (written into `etc/zope.conf`): how often a request that "
+           "hit a ZODB `ConflictError` is published again, after a random back-off of up to 1, 2, 4, "
+           "... s in its worker thread; at most 6, whose back-offs (up to 63 s) stay within HAProxy's "
+           "120 s `timeout server` ([tuning.md](tuning.md#conflict-retries))"),
+    Option("zope-conf-additional", "", "zope.conf lines",
+           _STOCK + "`max-conflict-retries` is appended to it (setting that key here is refused)", "empty"),
     Option("templates-directory", None, "a directory with `<server>.ini.in`",
            "where the server templates are (a directory of your own to change them)",
            "this package's `templates/` (`options.TEMPLATES_DIRECTORY`)"),
