@@ -271,6 +271,7 @@ BAD = [
                             {"name": "c2", "port": 18082, "metrics_port": 18091}]},
      "(metrics_port, if set, another unique one)"),
     ({"monitoring_disk_used_percent": 120}, "0 < monitoring_disk_used_percent < 100"),
+    ({"monitoring_conflicts_per_minute": 0}, "monitoring_conflicts_per_minute must be > 0"),
     ({"monitoring_queue_for": "soon"}, "monitoring_queue_for a duration such as 1m"),
     ({"varnish_cache_size": "lots"}, "varnish_cache_size is a size such as 256M or 2G, got lots"),
     ({"varnish_backend": "127.0.0.1:16081"}, "not varnish's own"),
@@ -451,7 +452,7 @@ def test_prometheus_scrapes_every_target_up(deployed):
         series = json.load(response)["data"]["result"]
     assert [s["metric"]["job"] for s in series] == ["varnish"], series
     assert sorted(rules) == ["DiskAlmostFull", "HAProxyQueueing", "HAProxyServerDown",
-                             "HTTP5xxRate", "ScrapeTargetDown"]
+                             "HTTP5xxRate", "ScrapeTargetDown", "ZODBConflictRate"]
 
 
 def test_four_paths_through_haproxy(deployed):
