@@ -64,6 +64,7 @@ POSTs/s): measure them with longer runs.
 """
 import base64
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -243,6 +244,7 @@ class Variant:
         self.config = dict(config, processes=[dict(p, stage=keep[p["name"]]) for p in config["processes"]
                                               if p["name"] in keep])
         self.url = f"http://127.0.0.1:{port_map['instance']}"
+        self.metrics_url = f"http://127.0.0.1:{port_map['instance-metrics']}/metrics"
         self.session = None
 
     def start_process(self, name, timeout=300):
@@ -378,6 +380,33 @@ def leftovers(directories):
 
 # ----------------------------------------------------------------------------- measuring
 
+def wait_requests_done(metrics_url, quiet=1.0, max_seconds=120.0, interval=0.1):
+    """Wait until the client's ``zope_http_requests_in_progress`` (its metrics filter) was 0
+    in every sample of ``quiet`` seconds, at most ``max_seconds``; returns the seconds waited.
+
+    The write path needs this besides :func:`wait_tree_idle`: a request that hit a
+    ConflictError sleeps Zope's retry back-off (up to 1, 2, 4, ... s) in its worker without
+    using CPU, so an idle process tree does not mean that the POSTs wrk left queued are done.
+    A scrape that fails counts as not quiet."""
+    started = time.monotonic()
+    zero_since = None
+    while time.monotonic() - started < max_seconds:
+        try:
+            text = requests.get(metrics_url, timeout=5).text
+            busy = float(re.search(r"^zope_http_requests_in_progress (\S+)$", text, re.MULTILINE).group(1))
+        except (requests.RequestException, AttributeError, ValueError):
+            busy = None
+        now = time.monotonic()
+        if busy == 0:
+            zero_since = zero_since or now
+            if now - zero_since >= quiet:
+                break
+        else:
+            zero_since = None
+        time.sleep(interval)
+    return time.monotonic() - started
+
+
 def measure(variant, label, connections, duration, warmup, number):
     """One run of ``label`` at ``connections`` against ``variant``'s client (after
     ``warmup`` uncounted seconds); returns the row of the module docstring."""
@@ -395,9 +424,14 @@ def measure(variant, label, connections, duration, warmup, number):
         path, accept = PATHS[label]
         return run_wrk(variant.url + path, connections, seconds, threads=threads, accept=accept)
 
+    def settle():
+        if label == WRITE:
+            wait_requests_done(variant.metrics_url)
+        wait_tree_idle(client_pid)
+
     if warmup:
         once(warmup)
-        wait_tree_idle(client_pid)
+        settle()
     cpu_before = {"client": tree_cpu_seconds(client_pid), "database": tree_cpu_seconds(database_pid)}
     busy_before = machine_busy_seconds()
     out = once(duration)
@@ -405,7 +439,7 @@ def measure(variant, label, connections, duration, warmup, number):
     cpu = {"client": tree_cpu_seconds(client_pid) - cpu_before["client"],
            "database": tree_cpu_seconds(database_pid) - cpu_before["database"]}
     # Requests a server queued keep it busy after wrk stopped: not into the next run.
-    wait_tree_idle(client_pid)
+    settle()
     seconds = out["duration_us"] / 1e6
     done = out["requests"]
     row = {"round": number, "variant": variant.name, "path": label, "connections": connections,
