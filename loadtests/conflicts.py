@@ -10,7 +10,10 @@ counts the write conflicts that reached the client, per persistent class and oid
   published it again (``max-conflict-retries`` times at most, with a random back-off of up to
   1, 2, 4, ... s);
 - **failed**: the ``ConflictError`` (or ``ReadConflictError``) that ends a traceback SiteErrorLog
-  logs at ERROR level: the last retry conflicted too and the client answered 500.
+  logs at ERROR level: the last retry conflicted too and the client answered 500. A lower
+  bound: SiteErrorLog copies at most 5 errors of one kind a minute into the event log (its
+  ``_rate_restrict_*``); the clients' metrics (``zodb_conflicts_total`` minus
+  ``zope_request_retries_total``) and the access log's 500s count every one.
 
 A conflict the storage resolved (BTrees buckets, ``BTrees.Length``, any class with
 ``_p_resolveConflict`` the resolving process can import) never reaches the client and is not
@@ -135,7 +138,7 @@ def to_markdown(data, limit=20):
 
     rows = data["objects"] if not limit else data["objects"][:limit]
     lines = [f"ConflictErrors in the clients' logs: {data['retried']:,} retried, {data['failed']:,} failed "
-             f"(the request answered 500 after its last retry), on {len(data['objects'])} object(s)."]
+             f"(at least; the request answered 500 after its last retry), on {len(data['objects'])} object(s)."]
     if data["server"] is not None:
         lines.append(f"ZEO server: {data['server']['unexpected']:,} resolution(s) failed with an error, "
                      f"{data['server']['badclass']:,} of them on a class it could not import (BadClass).")
