@@ -272,6 +272,8 @@ BAD = [
      "(metrics_port, if set, another unique one)"),
     ({"monitoring_disk_used_percent": 120}, "0 < monitoring_disk_used_percent < 100"),
     ({"monitoring_conflicts_per_minute": 0}, "monitoring_conflicts_per_minute must be > 0"),
+    ({"zeoclient_max_conflict_retries": 9},
+     "value of zeoclient_max_conflict_retries must be one of: 0, 1, 2, 3, 4, 5, 6, got: 9"),
     ({"monitoring_queue_for": "soon"}, "monitoring_queue_for a duration such as 1m"),
     ({"varnish_cache_size": "lots"}, "varnish_cache_size is a size such as 256M or 2G, got lots"),
     ({"varnish_backend": "127.0.0.1:16081"}, "not varnish's own"),
