@@ -238,6 +238,13 @@ HAPROXY = (
     Option("upload-maxconn", "8", _POSITIVE,
            "uploads in transit at once per upload client (its `maxconn`; costs waitress a "
            "connection, not a thread)"),
+    Option("write-lane", "on", _SWITCH,
+           "the **write lane** (backend `writes`): POST, PUT, PATCH and DELETE not bound for the upload "
+           "lane run one at a time across the pool, on the first `backends` client (the others are "
+           "backups, used only while it is not UP); the rest wait in HAProxy's queue (`timeout-queue`). "
+           "On by default because a lost save is worse than waiting: concurrent creations conflict "
+           "on CMFUid's counter, which cannot resolve conflicts, and run out of retries "
+           "([Write lane](operations.md#write-lane)); reads keep every client and thread"),
     Option("server-names", None, "host names, IPv4 addresses or `[IPv6]`, without port",
            "the `Host` values the site answers to; another → 421, none → 400 "
            "(buildout.cfg: `127.0.0.1 localhost`)",
