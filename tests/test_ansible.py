@@ -289,6 +289,8 @@ BAD = [
     ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_dsn": "host=db1 dbname=plone password=Sekr1t"},
      "zeoclient_relstorage_dsn: 'host=db1 dbname=plone password=***' is invalid: expected libpq key=value pairs"),
     ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_dsn": "host=db1 user=plone"}, "(dbname is missing)"),
+    ({"haproxy_write_lane": "maybe"},
+     "argument 'haproxy_write_lane' is of type str and we were unable to convert to bool"),
 ]
 
 #: The postgresql role's checks: localhost joins the databases group (below).
