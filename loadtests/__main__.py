@@ -31,6 +31,7 @@ SUBCOMMANDS = {
                               "servers-wrk"),
     "headline": Subcommand("loadtests.headline", "the docs' headline figures in one run, with spread (wrk)"),
     "storage": Subcommand("loadtests.storagebench", "ZEO vs RelStorage on PostgreSQL, stacks of its own (wrk)"),
+    "conflicts": Subcommand("loadtests.conflicts", "ConflictErrors per class and oid from the clients' logs"),
 }
 
 

@@ -42,7 +42,10 @@ client's process tree and of the database's (the zeoserver, or PostgreSQL's post
 its backends; reaped children included), and the cores the rest of the machine used
 meanwhile. After the last round, per variant: the documents written and the database size
 (ZEO: ``Data.fs`` + the blob directory; RelStorage: ``pg_database_size`` + the client's blob
-cache, or + the shared blob directory). Summary: per variant, path and connections the
+cache, or + the shared blob directory), and the conflict report of its client's event log
+(``loadtests.conflicts``: ConflictErrors per class and oid, retried or failed; on zeo also
+the ZEO server's resolutions that failed on a class it could not import, each a problem).
+Summary: per variant, path and connections the
 median req/s over the rounds (min–max) and median p50/p99; per round the ratio
 RelStorage/ZEO of req/s, reported as median (min–max).
 
@@ -61,6 +64,7 @@ POSTs/s): measure them with longer runs.
 """
 import base64
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -74,7 +78,7 @@ import numpy as np
 import psutil
 import requests
 
-from loadtests import extrabuild
+from loadtests import conflicts, extrabuild
 from loadtests.core import (BLOB_SIZE, PATHS, ROOT, WRK_POST_SCRIPT, add_counts_argument, add_run_arguments,
                             add_stack_arguments, exits_2_when_not_ready, finish_report, format_spread,
                             load_stack, machine_busy_seconds, markdown_table, new_figure, new_parser, NotReady,
@@ -240,6 +244,7 @@ class Variant:
         self.config = dict(config, processes=[dict(p, stage=keep[p["name"]]) for p in config["processes"]
                                               if p["name"] in keep])
         self.url = f"http://127.0.0.1:{port_map['instance']}"
+        self.metrics_url = f"http://127.0.0.1:{port_map['instance-metrics']}/metrics"
         self.session = None
 
     def start_process(self, name, timeout=300):
@@ -319,6 +324,13 @@ class Variant:
                                f"{answer.text[:300]}")
         return {k: round(v, 2) for k, v in times.items()}
 
+    def conflict_report(self):
+        """:func:`loadtests.conflicts.read` of the client's event log (and the ZEO server's
+        log on zeo): ConflictErrors per class and oid over the whole run, warm-ups included."""
+        log = os.path.join(self.directory, "var", "log")
+        server = [os.path.join(log, "zeoserver.log")] if self.name == BASELINE else []
+        return conflicts.read([os.path.join(log, "instance.log")], [p for p in server if os.path.exists(p)])
+
     def documents(self):
         """Number of Documents in the write folder (plone.restapi's ``items_total``)."""
         answer = self.session.get(f"{self.url}/Plone/{WRITE_FOLDER}", params={"b_size": 1}, timeout=120)
@@ -368,6 +380,33 @@ def leftovers(directories):
 
 # ----------------------------------------------------------------------------- measuring
 
+def wait_requests_done(metrics_url, quiet=1.0, max_seconds=120.0, interval=0.1):
+    """Wait until the client's ``zope_http_requests_in_progress`` (its metrics filter) was 0
+    in every sample of ``quiet`` seconds, at most ``max_seconds``; returns the seconds waited.
+
+    The write path needs this besides :func:`wait_tree_idle`: a request that hit a
+    ConflictError sleeps Zope's retry back-off (up to 1, 2, 4, ... s) in its worker without
+    using CPU, so an idle process tree does not mean that the POSTs wrk left queued are done.
+    A scrape that fails counts as not quiet."""
+    started = time.monotonic()
+    zero_since = None
+    while time.monotonic() - started < max_seconds:
+        try:
+            text = requests.get(metrics_url, timeout=5).text
+            busy = float(re.search(r"^zope_http_requests_in_progress (\S+)$", text, re.MULTILINE).group(1))
+        except (requests.RequestException, AttributeError, ValueError):
+            busy = None
+        now = time.monotonic()
+        if busy == 0:
+            zero_since = zero_since or now
+            if now - zero_since >= quiet:
+                break
+        else:
+            zero_since = None
+        time.sleep(interval)
+    return time.monotonic() - started
+
+
 def measure(variant, label, connections, duration, warmup, number):
     """One run of ``label`` at ``connections`` against ``variant``'s client (after
     ``warmup`` uncounted seconds); returns the row of the module docstring."""
@@ -385,9 +424,14 @@ def measure(variant, label, connections, duration, warmup, number):
         path, accept = PATHS[label]
         return run_wrk(variant.url + path, connections, seconds, threads=threads, accept=accept)
 
+    def settle():
+        if label == WRITE:
+            wait_requests_done(variant.metrics_url)
+        wait_tree_idle(client_pid)
+
     if warmup:
         once(warmup)
-        wait_tree_idle(client_pid)
+        settle()
     cpu_before = {"client": tree_cpu_seconds(client_pid), "database": tree_cpu_seconds(database_pid)}
     busy_before = machine_busy_seconds()
     out = once(duration)
@@ -395,7 +439,7 @@ def measure(variant, label, connections, duration, warmup, number):
     cpu = {"client": tree_cpu_seconds(client_pid) - cpu_before["client"],
            "database": tree_cpu_seconds(database_pid) - cpu_before["database"]}
     # Requests a server queued keep it busy after wrk stopped: not into the next run.
-    wait_tree_idle(client_pid)
+    settle()
     seconds = out["duration_us"] / 1e6
     done = out["requests"]
     row = {"round": number, "variant": variant.name, "path": label, "connections": connections,
@@ -472,9 +516,10 @@ def _mib(n):
     return f"{n / 2**20:,.1f}"
 
 
-def to_markdown(meta, cells, ratios, sizes):
+def to_markdown(meta, cells, ratios, sizes, found=None):
     """report.md: settings, req/s per path/connections/variant, ratios, latencies and CPU,
-    database sizes."""
+    database sizes, and per variant the conflict report of its client's log (``found``:
+    ``{variant: loadtests.conflicts.read(...)}``)."""
     variants, labels, counts = meta["variants"], meta["paths"], meta["connections"]
     groups = [(label, n) for label in labels for n in counts]
 
@@ -528,6 +573,11 @@ def to_markdown(meta, cells, ratios, sizes):
         "![req/s per path, connections and variant](storage.png)",
         "",
     ]
+    for variant, report in (found or {}).items():
+        lines += [f"Conflicts on {variant} (`python -m loadtests conflicts {variant}/var/log/instance.log"
+                  + (f" --server-log {variant}/var/log/zeoserver.log" if report.get("server") is not None else "")
+                  + "` in the work directory; the whole run, warm-ups included):", "",
+                  conflicts.to_markdown(report, limit=10), ""]
     return "\n".join(lines)
 
 
@@ -575,7 +625,7 @@ def main(argv=None):
             "load_before": [round(x, 2) for x in os.getloadavg()], "load_during": None, "setup": {}}
     os.makedirs(args.work_dir, exist_ok=True)
     os.chmod(args.work_dir, 0o755)
-    variants, runs, problems, sizes = {}, [], [], {}
+    variants, runs, problems, sizes, found = {}, [], [], {}, {}
     directories = [os.path.join(args.work_dir, v) for v in args.variants]
     try:
         for name, directory in zip(args.variants, directories):
@@ -611,13 +661,23 @@ def main(argv=None):
         meta["leftovers"] = left
         if left:
             problems.append(f"processes left running: {left}")
+    for name, variant in variants.items():  # also after a stop: what the logs have so far
+        try:
+            found[name] = variant.conflict_report()
+        except OSError as exc:
+            problems.append(f"{name}: no conflict report: {exc}")
+            continue
+        if found[name]["server"] and found[name]["server"]["badclass"]:
+            problems.append(f"{name}: the ZEO server failed {found[name]['server']['badclass']} conflict "
+                            f"resolution(s) on a class it could not import (BadClass)")
     meta["load_after"] = [round(x, 2) for x in os.getloadavg()]
     meta["minutes"] = round((time.monotonic() - clock) / 60, 1)
     meta["problems"] = problems
     cells, ratios = summarize(runs, args.variants)
     folder = report_folder(args.out, "storage")
-    text = to_markdown(meta, cells, ratios, sizes)
-    return finish_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "sizes": sizes, "runs": runs},
+    text = to_markdown(meta, cells, ratios, sizes, found)
+    return finish_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "sizes": sizes,
+                                  "conflicts": found, "runs": runs},
                          text, [("storage.png", lambda path: plot(cells, meta, path))] if cells else [], problems)
 
 

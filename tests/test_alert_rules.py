@@ -44,7 +44,7 @@ def test_promtool_check_rules(rules):
     result = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True,
                             timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 5 rules found" in result.stdout, result.stdout
+    assert "SUCCESS: 6 rules found" in result.stdout, result.stdout
 
 
 # Synthetic series, one sample per minute ("a+bxN": a, a+b, ... N+1 samples); each alert is
@@ -84,6 +84,14 @@ tests:
         values: '100x10'
       - series: 'node_filesystem_avail_bytes{{instance="n",mountpoint="/run",fstype="tmpfs"}}'
         values: '1x10'
+      # 30 conflicts a minute on the uid counter of one client from minute 2 on; 2 a minute
+      # on a bucket; another client's counter stays flat.
+      - series: 'zodb_conflicts_total{{job="zeoclients",instance="127.0.0.1:8091",class="Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool"}}'
+        values: '0 0 0+30x20'
+      - series: 'zodb_conflicts_total{{job="zeoclients",instance="127.0.0.1:8091",class="BTrees.OOBTree.OOBucket"}}'
+        values: '0+2x22'
+      - series: 'zodb_conflicts_total{{job="zeoclients",instance="127.0.0.1:8092",class="BTrees.OOBTree.OOBucket"}}'
+        values: '5x22'
       - series: 'up{{job="zeoclients",instance="127.0.0.1:8091"}}'
         values: '0x10'
       - series: 'up{{job="zeoclients",instance="127.0.0.1:8092"}}'
@@ -119,6 +127,15 @@ tests:
         exp_alerts:
           - exp_labels: {{severity: critical, job: zeoclients, instance: "127.0.0.1:8091"}}
             exp_annotations: {{summary: "zeoclients target 127.0.0.1:8091 does not answer"}}
+      # the rate is above 10 a minute from about minute 3 on; 10 minutes later it fires
+      - {{eval_time: 10m, alertname: ZODBConflictRate, exp_alerts: []}}
+      - eval_time: 16m
+        alertname: ZODBConflictRate
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: zeoclients, instance: "127.0.0.1:8091",
+                         class: Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool}}
+            exp_annotations:
+              summary: "30.0 ConflictErrors a minute on 127.0.0.1:8091, class Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool"
 """
 
 

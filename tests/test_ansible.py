@@ -271,6 +271,9 @@ BAD = [
                             {"name": "c2", "port": 18082, "metrics_port": 18091}]},
      "(metrics_port, if set, another unique one)"),
     ({"monitoring_disk_used_percent": 120}, "0 < monitoring_disk_used_percent < 100"),
+    ({"monitoring_conflicts_per_minute": 0}, "monitoring_conflicts_per_minute must be > 0"),
+    ({"zeoclient_max_conflict_retries": 9},
+     "value of zeoclient_max_conflict_retries must be one of: 0, 1, 2, 3, 4, 5, 6, got: 9"),
     ({"monitoring_queue_for": "soon"}, "monitoring_queue_for a duration such as 1m"),
     ({"varnish_cache_size": "lots"}, "varnish_cache_size is a size such as 256M or 2G, got lots"),
     ({"varnish_backend": "127.0.0.1:16081"}, "not varnish's own"),
@@ -287,6 +290,8 @@ BAD = [
     ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_dsn": "host=db1 dbname=plone password=Sekr1t"},
      "zeoclient_relstorage_dsn: 'host=db1 dbname=plone password=***' is invalid: expected libpq key=value pairs"),
     ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_dsn": "host=db1 user=plone"}, "(dbname is missing)"),
+    ({"haproxy_write_lane": "maybe"},
+     "argument 'haproxy_write_lane' is of type str and we were unable to convert to bool"),
 ]
 
 #: The postgresql role's checks: localhost joins the databases group (below).
@@ -504,7 +509,7 @@ def test_prometheus_scrapes_every_target_up(deployed):
         series = json.load(response)["data"]["result"]
     assert [s["metric"]["job"] for s in series] == ["varnish"], series
     assert sorted(rules) == ["DiskAlmostFull", "HAProxyQueueing", "HAProxyServerDown",
-                             "HTTP5xxRate", "ScrapeTargetDown"]
+                             "HTTP5xxRate", "ScrapeTargetDown", "ZODBConflictRate"]
 
 
 def test_four_paths_through_haproxy(deployed):

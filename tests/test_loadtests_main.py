@@ -19,10 +19,10 @@ def test_help_lists_every_subcommand_on_one_line():
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     for name in ["ab", "connections", "fairness", "blob", "matrix", "scaling", "cache", "attacks",
-                 "servers-wrk", "headline", "storage"]:
+                 "servers-wrk", "headline", "storage", "conflicts"]:
         assert any(line.split()[:1] == [name] and len(line.split()) > 1 for line in lines), name
     assert set(SUBCOMMANDS) == {"ab", "connections", "fairness", "blob", "matrix", "scaling", "cache",
-                                "attacks", "servers-wrk", "headline", "storage"}
+                                "attacks", "servers-wrk", "headline", "storage", "conflicts"}
 
 
 @pytest.mark.parametrize("args", [["no-such-tool"], []])

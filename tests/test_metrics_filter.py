@@ -58,6 +58,41 @@ for method, path in [("GET", "/"), ("GET", "/"), ("GET", "/missing"), ("BREW", "
         pass
 print("#---")
 print(generate_latest(pages).decode(), end="")
+
+# A real write conflict: two connections with their own transaction managers change the
+# same persistent object; the second commit raises ZODB's ConflictError (class, oid).
+import sys
+from persistent.mapping import PersistentMapping
+from ZODB.POSException import ConflictError
+from zope.event import notify
+from ZPublisher.pubevents import PubBeforeAbort
+from plonedeploy.runtime.metrics import subscribe_aborts
+
+setup = db.open()
+setup.root()["hot"] = PersistentMapping()
+transaction.commit()
+setup.close()
+managers = [transaction.TransactionManager(), transaction.TransactionManager()]
+conns = [db.open(transaction_manager=m) for m in managers]
+for n, (conn, manager) in enumerate(zip(conns, managers)):
+    conn.root()["hot"]["n"] = n
+managers[0].commit()
+try:
+    managers[1].commit()
+except ConflictError:
+    conflict = sys.exc_info()
+    managers[1].abort()
+conflicts = CollectorRegistry()
+counted = Metrics(conflicts)
+assert subscribe_aborts(counted)
+notify(PubBeforeAbort(None, conflict, True))     # retried
+notify(PubBeforeAbort(None, conflict, False))    # the last retry conflicted too
+try:
+    raise KeyError("not a conflict")
+except KeyError:
+    notify(PubBeforeAbort(None, sys.exc_info(), False))
+print("#---")
+print(generate_latest(conflicts).decode(), end="")
 '''
 
 
@@ -101,3 +136,12 @@ def test_requests_by_method_and_status(output):
     assert value(pages, "zope_http_request_duration_seconds_count") == 5
     assert value(pages, "zope_http_request_duration_seconds_bucket", le="+Inf") == 5
     assert value(pages, "zope_http_requests_in_progress") == 0
+
+
+def test_conflicts_by_class_and_retries_from_zpublisher_events(output):
+    """A real ConflictError of ZODB, announced by ZPublisher's PubBeforeAbort event as Zope
+    does: counted per class, the retry counted once, a KeyError not at all."""
+    counted = parse(output[4])
+    assert value(counted, "zodb_conflicts_total", **{"class": "persistent.mapping.PersistentMapping"}) == 2
+    assert value(counted, "zope_request_retries_total") == 1
+    assert sum(v for (name, _), v in counted.items() if name == "zodb_conflicts_total") == 2

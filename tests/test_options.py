@@ -197,8 +197,9 @@ def test_template_with_unknown_variable_fails(tmp_path):
 @pytest.mark.parametrize("fd_limit", [20000, 300], ids=["fd-limit-below-2x", "fd-limit-ample"])
 @pytest.mark.parametrize("uploads", [False, True], ids=["no-upload-lane", "upload-lane"])
 @pytest.mark.parametrize("with_tls", [False, True], ids=["plain", "tls"])
+@pytest.mark.parametrize("write_lane", [True, False], ids=["write-lane", "no-write-lane"])
 def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks, networks, fd_limit, uploads,
-                                                           with_tls):
+                                                           with_tls, write_lane):
     """The recipe renders haproxy.cfg.j2 without trim_blocks, Ansible's template module
     with it: both must give a config haproxy -c accepts (a "{%- endif %}" once glued
     "default_backend" onto the ACL line under Ansible only)."""
@@ -214,7 +215,10 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
                              keep_trailing_newline=True)
     text = env.get_template("haproxy.cfg.j2").render(
         part="t", servers=[{"name": "a", "host": "127.0.0.1", "port": 18081, "maxconn": 2,
-                            "wsgi_server": "pyruvate"}],
+                            "wsgi_server": "pyruvate"},
+                           {"name": "b", "host": "127.0.0.1", "port": 18082, "maxconn": 2,
+                            "wsgi_server": "waitress"}],
+        write_lane=write_lane,
         bind="127.0.0.1:18080", stats_bind="127.0.0.1:18404", balance="leastconn",
         health_check="/Plone/@@ok", timeout_queue=60, max_body_size=1024,
         maxconn=10000 if fd_limit == 20000 else 100, fd_limit=fd_limit,
@@ -254,8 +258,16 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
     assert ("code 301 if !{ ssl_fc } !redirect_exempt\n" in text) == exempt
     assert ("code 301 if !{ ssl_fc }\n" in text) == (with_tls and not networks)
     assert ("ssl crt" in text) == with_tls and ("Strict-Transport-Security" in text) == with_tls
-    # one balance line (loadtests.balancers rewrites it), the pool's
-    assert len(re.findall(r"^\s*balance\s", text, re.MULTILINE)) == 1
+    # the pool's balance is the template's variable (loadtests.balancers renders variants with
+    # another); the write lane's is a hash of its own (one active server: see the template)
+    assert re.findall(r"^\s*balance\s+(\S+)", text, re.MULTILINE) == ["leastconn"] + ["source"] * write_lane
+    # the write lane: writing methods that the upload lane did not take, one at a time on the
+    # first page client, the others backups; each tracks its state in zeoclients
+    assert ("\n    use_backend writes if { method POST PUT PATCH DELETE }\n" in text) == write_lane
+    assert (text.index("use_backend uploads") < text.index("use_backend writes")) if uploads and write_lane else True
+    assert ("\n    server a 127.0.0.1:18081 maxconn 1 track zeoclients/a" in text) == write_lane
+    assert ("\n    server b 127.0.0.1:18082 maxconn 1 backup track zeoclients/b" in text) == write_lane
+    assert ("backend writes" in text) == write_lane
 
 
 @pytest.mark.parametrize("value, expected", [

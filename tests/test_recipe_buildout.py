@@ -150,6 +150,17 @@ def test_pool_size_equals_threads(built, part, threads):
     assert re.findall(r"^\s*pool-size (\d+)$", main, re.MULTILINE) == [str(threads)]
 
 
+def test_conflict_retries_in_zope_conf(built):
+    """Zope's max-conflict-retries: the recipe's default in every client's zope.conf, once,
+    after the part's own zope-conf-additional lines."""
+    from plonedeploy.recipe.rules import DEFAULT_CONFLICT_RETRIES
+
+    directory, _ = built
+    for part in ("instance", "client2", "uploads"):
+        text = (directory / "parts" / part / "etc" / "zope.conf").read_text()
+        assert re.findall(r"^\s*max-conflict-retries (\d+)$", text, re.MULTILINE) == [DEFAULT_CONFLICT_RETRIES], part
+
+
 def test_server_egg_added_to_client_scripts(built):
     directory, _ = built
     assert re.search(r"pyruvate-[\d.]+-py", (directory / "bin" / "instance").read_text())
@@ -190,6 +201,11 @@ def test_haproxy_config_from_client_parts(built):
     assert "sc_conn_cur(0) gt 100" in text and "sc_http_req_rate(0) gt 1000" in text
     assert "\n    tcp-request connection track-sc0 src,ipmask(32,64)\n" in text  # nobody exempt by default
     assert "http-request use-service prometheus-exporter if { path /metrics }" in text
+    # the write lane, on by default: writes one at a time on instance, client2 its backup
+    assert "\n    use_backend writes if { method POST PUT PATCH DELETE }\n" in text
+    assert "server instance 127.0.0.1:18081 maxconn 1 track zeoclients/instance" in text
+    assert "server client2 127.0.0.1:18082 maxconn 1 backup track zeoclients/client2" in text
+    assert "track zeoclients/uploads" not in text  # the upload lane is not a writer
     # it was checked by haproxy -c before being written
     check = subprocess.run(["haproxy", "-c", "-f", str(directory / "parts" / "haproxy" / "haproxy.cfg")],
                            capture_output=True, text=True, timeout=60, check=False)
@@ -266,6 +282,15 @@ def test_manage_networks_block_the_zmi(tmp_path):
     assert "acl admin_network src 127.0.0.1/32 10.1.0.0/16" in text
     assert "http-request deny deny_status 403 if zmi !admin_network" in text
     assert "    maxconn 9000\n" in text
+
+
+def test_write_lane_off(tmp_path):
+    result = buildout(tmp_path, "[haproxy]\nwrite-lane = off\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (tmp_path / "parts" / "haproxy" / "haproxy.cfg").read_text()
+    assert "backend writes" not in text and "use_backend writes" not in text
+    stack = json.loads((tmp_path / "parts" / "stack" / "stack.json").read_text())
+    assert stack["haproxy_context"]["write_lane"] is False
 
 
 def test_tls_certificate_and_redirect(tmp_path):
@@ -447,6 +472,8 @@ BAD = [
      "[haproxy] server-names is required when bind = 0.0.0.0:18080 listens on all addresses"),
     ("[haproxy]\nper-source-requests = 0\n",
      "[haproxy] per-source-requests = '0' is invalid: expected a positive integer"),
+    ("[haproxy]\nwrite-lane = sometimes\n",
+     "[haproxy] write-lane = 'sometimes' is invalid: expected on or off"),
     ("[haproxy]\ntls-redirect = on\n",
      "[haproxy] tls-redirect is set but tls-bind is empty"),
     ("[haproxy]\ntls-bind = 127.0.0.1:18443\ntls-certificate = /nonexistent.pem\n",
@@ -490,6 +517,11 @@ BAD = [
     # storage = relstorage (tests/test_relstorage.py runs it against a real PostgreSQL)
     ("[instance]\nstorage = s3\n",
      "[instance] storage = 's3' is invalid: expected one of: zeo, relstorage"),
+    # Zope's conflict retries: more than 6 would retry past HAProxy's timeout server
+    ("[instance]\nmax-conflict-retries = 9\n",
+     "[instance] max-conflict-retries = '9' is invalid: expected one of: 0, 1, 2, 3, 4, 5, 6"),
+    ("[instance]\nzope-conf-additional = max-conflict-retries 2\n",
+     "[instance] zope-conf-additional sets max-conflict-retries; remove it there"),
     ("[instance]\nstorage = relstorage\n",
      "[instance] relstorage-dsn is required with storage = relstorage"),
     ("[instance]\nstorage = relstorage\nrelstorage-dsn = dbname=plone\nrelstorage-blobs = nfs\n",

@@ -74,7 +74,7 @@ def balancer():
     threading.Thread(target=app.serve_forever, daemon=True).start()
     directory = tempfile.mkdtemp(prefix="rolling-")  # short: a unix socket path has ~100 bytes
     sock, frontend = os.path.join(directory, "haproxy.sock"), _free_port()
-    config = os.path.join(directory, "haproxy.cfg")
+    config, dead = os.path.join(directory, "haproxy.cfg"), _free_port()
     with open(config, "w", encoding="ascii") as fp:
         fp.write(f"""global
     stats socket {sock} mode 600 level admin
@@ -85,13 +85,19 @@ defaults
     timeout server 30s
 frontend fe
     bind 127.0.0.1:{frontend}
+    use_backend w if {{ path_beg /slow/w/ }}
     default_backend b
 backend b
     option httpchk GET /ok
     timeout check 5s
     # live: 20 failed checks before DOWN, so that a busy machine does not make it flap.
     server live 127.0.0.1:{app.server_address[1]} check inter 200ms fall 20
-    server dead 127.0.0.1:{_free_port()} check inter 200ms
+    server dead 127.0.0.1:{dead} check inter 200ms
+# As the kit's write lane: the same servers under the same names, tracking b's.
+backend w
+    balance source
+    server live 127.0.0.1:{app.server_address[1]} maxconn 1 track b/live
+    server dead 127.0.0.1:{dead} maxconn 1 backup track b/dead
 """)
     proc = subprocess.Popen(["haproxy", "-db", "-f", config], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -122,11 +128,11 @@ def _slow_request(url):
     return thread, result
 
 
-def _wait_for_session(sock, server="live"):
+def _wait_for_session(sock, server="live", backend="b"):
     # 15 s: the thread, urllib and HAProxy on a 2-core machine busy with the other xdist
     # group took more than 5 s once (load 7)
     deadline = time.monotonic() + 15
-    while int(rolling.server_stats(sock, "b", server)["scur"] or 0) == 0:
+    while int(rolling.server_stats(sock, backend, server)["scur"] or 0) == 0:
         assert time.monotonic() < deadline, "the slow request never reached the server"
         time.sleep(0.02)
 
@@ -200,6 +206,30 @@ def test_drain_waits_for_the_request_in_flight_then_enable(balancer):
 
 
 @requires_haproxy
+def test_drain_and_enable_take_the_server_in_every_backend_that_has_it(balancer):
+    """The write lane: draining b/live drains w/live too (a server of that name in another
+    backend) and waits for its request in flight; enable puts both back UP."""
+    sock = balancer["socket"]
+    thread, result = _slow_request(balancer["frontend"] + "/slow/w/1.5")
+    _wait_for_session(sock, backend="w")
+    assert int(rolling.server_stats(sock, "b", "live")["scur"] or 0) == 0  # only w has the request
+    drained = cli("drain", "--socket", sock, "--backend", "b", "--server", "live")
+    states = {b: rolling.server_stats(sock, b, "live")["status"] for b in ("b", "w")}
+    thread.join(30)
+    assert drained.returncode == 0, drained.stderr
+    report = json.loads(drained.stdout)
+    assert (report["backends"], report["after"], report["changed"]) == (["b", "w"], "MAINT", True)
+    assert report["seconds"] >= 0.5, report  # it waited for the slow request in w
+    # w/live tracks b/live: HAProxy shows its MAINT as inherited ("MAINT (via b/live)")
+    assert result == [200] and states["b"] == "MAINT" and states["w"].startswith("MAINT"), states
+    enabled = json.loads(cli("enable", "--socket", sock, "--backend", "b", "--server", "live").stdout)
+    assert (enabled["backends"], enabled["after"]) == (["b", "w"], "UP")
+    assert rolling.server_stats(sock, "w", "live")["status"] == "UP"
+    with pytest.raises(rolling.RollingError, match="no server nope in backend w"):
+        rolling.backends_of(sock, "w", "nope")
+
+
+@requires_haproxy
 def test_drain_that_times_out_puts_the_server_back(balancer):
     sock = balancer["socket"]
     thread, result = _slow_request(balancer["frontend"] + "/slow/6")  # in flight past the drain's start-up
@@ -211,6 +241,7 @@ def test_drain_that_times_out_puts_the_server_back(balancer):
     assert re.match(r"rolling\.py drain: b/live: still 1 session\(s\) and 0 queued request\(s\) 0\.5 s after the drain; "
                     r"put back in service \(state ready\), not restarted$", drained.stderr.strip()), drained.stderr
     assert status == "UP" and result == [200]
+    assert rolling.server_stats(sock, "w", "live")["status"] == "UP"  # put back in w too
 
 
 @requires_haproxy

@@ -18,6 +18,9 @@ some of them:
   http-buffer-request``) for at most ``timeout http-request`` (10 s) before any server is
   chosen, so a trickled body gets 408 and never takes a Zope thread; larger bodies go to
   the upload lane, whose server must spool them to disk (``edge.SPOOLING_SERVERS``).
+- ``write-lane``: writes one at a time (backend ``writes``, docs/operations.md "Write
+  lane"): a save that waits in HAProxy's queue is better than one lost to a ConflictError
+  on an object that cannot resolve it (CMFUid's counter) after the last retry.
 - ``tls-bind``: requests over it reach Zope through its VirtualHostMonster
   (``/VirtualHostBase/https/<Host>/...``), so every link in the page starts with
   ``https://``; the plain ``bind`` never uses the cache (the A/B comparison runs there).
@@ -92,6 +95,7 @@ class Recipe:
         self.upload_maxconn = parse_positive_int(
             name, opts.setdefault("upload-maxconn"), "upload-maxconn")
         self.servers = [self.client(buildout, name, "backends", part) for part in names]
+        self.write_lane = parse_switch(name, "write-lane", opts.setdefault("write-lane"))
         self.upload_servers = [self.client(buildout, name, "upload-backends", part, self.upload_maxconn)
                                for part in upload_names]
         # Recorded as an option so that a change in any client part re-renders this one.
@@ -186,6 +190,7 @@ class Recipe:
             "maxconn": self.maxconn,
             "fd_limit": self.fd_limit,
             "manage_networks": self.manage_networks,
+            "write_lane": self.write_lane,
             **edge.template_context(self.server_names, self.upload_servers, self.upload_threshold,
                                     self.per_source_exempt, self.per_source),
             **tls.template_context(self.tls_bind and f"{self.tls_bind[0]}:{self.tls_bind[1]}",

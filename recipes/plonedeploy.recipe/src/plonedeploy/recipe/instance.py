@@ -16,6 +16,9 @@ each; docs/recipe.md's table is generated from it). The reasons behind them:
   waitress, which spools bodies to disk and enforces it itself, and to 1 MiB (Zope's
   ``form-memory-limit``) for the servers that hold a body in memory with no limit of their
   own (pyruvate): the balancer enforces theirs (``edge.body_limit_errors``).
+- ``max-conflict-retries`` is Zope's own zope.conf key, which plone.recipe.zope2instance
+  has no option for: appended to ``zope-conf-additional``; its range keeps Zope's retry
+  back-offs within HAProxy's ``timeout server`` (``rules.CONFLICT_RETRIES``).
 - ``storage = relstorage`` forces ``zeo-client`` off (the stock recipe refuses both), so a
   part made with ``<= instance`` switches by this one option; ``relstorage-dsn`` must not
   hold a password because zope.conf is world-readable (``options.parse_dsn``).
@@ -50,7 +53,7 @@ from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
 
 from plonedeploy.recipe.edge import default_body_cap
 from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
-from plonedeploy.recipe.rules import MOD_WSGI_EXPRESS
+from plonedeploy.recipe.rules import CONFLICT_RETRIES, MOD_WSGI_EXPRESS
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
     HELLO_APP,
@@ -175,6 +178,7 @@ class Recipe(Zope2InstanceRecipe):
             options["hello-address"] = f"{hello[0]}:{hello[1]}"
 
         self.storage = self.configure_storage(buildout, name, options)
+        self.configure_conflict_retries(name, options)
 
         if "wsgi-ini-template" in opts:
             raise zc.buildout.UserError(
@@ -259,6 +263,22 @@ class Recipe(Zope2InstanceRecipe):
                          "writable": " ".join(writable),
                          # Apache's LimitRequestBody: the client's own body cap
                          "limit_request_body": options["max-request-body-size"]}
+
+    def configure_conflict_retries(self, name, options):
+        """Append ``max-conflict-retries <n>`` (option ``max-conflict-retries``, one of
+        ``rules.CONFLICT_RETRIES``) to ``zope-conf-additional``, which the stock recipe puts
+        at the end of zope.conf. Raises ``zc.buildout.UserError`` for a value outside them,
+        or when ``zope-conf-additional`` sets the key itself (zope.conf would have it twice)."""
+        opts = DeclaredOptions(name, options, INSTANCE)
+        retries = check_choice(name, "max-conflict-retries", opts.setdefault("max-conflict-retries").strip(),
+                               CONFLICT_RETRIES)
+        options["max-conflict-retries"] = retries
+        additional = opts.get("zope-conf-additional", "")
+        if any(line.split()[:1] == ["max-conflict-retries"] for line in additional.splitlines()):
+            raise zc.buildout.UserError(
+                f"[{name}] zope-conf-additional sets max-conflict-retries; remove it there and set "
+                f"the part's option max-conflict-retries (one of: {', '.join(CONFLICT_RETRIES)})")
+        options["zope-conf-additional"] = f"{additional.rstrip()}\nmax-conflict-retries {retries}".lstrip("\n")
 
     def configure_storage(self, buildout, name, options):
         """Check ``storage`` and the ``relstorage-*`` options; return the storage.

@@ -179,6 +179,13 @@ INSTANCE = (
     Option("rel-storage", "", "nothing",
            "plone.recipe.zope2instance's option, refused here: written from `storage = relstorage` and the `relstorage-*` options",
            "unset"),
+    Option("max-conflict-retries", rules.DEFAULT_CONFLICT_RETRIES, rules.CONFLICT_RETRIES,
+           "Zope's `max-conflict-retries` (written into `etc/zope.conf`): how often a request that "
+           "hit a ZODB `ConflictError` is published again, after a random back-off of up to 1, 2, 4, "
+           "... s in its worker thread; at most 6, whose back-offs (up to 63 s) stay within HAProxy's "
+           "120 s `timeout server` ([tuning.md](tuning.md#conflict-retries))"),
+    Option("zope-conf-additional", "", "zope.conf lines",
+           _STOCK + "`max-conflict-retries` is appended to it (setting that key here is refused)", "empty"),
     Option("templates-directory", None, "a directory with `<server>.ini.in`",
            "where the server templates are (a directory of your own to change them)",
            "this package's `templates/` (`options.TEMPLATES_DIRECTORY`)"),
@@ -231,6 +238,13 @@ HAPROXY = (
     Option("upload-maxconn", "8", _POSITIVE,
            "uploads in transit at once per upload client (its `maxconn`; costs waitress a "
            "connection, not a thread)"),
+    Option("write-lane", "on", _SWITCH,
+           "the **write lane** (backend `writes`): POST, PUT, PATCH and DELETE not bound for the upload "
+           "lane run one at a time across the pool, on the first `backends` client (the others are "
+           "backups, used only while it is not UP); the rest wait in HAProxy's queue (`timeout-queue`). "
+           "On by default because a lost save is worse than waiting: concurrent creations conflict "
+           "on CMFUid's counter, which cannot resolve conflicts, and run out of retries "
+           "([Write lane](operations.md#write-lane)); reads keep every client and thread"),
     Option("server-names", None, "host names, IPv4 addresses or `[IPv6]`, without port",
            "the `Host` values the site answers to; another → 421, none → 400 "
            "(buildout.cfg: `127.0.0.1 localhost`)",

@@ -6,7 +6,10 @@ The steps, in this order (:data:`STEPS`, :func:`restart_client`):
 
 1. ``drain`` (on each balancer): ``set server B/N state drain`` over HAProxy's runtime API
    (no new requests; in-flight ones finish), wait until the server has no session and no
-   queued request, then ``set server B/N state maint``. MAINT, not DRAIN, while the process
+   queued request, then ``set server B/N state maint``; the same in every other backend
+   that has a server of that name (:func:`backends_of`: the write lane's ``writes``, whose
+   servers are the page clients under their names), so that no write is sent to the
+   client while it restarts and none is cut. MAINT, not DRAIN, while the process
    is down: in DRAIN HAProxy keeps checking the server, marks it DOWN once it stops, and
    the monitoring role's alert on DOWN servers would fire for a planned restart.
 2. ``restart`` (on the client's host): the process manager's own step, not in this module
@@ -18,7 +21,7 @@ The steps, in this order (:data:`STEPS`, :func:`restart_client`):
    ran; a dead one turns ``UP 1/3`` only after its first failed check), so ``enable``'s
    wait for UP does not prove the client serves.
 4. ``enable`` (on each balancer): ``set server B/N state ready``, wait until its status is
-   ``UP``.
+   ``UP``; in every backend ``drain`` took it out of.
 
 Rules: a step that does not finish within its timeout (:data:`TIMEOUT` seconds unless
 told) raises :class:`RollingError`; a drain that times out puts the server back into
@@ -44,9 +47,10 @@ Command line (each prints one JSON object on stdout and exits 0; a failure exits
     python3 rolling.py health --url URL [--timeout SECONDS]
 
 ``drain``/``enable`` print ``{"server": "B/N", "before": status, "after": status,
-"changed": bool, "seconds": float}`` (``status``: HAProxy's ``show stat`` column, e.g.
-``UP``, ``MAINT``, ``DRAIN``, ``DOWN``; ``changed``: whether the status differs, which
-Ansible's ``changed_when`` reads); ``health`` prints ``{"url": URL, "seconds": float}``.
+"changed": bool, "backends": [B, ...], "seconds": float}`` (``status``: HAProxy's ``show
+stat`` column in backend B, e.g. ``UP``, ``MAINT``, ``DRAIN``, ``DOWN``; ``changed``:
+whether it differs, which Ansible's ``changed_when`` reads; ``backends``: B and the other
+backends that have server N, in which the step ran too); ``health`` prints ``{"url": URL, "seconds": float}``.
 """
 import argparse
 import csv
@@ -101,15 +105,32 @@ def runtime_api(socket_path, command, timeout=REQUEST_TIMEOUT):
     return answer
 
 
+def _stat_rows(socket_path):
+    """Every row of ``show stat`` as a dict of strings; raises RollingError as :func:`runtime_api`."""
+    text = runtime_api(socket_path, "show stat")
+    return list(csv.DictReader(io.StringIO(text.lstrip("# "))))
+
+
 def server_stats(socket_path, backend, server):
     """Return the ``show stat`` row of ``backend/server`` as a dict of strings (``status``,
     ``scur`` current sessions, ``qcur`` queued requests, ...). Raises RollingError as
     :func:`runtime_api`, and when the backend has no such server."""
-    text = runtime_api(socket_path, "show stat")
-    for row in csv.DictReader(io.StringIO(text.lstrip("# "))):
+    for row in _stat_rows(socket_path):
         if row["pxname"] == backend and row["svname"] == server:
             return row
     raise RollingError(f"haproxy {socket_path}: no server {server} in backend {backend}")
+
+
+def backends_of(socket_path, backend, server):
+    """``backend`` and then every other backend of HAProxy with a server named ``server``
+    (a list of names): a server name stands for one client in every backend of the kit's
+    config (the write lane ``writes`` lists the page clients under their own names).
+    Raises RollingError as :func:`server_stats` when ``backend`` has no such server."""
+    names = [row["pxname"] for row in _stat_rows(socket_path)
+             if row["svname"] == server and row["svname"] not in ("FRONTEND", "BACKEND")]
+    if backend not in names:
+        raise RollingError(f"haproxy {socket_path}: no server {server} in backend {backend}")
+    return [backend] + [name for name in dict.fromkeys(names) if name != backend]
 
 
 def _wait(condition, timeout, failure):
@@ -126,55 +147,73 @@ def _wait(condition, timeout, failure):
 
 
 def drain(socket_path, backend, server, timeout=TIMEOUT):
-    """Step 1: take ``backend/server`` out of HAProxy's rotation without cutting a request:
+    """Step 1: take ``backend/server`` out of HAProxy's rotation without cutting a request,
+    in ``backend`` and in every other backend that has the server (:func:`backends_of`):
     state drain, wait (at most ``timeout`` seconds) until it holds no session and has no
-    queued request, then state maint. A server already in MAINT only gets the wait.
+    queued request in any of them, then state maint. Where it is in MAINT already it only
+    gets the wait.
 
-    Returns ``(status before, status after)`` (``after`` is ``MAINT``). Raises RollingError
-    as :func:`server_stats`, and when sessions remain after ``timeout`` seconds; the server
-    is then put back in service (state ready) unless it was in DRAIN or MAINT before.
+    Returns ``(status before, status after)`` in ``backend`` (``after`` is ``MAINT``).
+    Raises RollingError as :func:`server_stats`, and when sessions remain after ``timeout``
+    seconds; the server is then put back in service (state ready) in each backend where it
+    was not in DRAIN or MAINT before.
     """
-    name = f"{backend}/{server}"
-    before = server_stats(socket_path, backend, server)["status"]
-    if not before.startswith("MAINT"):
-        runtime_api(socket_path, f"set server {name} state drain")
+    backends = backends_of(socket_path, backend, server)
+    before = {name: server_stats(socket_path, name, server)["status"] for name in backends}
+    for name in backends:
+        if not before[name].startswith("MAINT"):
+            runtime_api(socket_path, f"set server {name}/{server} state drain")
     last = {}
 
     def idle():
-        last.update(server_stats(socket_path, backend, server))
-        return int(last["scur"] or 0) == 0 and int(last["qcur"] or 0) == 0
+        for name in backends:
+            row = server_stats(socket_path, name, server)
+            if int(row["scur"] or 0) or int(row["qcur"] or 0):
+                last.update(row, name=f"{name}/{server}")
+                return False
+        return True
 
     try:
-        _wait(idle, timeout, lambda: f"{name}: still {last['scur']} session(s) and {last['qcur']} queued "
+        _wait(idle, timeout, lambda: f"{last['name']}: still {last['scur']} session(s) and {last['qcur']} queued "
                                      f"request(s) {timeout:g} s after the drain")
     except RollingError as exc:
-        if before.startswith(("MAINT", "DRAIN")):
+        back = [name for name in backends if not before[name].startswith(("MAINT", "DRAIN"))]
+        if not back:
             raise
-        runtime_api(socket_path, f"set server {name} state ready")
+        for name in back:
+            runtime_api(socket_path, f"set server {name}/{server} state ready")
         raise RollingError(f"{exc}; put back in service (state ready), not restarted") from exc
-    runtime_api(socket_path, f"set server {name} state maint")
-    return before, server_stats(socket_path, backend, server)["status"]
+    for name in backends:
+        runtime_api(socket_path, f"set server {name}/{server} state maint")
+    return before[backend], server_stats(socket_path, backend, server)["status"]
 
 
 def enable(socket_path, backend, server, timeout=TIMEOUT):
-    """Step 4: put ``backend/server`` back into HAProxy's rotation (state ready) and wait at
-    most ``timeout`` seconds until its status is ``UP``. Run it only after :func:`wait_healthy`
-    passed (see the module docstring: leaving MAINT counts as healthy at once).
+    """Step 4: put ``backend/server`` back into HAProxy's rotation (state ready), in
+    ``backend`` and every other backend that has the server (:func:`backends_of`), and wait
+    at most ``timeout`` seconds until its status is ``UP`` in all of them. Run it only after
+    :func:`wait_healthy` passed (see the module docstring: leaving MAINT counts as healthy
+    at once).
 
-    Returns ``(status before, status after)``. Raises RollingError as :func:`server_stats`,
-    and when the server is not UP after ``timeout`` seconds.
+    Returns ``(status before, status after)`` in ``backend``. Raises RollingError as
+    :func:`server_stats`, and when the server is not UP after ``timeout`` seconds.
     """
-    name = f"{backend}/{server}"
+    backends = backends_of(socket_path, backend, server)
     before = server_stats(socket_path, backend, server)["status"]
-    runtime_api(socket_path, f"set server {name} state ready")
+    for name in backends:
+        runtime_api(socket_path, f"set server {name}/{server} state ready")
     last = {}
 
     def up():
-        last.update(server_stats(socket_path, backend, server))
-        return last["status"] == "UP"
+        for name in backends:
+            row = server_stats(socket_path, name, server)
+            last.update(row, name=f"{name}/{server}")
+            if row["status"] != "UP":
+                return False
+        return True
 
-    _wait(up, timeout, lambda: f"{name}: not UP {timeout:g} s after state ready (status {last['status']})")
-    return before, last["status"]
+    _wait(up, timeout, lambda: f"{last['name']}: not UP {timeout:g} s after state ready (status {last['status']})")
+    return before, server_stats(socket_path, backend, server)["status"]
 
 
 def wait_healthy(url, timeout=TIMEOUT):
@@ -254,7 +293,8 @@ def main(argv=None):
             step = drain if args.command == "drain" else enable
             before, after = step(args.socket, args.backend, args.server, args.timeout)
             result = {"server": f"{args.backend}/{args.server}", "before": before, "after": after,
-                      "changed": before != after}
+                      "changed": before != after,
+                      "backends": backends_of(args.socket, args.backend, args.server)}
     except RollingError as exc:
         print(f"rolling.py {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -52,6 +52,17 @@ DEFAULT_SERVER = "pyruvate"
 DEFAULT_THREADS = 2
 
 
+#: Zope's ``max-conflict-retries`` (zope.conf): how often a request that hit a ZODB
+#: ConflictError is published again. Before retry *n* (from 1) Zope sleeps a random
+#: 0..2**(n-1) s in the worker thread, so *n* retries may add up to 2**n - 1 s: up to 6 keeps
+#: that (63 s) below HAProxy's 120 s ``timeout server``; more would answer 504 while Zope
+#: still retries. The default is measured (docs/tuning.md, "Conflict retries"): with Zope's
+#: own 3, 4.6-6.2 % of concurrent document creations failed in the write benchmark on a
+#: loaded machine, with 5 0.3-0.7 %.
+CONFLICT_RETRIES = tuple(str(n) for n in range(0, 7))
+DEFAULT_CONFLICT_RETRIES = "5"
+
+
 def default_threads(server):
     """Threads (int) of a ZEO client on ``server`` when none are given: 1 for the
     :data:`SINGLE_THREADED` servers, else :data:`DEFAULT_THREADS`."""

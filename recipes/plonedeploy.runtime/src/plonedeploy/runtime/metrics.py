@@ -35,6 +35,17 @@ Series (units in the names; all per client process):
   Counted when a connection closes (end of each request).
 - ``zeo_cache_hits_total{database}``: loads answered by the ZEO client cache instead of the
   ZEO server (ZEO's own ``_n_accesses``; 0 for storages that are not ZEO clients).
+- ``zodb_conflicts_total{class}``: requests aborted by a ``ConflictError`` (ZODB's
+  ``ReadConflictError`` and ``BTreesConflictError`` included), by the persistent class in
+  conflict (``ConflictError.class_name``, e.g. ``Products.CMFUid.UniqueIdGeneratorTool.
+  UniqueIdGeneratorTool``; ``unknown`` when the error names none). Only conflicts the
+  storage could not resolve reach the client and are counted; each retry that conflicts
+  again counts once more.
+- ``zope_request_retries_total``: requests Zope published again after a transient error
+  (a conflict, mostly), at most ``max-conflict-retries`` times each. Conflicts minus
+  retries is what ended in an error answer (500) after the last retry.
+  Both come from ZPublisher's ``IPubBeforeAbort`` event (``retry`` says whether Zope will
+  publish the request again), subscribed when the filter is built.
 - ``process_*`` (resident memory, CPU seconds, open file descriptors) and
   ``python_gc_*``, ``python_info`` from prometheus-client's own collectors.
 
@@ -180,6 +191,21 @@ class Metrics:
                                   buckets=BUCKETS, registry=registry)
         self.in_progress = Gauge("zope_http_requests_in_progress", "Requests inside the application now",
                                  registry=registry)
+        self.conflicts = Counter("zodb_conflicts", "Requests aborted by a ZODB ConflictError, by class in conflict",
+                                 ["class"], registry=registry)
+        self.retries = Counter("zope_request_retries", "Requests published again after a transient error",
+                               registry=registry)
+
+    def count_abort(self, event):
+        """Handler of ZPublisher's ``IPubBeforeAbort``: count a conflict by its class and a
+        retry when Zope will publish the request again (``event.retry``)."""
+        from ZODB.POSException import ConflictError
+
+        error = event.exc_info[1] if event.exc_info else None
+        if isinstance(error, ConflictError):
+            self.conflicts.labels(error.get_class_name() or "unknown").inc()
+        if event.retry:
+            self.retries.inc()
 
 
 class Middleware:
@@ -257,6 +283,7 @@ def exporter(address):
     GCCollector(registry=registry)
     registry.register(ZODBCollector())
     metrics = Metrics(registry)
+    subscribe_aborts(metrics)
     try:
         start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
@@ -266,6 +293,22 @@ def exporter(address):
     _EXPORTERS[(host, port)] = metrics
     logger.info("Prometheus metrics on http://%s:%s/metrics", host, port)
     return metrics
+
+
+def subscribe_aborts(metrics):
+    """Register ``metrics.count_abort`` for ZPublisher's ``IPubBeforeAbort`` in the global
+    component registry (where ``zope.event.notify`` finds handlers); returns False when
+    ZPublisher is not importable (the filter outside Zope: no conflicts to count)."""
+    try:
+        # zope.component.event hooks the component registry's handlers into zope.event's
+        # subscribers; Zope imports it while loading ZCML, a bare process would not.
+        import zope.component.event  # noqa: F401
+        from zope.component import provideHandler
+        from ZPublisher.interfaces import IPubBeforeAbort
+    except ImportError:
+        return False
+    provideHandler(metrics.count_abort, (IPubBeforeAbort,))
+    return True
 
 
 def filter_factory(global_conf, address):
