@@ -206,6 +206,11 @@ class Recipe:
             service = service_layout(buildout, name, service_user, None if database else opts["zeoserver"],
                                      clients + upload_clients)
         location = os.path.join(buildout["buildout"]["parts-directory"], name)
+        # The ZEO server's pid-file directory (var/zeoserver/ in buildout.cfg, so that a
+        # service user may own it): runzeo refuses to start when it does not exist, and
+        # plone.recipe.zeoserver does not make it. Made at install, with or without a service user.
+        zeo = None if database else buildout[opts["zeoserver"]]
+        self.pid_directory = os.path.dirname(zeo["pid-file"]) if zeo is not None and zeo.get("pid-file") else None
         self.config = contract(
             haproxy=context, clients=facts, part=name, processes=processes,
             run_dir=os.path.join(directory, "var", "run"), log_dir=os.path.join(directory, "var", "log"),
@@ -232,6 +237,8 @@ class Recipe:
 
         location = self.options["location"]
         os.makedirs(location, exist_ok=True)
+        if self.pid_directory:
+            os.makedirs(self.pid_directory, exist_ok=True)
         path = os.path.join(location, "stack.json")
         with open(path, "w", encoding="utf-8") as fp:
             json.dump(self.config, fp, indent=2, sort_keys=True)
