@@ -209,6 +209,17 @@ def admin_auth():
         return "admin", fp.read().strip()
 
 
+def admin_session():
+    """A ``requests.Session`` authenticated as this checkout's Zope admin (``admin_auth``),
+    asking for JSON (plone.restapi). OSError when the site was never made."""
+    import requests
+
+    session = requests.Session()
+    session.auth = admin_auth()
+    session.headers["Accept"] = "application/json"
+    return session
+
+
 def port_taken(port, host="127.0.0.1"):
     """True if something accepts TCP connections on host:port."""
     with socket.socket() as sock:

@@ -17,7 +17,7 @@ import time
 import pytest
 import requests
 
-from conftest import ROOT, STACK, admin_auth, port_taken, run
+from conftest import ROOT, STACK, admin_session, port_taken, run
 
 pytestmark = pytest.mark.integration
 
@@ -25,14 +25,6 @@ BLOB = "/Plone/blob-5mb/@@download/file"
 LOG_DIR = os.path.join(ROOT, "var", "log")
 LOGROTATE_CONF = os.path.join(ROOT, "parts", "logrotate", "logrotate.conf")
 LOGROTATE = shutil.which("logrotate") or "/usr/sbin/logrotate"
-
-
-def _admin():
-    """A requests session authenticated as the Zope admin (password never printed)."""
-    session = requests.Session()
-    session.auth = admin_auth()
-    session.headers["Accept"] = "application/json"
-    return session
 
 
 def _sha256(url):
@@ -132,7 +124,7 @@ def test_restore_brings_back_content_and_blob(stack):
     storage, bin/restore, start: the document and the 5 MiB blob are back
     (sha256 identical). Prints the restore time and the whole outage."""
     run([STACK, "start", "--timeout", "120"], timeout=200)  # a stack_last test may have stopped it
-    admin, base = _admin(), stack.frontend_url
+    admin, base = admin_session(), stack.frontend_url
     doc_id = f"restore-{int(time.time())}"
     text = f"restored text {doc_id}"
     answer = admin.post(base + "/Plone", json={"@type": "Document", "id": doc_id, "title": doc_id,

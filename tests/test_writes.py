@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from conftest import ROOT, admin_auth
+from conftest import ROOT, admin_session
 from loadtests import conflicts
 from test_metrics import scrape
 
@@ -24,13 +24,6 @@ WRITERS = 10
 #: Seconds of writing: long enough for a few hundred POSTs to collide (four Zope threads
 #: behind HAProxy commit into one folder), short enough for the suite.
 SECONDS = 20
-
-
-def _session():
-    session = requests.Session()
-    session.auth = admin_auth()
-    session.headers["Accept"] = "application/json"
-    return session
 
 
 def _counts(metrics_urls):
@@ -61,7 +54,7 @@ def _new_lines(sizes):
 
 def test_ten_concurrent_writers_get_201_and_every_document_reads(stack):
     url = stack.frontend_url
-    session = _session()
+    session = admin_session()
     folder = f"writes-{int(time.time())}"
     answer = session.post(url + "/Plone", json={"@type": "Folder", "id": folder, "title": "concurrent writes"},
                           timeout=60)
@@ -75,7 +68,7 @@ def test_ten_concurrent_writers_get_201_and_every_document_reads(stack):
     deadline = time.monotonic() + SECONDS
 
     def writer(number):
-        own = _session()
+        own = admin_session()
         count = 0
         while time.monotonic() < deadline:
             count += 1
