@@ -323,12 +323,36 @@ def xdist_group(item):
     return "stack"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     """Run tests marked ``stack_last`` (they stop the stack) after every other test, and give
-    every test its xdist group (``xdist_group``; without ``-n`` the marker does nothing)."""
+    every test its xdist group (``xdist_group``; without ``-n`` the marker does nothing).
+
+    ``tryfirst``: pytest-xdist's worker reads the ``xdist_group`` markers in its own
+    ``pytest_collection_modifyitems`` (it appends ``@<group>`` to each node id); run after it,
+    the markers came too late and ``--dist loadgroup`` spread the groups over both workers,
+    where two stacks collided on one set of ports."""
     items.sort(key=lambda item: item.get_closest_marker("stack_last") is not None)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under ``--dist loadgroup``, stop before any test runs unless every node id a worker
+    collected carries its group (``...@stack``/``...@deploy``, appended by xdist's worker).
+
+    Without the suffix xdist spreads one group over both workers, two ``stack`` fixtures start
+    on one set of ports and some 90 tests error ("ports in use"): what pytest 9.2.0 did
+    silently (pytest-xdist issue #1386: it ignores the node id xdist rewrites; pytest is pinned
+    to 9.1.1 in requirements.txt for that reason).
+    """
+    if node.config.getoption("dist") != "loadgroup":
+        return
+    ungrouped = [nodeid for nodeid in ids if "@" not in nodeid.rpartition("]")[2].rpartition("::")[2]]
+    if ungrouped:
+        pytest.exit(f"--dist loadgroup did not group {len(ungrouped)} of {len(ids)} tests on {node.gateway.id} "
+                    f"(first: {ungrouped[0]}); see pytest-xdist #1386 and requirements.txt's pytest pin",
+                    returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture(scope="session")

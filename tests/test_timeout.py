@@ -77,7 +77,9 @@ def test_hanging_subprocess_fails_its_test_and_is_killed(tmp_path, workers):
         seconds = time.monotonic() - started
         output = result.stdout + result.stderr
         print(f"\ninner pytest: {seconds:.1f} s, exit {result.returncode}\n{output[-3000:]}")
-        assert seconds < 30, seconds
+        # Far below the children's 1,000 s sleeps: the hang was cut. Not tighter: two xdist workers
+        # start (each imports Locust's plugin) beside the suite's stacks; 31.6 s seen on a busy run.
+        assert seconds < 90, seconds
         assert result.returncode == 1, output
         assert output.count(f"Timeout (>{float(INNER_TIMEOUT)}s) from pytest-timeout") >= 3, output
         for name in ("test_run_without_timeout", "test_run_captured_as_conftest_run", "test_popen_left_running"):
