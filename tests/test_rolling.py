@@ -210,19 +210,23 @@ def test_drain_and_enable_take_the_server_in_every_backend_that_has_it(balancer)
     """The write lane: draining b/live drains w/live too (a server of that name in another
     backend) and waits for its request in flight; enable puts both back UP."""
     sock = balancer["socket"]
-    thread, result = _slow_request(balancer["frontend"] + "/slow/w/1.5")
+    # 4 s, as in the test above: rolling.py's start-up took over 1 s under load, and a 1.5 s
+    # request left the drain 0.47 s to wait (load average 9)
+    thread, result = _slow_request(balancer["frontend"] + "/slow/w/4")
     _wait_for_session(sock, backend="w")
-    assert int(rolling.server_stats(sock, "b", "live")["scur"] or 0) == 0  # only w has the request
-    drained = cli("drain", "--socket", sock, "--backend", "b", "--server", "live")
-    states = {b: rolling.server_stats(sock, b, "live")["status"] for b in ("b", "w")}
-    thread.join(30)
-    assert drained.returncode == 0, drained.stderr
-    report = json.loads(drained.stdout)
-    assert (report["backends"], report["after"], report["changed"]) == (["b", "w"], "MAINT", True)
-    assert report["seconds"] >= 0.5, report  # it waited for the slow request in w
-    # w/live tracks b/live: HAProxy shows its MAINT as inherited ("MAINT (via b/live)")
-    assert result == [200] and states["b"] == "MAINT" and states["w"].startswith("MAINT"), states
-    enabled = json.loads(cli("enable", "--socket", sock, "--backend", "b", "--server", "live").stdout)
+    try:
+        assert int(rolling.server_stats(sock, "b", "live")["scur"] or 0) == 0  # only w has the request
+        drained = cli("drain", "--socket", sock, "--backend", "b", "--server", "live")
+        states = {b: rolling.server_stats(sock, b, "live")["status"] for b in ("b", "w")}
+        thread.join(30)
+        assert drained.returncode == 0, drained.stderr
+        report = json.loads(drained.stdout)
+        assert (report["backends"], report["after"], report["changed"]) == (["b", "w"], "MAINT", True)
+        assert report["seconds"] >= 0.5, report  # it waited for the slow request in w
+        # w/live tracks b/live: HAProxy shows its MAINT as inherited ("MAINT (via b/live)")
+        assert result == [200] and states["b"] == "MAINT" and states["w"].startswith("MAINT"), states
+    finally:  # the module's later tests need live in service
+        enabled = json.loads(cli("enable", "--socket", sock, "--backend", "b", "--server", "live").stdout)
     assert (enabled["backends"], enabled["after"]) == (["b", "w"], "UP")
     assert rolling.server_stats(sock, "w", "live")["status"] == "UP"
     with pytest.raises(rolling.RollingError, match="no server nope in backend w"):
