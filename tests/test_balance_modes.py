@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from conftest import ROOT, port_taken, run
+from conftest import ROOT, boundary, port_taken, run
 from loadtests import balancers, core
 
 DEPLOYED_CONFIG = os.path.join(ROOT, "parts", "haproxy", "haproxy.cfg")
@@ -113,8 +113,9 @@ def test_ab_per_balance_mode(stack, tmp_path):
     deployed_pid = stack.pids()["haproxy"]
     port = stack.ports["haproxy"] + 10
     # --warmup 0: Locust's and HAProxy's counts then agree up to the requests in flight when
-    # Locust stops at --duration (HAProxy counted them, Locust cancels them unrecorded): at most
-    # one per user.
+    # Locust stops at --duration (HAProxy counted them, Locust cancels them unrecorded): one per
+    # user, plus on a busy machine what Locust sent but had not reported when it stopped
+    # (conftest.boundary; 17 of 72 on one server at load average 6).
     users = 6
     result = run([sys.executable, "-m", "loadtests.abtest", "--balance", "leastconn,roundrobin",
                   "--warmup", "0", "--duration", "8", "--users", str(users), "--spawn-rate", str(users), "--out", str(tmp_path)],
@@ -132,10 +133,12 @@ def test_ab_per_balance_mode(stack, tmp_path):
             assert server["requests"] > 0, (mode, name)
             assert server["failures"] == 0, (mode, name)
             # Locust's count (X-Served-By) and this mode's own HAProxy's stot agree (see above).
-            assert server["requests"] <= server["haproxy_sessions"] <= server["requests"] + users, (mode, name)
+            assert server["requests"] <= server["haproxy_sessions"] <= server["requests"] + boundary(
+                users, server["requests"], 8), (mode, name)
             assert server["p50_ms"] <= server["p95_ms"] <= server["p99_ms"], (mode, name)
         totals = data["totals"]
-        assert 0 < totals["requests"] <= totals["haproxy_sessions"] <= totals["requests"] + users, mode
+        assert 0 < totals["requests"] <= totals["haproxy_sessions"] <= totals["requests"] + boundary(
+            users, totals["requests"], 8), mode
         assert sum(s["share"] for s in servers.values()) == pytest.approx(1.0), mode
         assert 0.0 <= data["totals"]["queued_share"] <= 1.0, mode
         (run_info,) = data["rounds"]

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import ROOT, STACK, STACK_JSON, Stack, port_taken, run
+from conftest import ROOT, STACK, STACK_JSON, Stack, boundary, port_taken, run
 from loadtests.core import free_local_port
 
 pytestmark = pytest.mark.integration
@@ -120,17 +120,6 @@ def test_site_script_is_idempotent(stack):
     assert "site ready: unchanged" in again.stdout
     assert "created" not in again.stdout
     assert oct(os.stat(os.path.join(ROOT, "var", "admin-password")).st_mode & 0o777) == "0o600"
-
-
-def boundary(users, requests, duration):
-    """Requests Locust and HAProxy may count differently at the end of the warm-up: one in
-    flight per user, plus what was sent between the end of the warm-up and the stats read
-    (the Locust master writes the mark late when the machine is busy): 5 % of the requests
-    or 1.5 s of the run's rate (``requests / duration``, requests per second), whichever
-    is more. Measured: 4-13 of 400-650 at load average 7; 16 of 65 (6 s at 11 requests/s,
-    i.e. 1.5 s) at load average 9. A warm-up not cut at all would differ by all of its
-    seconds (3-4 s here) at the same rate."""
-    return users + max(0.05 * requests, 1.5 * requests / duration)
 
 
 def test_ab_report(stack, tmp_path):
