@@ -204,8 +204,12 @@ def test_ab_rounds_with_control(stack, tmp_path):
         assert sum(run_info["warmup_requests"].values()) > 0
         assert len(run_info["windows"]) >= 3  # 6 s in 2 s windows (the last may be short)
     for kind in ("ab", "aa"):
+        # Both slots served, and the interval holds the value within 0..1. A window where
+        # one slot finished nothing is real on a busy machine (CI, 26 Nov: pyruvate's slot
+        # 12 % over 4 windows, low 0.0), so the bound itself may touch 0 or 1.
         share = report["stats"][kind]["all"]["share"]
-        assert 0 < share["low"] <= share["value"] <= share["high"] < 1, (kind, share)
+        assert 0 < share["value"] < 1, (kind, share)
+        assert 0 <= share["low"] <= share["value"] <= share["high"] <= 1, (kind, share)
     shares = [v for v in report["verdicts"] if "measure" not in v]
     assert [v["path"] for v in shares] == ["/", "/Plone", "@json", "blob 5MB", "all"]
     # Every path against its A/A floor; a 6 s run may see too few of a rare path (the blob)
