@@ -292,6 +292,17 @@ BAD = [
     ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_dsn": "host=db1 user=plone"}, "(dbname is missing)"),
     ({"haproxy_write_lane": "maybe"},
      "argument 'haproxy_write_lane' is of type str and we were unable to convert to bool"),
+    # the hosts (issue 26): the firewall's networks, the service users, supervisord's umask
+    ({"firewall_admin_networks": []}, "firewall_admin_networks must name at least one address or CIDR network"),
+    ({"firewall_admin_networks": ["intranet"]}, "'intranet' is no IPv4/IPv6 address or CIDR network"),
+    ({"firewall_refuse": "bounce"}, "value of firewall_refuse must be one of: reject, drop, got: bounce"),
+    ({"zeoserver_user": "root"}, "zeoserver_user must be a system user name other than root"),
+    ({"zeoclient_user": "root"}, "zeoclient_user must be a system user name other than root"),
+    ({"haproxy_user": "root"}, "haproxy_user and haproxy_group must name a user and group other than root"),
+    ({"monitoring_prometheus_user": "root"},
+     "monitoring_prometheus_user and monitoring_node_exporter_user must be system user names other than root"),
+    ({"varnish_exporter_user": "root"}, "varnish_exporter_user must be a system user name other than root"),
+    ({"process_manager_umask": "000"}, "process_manager_umask must be an octal umask that keeps others from writing"),
 ]
 
 #: The postgresql role's checks: localhost joins the databases group (below).
@@ -313,6 +324,8 @@ LOADGENERATOR_BAD = [
     ({"loadgenerator_master_host": "10.0.0.1", "loadgenerator_workers": 0}, "loadgenerator_workers >= 1"),
     ({"loadgenerator_master_host": "10.0.0.1", "loadgenerator_locust_version": "2.47"},
      "loadgenerator_locust_version an exact version such as 2.47.0"),
+    ({"loadgenerator_master_host": "10.0.0.1", "loadgenerator_user": "root"},
+     "loadgenerator_user must be a system user name other than root"),
 ]
 
 
