@@ -12,6 +12,7 @@ import os
 import pwd
 import re
 import subprocess
+import time
 
 import psutil
 import pytest
@@ -38,8 +39,26 @@ def _supervisord(deployed):
 
 
 def _program_pids(deployed):
-    status = run(deployed["supervisorctl"] + ["status"], timeout=60).stdout
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\S+)\s+RUNNING\s+pid (\d+)", status, re.MULTILINE)}
+    """{program: pid} once every program of PROGRAM_USERS is RUNNING (supervisord says
+    STARTING for a program's first startsecs)."""
+    for _ in range(30):
+        status = run(deployed["supervisorctl"] + ["status"], timeout=60).stdout
+        pids = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\S+)\s+RUNNING\s+pid (\d+)", status, re.MULTILINE)}
+        if set(pids) >= set(PROGRAM_USERS):
+            break
+        time.sleep(1)
+    return pids
+
+
+def _users(process):
+    """The effective users of a process and its descendants (those still there)."""
+    users = set()
+    for each in [process] + process.children(recursive=True):
+        try:
+            users.add(pwd.getpwuid(each.uids().effective).pw_name)
+        except psutil.NoSuchProcess:  # a worker that finished meanwhile (HAProxy after a reload)
+            pass
+    return users
 
 
 def test_no_service_runs_as_root(deployed):
@@ -47,18 +66,16 @@ def test_no_service_runs_as_root(deployed):
     and it has workers that are not."""
     programs = _program_pids(deployed)
     assert set(programs) == set(PROGRAM_USERS), programs
-    users = {}
-    for name, pid in programs.items():
-        process = psutil.Process(pid)
-        # by effective uid: varnishd's manager keeps real uid 0 (its jail regains it to start
-        # the child) and runs as varnish
-        users[name] = {pwd.getpwuid(p.uids().effective).pw_name for p in [process] + process.children(recursive=True)}
+    # by effective uid: varnishd's manager keeps real uid 0 (its jail regains it to start the
+    # child) and runs as varnish
+    users = {name: _users(psutil.Process(pid)) for name, pid in programs.items()}
     assert users == PROGRAM_USERS, users
     haproxy = psutil.Process(programs["haproxy"])
-    assert haproxy.uids().effective == 0 and {w.uids().effective for w in haproxy.children()} == {
+    workers = haproxy.children()
+    assert haproxy.uids().effective == 0 and workers and {w.uids().effective for w in workers} == {
         pwd.getpwnam("haproxy").pw_uid}
     # the workers are chrooted into Debian's empty /var/lib/haproxy
-    assert {os.readlink(f"/proc/{w.pid}/root") for w in haproxy.children()} == {"/var/lib/haproxy"}
+    assert {os.readlink(f"/proc/{w.pid}/root") for w in workers if w.is_running()} == {"/var/lib/haproxy"}
 
 
 def test_clients_cannot_write_their_build(deployed):
