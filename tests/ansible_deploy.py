@@ -72,11 +72,16 @@ CRON_FILES = {"zeoserver": f"plonedeploy-test-{os.getpid()}-zeoserver",
 
 @pytest.fixture(scope="session")
 @setup_budget(900)  # site.yml's first converge: ~125 s on a quiet machine; the playbook allows 1,500 s
-def deployed(tmp_path_factory):
+def deployed():
     taken = [p for p in PORTS if port_taken(p)]
     if taken:
         pytest.fail(f"ports {taken} in use: another Ansible test deployment is running")
-    prefix = str(tmp_path_factory.mktemp("ansible") / "srv")
+    # Not under pytest's base directory: every pytest session (the nested ones of the suite
+    # too) chmods /tmp/pytest-of-<user> to 0700, which empties the ACL mask that lets the
+    # services' own users (plone, prometheus, ...) reach their prefix.
+    base = tempfile.mkdtemp(prefix="plonedeploy-ansible-")
+    os.chmod(base, 0o755)
+    prefix = os.path.join(base, "srv")
     # varnishd's unix jail (users varnish and vcache) must reach its VCL and working directory.
     varnish_directory = tempfile.mkdtemp(prefix="plonedeploy-varnish-")
     os.chmod(varnish_directory, 0o755)
@@ -106,6 +111,7 @@ def deployed(tmp_path_factory):
             except psutil.NoSuchProcess:
                 pass
         shutil.rmtree(varnish_directory, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
         for name in CRON_FILES.values():
             if os.path.exists(os.path.join("/etc/cron.d", name)):
                 os.remove(os.path.join("/etc/cron.d", name))
