@@ -58,6 +58,7 @@ import pwd
 import re
 import shlex
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -408,8 +409,10 @@ def verify():
           "egg:plonedeploy.runtime#gunicorn" in ini and threads == expected and maxconn
           and int(maxconn.group(1)) == expected, f"wsgi.ini threads {threads}, maxconn {maxconn and maxconn.group(1)}")
     served = set()
-    for _ in range(30):  # POSTs: past the cache tier, straight to the pool
-        request = urllib.request.Request(base + "/Plone/@@ok", data=b"x", method="POST")
+    # GETs with Plone's login cookie: varnish passes them (never cached) and HAProxy sends them
+    # to the page pool. Not POSTs: those go to the write lane, one page client at a time.
+    for _ in range(30):
+        request = urllib.request.Request(base + "/Plone/@@ok", headers={"Cookie": "__ac=multihost"})
         with urllib.request.urlopen(request, timeout=30) as response:
             served.add(response.headers.get("X-Served-By"))
     check("the pool serves from pyruvate, waitress and gunicorn (client1-3)",
@@ -780,20 +783,29 @@ def ab_with_remote_workers():
     plain = in_ns("pdmh-lg", "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
                   "http://10.231.0.4:8080/Plone/@@ok", capture=True, check=False)
     results.append(("lg1 is served on the plain port (haproxy_tls_redirect_exempt)", plain == "200", plain))
+    # A free port, not a fixed one: a fixed 18404 was once the stats port of make test's local
+    # converge running beside this harness, and the A/B then read that HAProxy's servers.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        stats_port = sock.getsockname()[1]
+    stats_url = f"http://127.0.0.1:{stats_port}/stats;csv"
     tunnel = subprocess.Popen(
         ["ssh", "-N", "-i", os.path.join(WORK, "id_ed25519"), *SSH_OPTIONS, "-o", "ExitOnForwardFailure=yes",
-         "-L", "127.0.0.1:18404:127.0.0.1:8404", "root@10.231.0.4"],
+         "-L", f"127.0.0.1:{stats_port}:127.0.0.1:8404", "root@10.231.0.4"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(30):
+            if tunnel.poll() is not None:
+                results.append(("SSH tunnel to lb1's HAProxy stats", False, f"ssh exited {tunnel.returncode}"))
+                return results
             try:
-                urllib.request.urlopen("http://127.0.0.1:18404/stats;csv", timeout=2).read()
+                urllib.request.urlopen(stats_url, timeout=2).read()
                 break
             except OSError:
                 time.sleep(0.5)
         with open(f"{WORK}/lb1/haproxy/abtest.json", encoding="utf-8") as fp:
             config = json.load(fp)
-        config["stats_url"] = "http://127.0.0.1:18404/stats;csv"
+        config["stats_url"] = stats_url
         config_path = os.path.join(WORK, "abtest-control.json")
         with open(config_path, "w", encoding="utf-8") as fp:
             json.dump(config, fp)
