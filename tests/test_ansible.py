@@ -443,7 +443,10 @@ def refusals(tmp_path_factory):
         host = f"refusal{number:02d}"
         prefix = directory / host / "srv"
         own = {kind: f"{host}_{kind}" for kind in ("clients", "balancers", "databases")}
+        # firewall_address: the firewall role checks first that every other host of the
+        # inventory has an IP address (its rules name hosts by address)
         hosts[host] = {"plonedeploy_prefix": str(prefix), "postgresql_prefix": str(prefix),
+                       "firewall_address": f"127.0.1.{number + 1}",
                        **{variable: own[kind] for variable, kind in GROUP_VARIABLES.items()}, **bad}
         for name in ("zeoservers", "zeoclients", "loadbalancers", "monitoring") + ((group,) if group else ()):
             groups[name][host] = None

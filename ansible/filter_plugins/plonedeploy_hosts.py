@@ -8,7 +8,8 @@
 - ``networks | plonedeploy_networks(family)``: the entries of one family (``ip`` or
   ``ip6``, nftables' words) as normalized networks (``10.0.0.5`` -> ``10.0.0.5/32``,
   host bits cleared), sorted, overlaps merged, for an nftables set.
-- ``"host:port" | plonedeploy_port``: the port (int) of an address (``[::1]:80`` too).
+- ``"host:port" | plonedeploy_port``: the port (int) of an address (``[::1]:80`` too);
+  an address without a port 1-65535 is an error that names it.
 """
 import ipaddress
 import posixpath
@@ -47,7 +48,14 @@ def networks_of(networks, family):
 
 
 def port(address):
-    return int(str(address).rpartition(":")[2])
+    """The port of ``"host:port"``; AnsibleFilterError naming the value when there is none
+    (the firewall role reads the services' addresses before their own roles check them)."""
+    from ansible.errors import AnsibleFilterError
+
+    host, _, number = str(address).rpartition(":")
+    if not host or not number.isdigit() or not 1 <= int(number) <= 65535:
+        raise AnsibleFilterError(f"{address!r} is invalid: expected host:port with a port 1-65535")
+    return int(number)
 
 
 class FilterModule:
