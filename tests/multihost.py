@@ -33,6 +33,10 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
    (``python -m loadtests ab --deployed --remote-workers 2``, HAProxy's stats through an SSH
    tunnel to lb1's localhost): both servers answer, no failure, every request HAProxy logs
    comes from 10.231.0.5, which is served on the plain port while others get 301;
+   alerts: Alertmanager on lb1 sends to a webhook receiver this script runs on the control
+   host (10.231.0.1:15580); with every ZEO client of app1 stopped, the blackbox exporter's
+   probe of https://10.231.0.4/Plone/@@ok fails and "SiteDown" must reach the receiver
+   within 180 s; after the clients are started again, its resolution within 300 s;
    with ``--storage relstorage`` instead of ZEO's checks: PostgreSQL listens on
    10.231.0.6:5432 only, app1's connections go from 10.231.0.3 there, the clients'
    zope.conf has ``<relstorage>`` and no ``<zeoclient>``, the site's objects and its blob
@@ -66,6 +70,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src"))  # run as a script, not by pytest
@@ -98,6 +103,11 @@ INTERNET = ("inet1", "pdmh-inet", "10.231.0.7")
 #: no key is trusted on first use), named by the inventory (UserKnownHostsFile).
 KNOWN_HOSTS = f"{WORK}/known_hosts"
 SSH_OPTIONS = ["-o", f"UserKnownHostsFile={KNOWN_HOSTS}", "-o", "StrictHostKeyChecking=yes"]
+#: The test webhook receiver of Alertmanager's notifications, on the control host (the
+#: bridge's address: lb1's Alertmanager reaches it over the namespace network).
+WEBHOOK = ("10.231.0.1", 15580)
+#: The ZEO clients on app1 (inventories/multihost/group_vars/zeoclients.yml).
+CLIENT_PROGRAMS = ("client1", "client2", "client3", "uploads")
 #: The Locust master's port on the control host (not Locust's 5557, which a local
 #: --processes run of the test suite may hold on every address).
 MASTER_PORT = 15557
@@ -256,6 +266,11 @@ def setup():
             # ruleset, and its file goes under the host's prefix (/etc is shared here).
             "firewall_admin_networks": ["10.231.0.1/32"],
             "firewall_ruleset_file": f"{WORK}/{name}/etc/nftables.conf",
+            # Alertmanager (monitoring role, on lb1) notifies this script's receiver; the
+            # probe meets the haproxy role's self-signed certificate (not verified, its
+            # expiry still measured).
+            "monitoring_alert_webhook_urls": [f"http://{WEBHOOK[0]}:{WEBHOOK[1]}/alerts"],
+            "monitoring_probe_tls_verify": False,
         }
     path = os.path.join(WORK, "hosts.json")
     with open(path, "w") as fp:
@@ -490,6 +505,8 @@ def verify():
         check(label, passed, detail)
     for label, passed, detail in service_user_checks() + exposure_checks():
         check(label, passed, detail)
+    for label, passed, detail in alert_test():
+        check(label, passed, detail)
     for name in (STORAGES[STORAGE][0], "app1"):
         for label, passed, detail in crash_test(name):
             check(label, passed, detail)
@@ -665,6 +682,90 @@ def crash_test(name):
              f"HAProxy {'in %.0f s' % up if up is not None else 'not within 120 s'}; {len(acknowledged)} writes "
              f"acknowledged ({before} before the kill), {len(lost)} lost; {failed} refused during the outage",
              up is not None and not lost and before >= 5, {"lost": lost[:10]})]
+
+
+class WebhookReceiver:
+    """Alertmanager's webhook receiver: a small HTTP server on the control host that keeps
+    every notification (its JSON) with the time it arrived (time.monotonic())."""
+
+    def __init__(self, address):
+        self.received = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    payload = json.loads(body)
+                except ValueError:
+                    payload = {"unparsed": body.decode(errors="replace")}
+                receiver.received.append((time.monotonic(), payload))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(address, Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def wait_for(self, alertname, status, since, timeout):
+        """Seconds from ``since`` until a notification of ``alertname`` with ``status``
+        (firing, resolved) that arrived after ``since``; None after ``timeout`` s."""
+        deadline = since + timeout
+        while True:
+            for arrived, payload in list(self.received):
+                if arrived >= since and payload.get("status") == status and any(
+                        a.get("labels", {}).get("alertname") == alertname and a.get("status") == status
+                        for a in payload.get("alerts", [])):
+                    return arrived - since
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(1)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+#: Started by main() once the bridge exists.
+RECEIVER = None
+
+
+def alert_test():
+    """Stop every ZEO client of app1: HAProxy answers 503, the blackbox exporter's probe on
+    lb1 fails, Prometheus fires SiteDown after monitoring_site_down_for, Alertmanager sends
+    it to the receiver. Then start them again and wait for the resolution.
+    Returns ``[(label, passed, detail)]``."""
+    supervisorctl = ["supervisorctl", "-c", f"{WORK}/app1/etc/supervisord.conf"]
+    stopped = time.monotonic()
+    in_ns("pdmh-app", *supervisorctl, "stop", *CLIENT_PROGRAMS, capture=True, check=False)
+    fired = RECEIVER.wait_for("SiteDown", "firing", stopped, 180)
+    others = sorted({a.get("labels", {}).get("alertname") for arrived, p in RECEIVER.received if arrived >= stopped
+                     for a in p.get("alerts", [])})
+    started = time.monotonic()
+    in_ns("pdmh-app", *supervisorctl, "start", *CLIENT_PROGRAMS, capture=True, check=False, timeout=300)
+    resolved = RECEIVER.wait_for("SiteDown", "resolved", started, 300) if fired is not None else None
+    back = False
+    for _ in range(120):  # the site itself, before the next checks
+        try:
+            with urllib.request.urlopen(f"https://10.231.0.4/Plone/@@ok?alert-test={time.monotonic()}",
+                                        timeout=10) as response:
+                if response.status == 200:
+                    back = True
+                    break
+        except OSError:
+            pass
+        time.sleep(1)
+    firing = ("SiteDown at the webhook %.0f s after every ZEO client was stopped" % fired
+              if fired is not None else "no SiteDown at the webhook within 180 s of stopping every ZEO client")
+    resolution = ("its resolution %.0f s after they were started again" % resolved
+                  if resolved is not None else "no resolution within 300 s of starting them again")
+    return [(f"alerts: {firing}; {resolution} (Alertmanager on lb1 -> webhook on 10.231.0.1)",
+             fired is not None and fired <= 180 and resolved is not None, {"alerts since the stop": others}),
+            ("the site answers again after the alert test", back, "")]
 
 
 PSQL = "/usr/lib/postgresql/15/bin/psql"
@@ -863,8 +964,10 @@ def main(argv=None):
         return 2
     teardown()  # leftovers of an interrupted run
     ok = False
+    global RECEIVER
     try:
         inventory = setup()
+        RECEIVER = WebhookReceiver(WEBHOOK)
         playbook(inventory, "site.yml over SSH, first run")
         ok = verify()
         second = playbook(inventory, "site.yml over SSH, second run")
@@ -872,6 +975,8 @@ def main(argv=None):
         print(f"{'PASS' if unchanged else 'FAIL'} second run changed=0 on every host")
         ok = ok and unchanged
     finally:
+        if RECEIVER is not None:
+            RECEIVER.close()
         if not args.keep:
             teardown()
     print("multihost:", "all checks passed" if ok else "FAILED")
