@@ -27,6 +27,7 @@ ANSIBLE = os.path.join(ROOT, "ansible")
 BIN = os.path.join(ANSIBLE, ".venv", "bin")
 PORTS = (18079, 18080, 18081, 18082, 18100, 18404, 18443,
          18091, 18092, 18093, 18190, 18191,  # clients' metrics, Prometheus, node-exporter
+         18192, 18193,  # Alertmanager, the blackbox exporter
          16081, 16088)  # varnish, HAProxy's cache_fill listener
 PROMETHEUS = "http://127.0.0.1:18190"
 FRONTEND = "http://127.0.0.1:18080"

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.ansible
 PROGRAM_USERS = {
     "zeoserver": {"plone"}, "client1": {"plone"}, "client2": {"plone"}, "uploads": {"plone"},
     "prometheus": {"prometheus"}, "node-exporter": {"prometheus"}, "varnish-exporter": {"varnishlog"},
+    "alertmanager": {"prometheus"}, "blackbox-exporter": {"prometheus"},
     # varnishd's unix jail: the manager as varnish, the cache process as vcache
     "varnish": {"varnish", "vcache"},
     # the master (-W) keeps root to bind and reload; its workers are haproxy's
@@ -158,6 +159,10 @@ UNITS = [
     {"name": "prometheus", "command": ["/usr/bin/prometheus"], "user": "prometheus", "signal": "HUP",
      "write": ["/srv/plonedeploy/var/prometheus"]},
     {"name": "node-exporter", "command": ["/usr/bin/prometheus-node-exporter"], "user": "prometheus"},
+    {"name": "alertmanager", "command": ["/usr/bin/prometheus-alertmanager", "--cluster.listen-address="],
+     "user": "prometheus", "signal": "HUP", "write": ["/srv/plonedeploy/var/alertmanager"]},
+    {"name": "blackbox-exporter", "command": ["/usr/bin/prometheus-blackbox-exporter"], "user": "prometheus",
+     "signal": "HUP"},
     {"name": "postgresql", "command": ["/usr/lib/postgresql/15/bin/postgres", "-D", "/srv/plonedeploy/postgresql/data"],
      "user": "postgres", "stop": "INT", "write": ["/srv/plonedeploy/postgresql/data"]},
     {"name": "locust-worker-1", "command": [os.path.join(ROOT, ".venv", "bin", "locust"), "--worker"], "user": "locust"},
