@@ -27,6 +27,7 @@ ANSIBLE = os.path.join(ROOT, "ansible")
 BIN = os.path.join(ANSIBLE, ".venv", "bin")
 PORTS = (18079, 18080, 18081, 18082, 18100, 18404, 18443,
          18091, 18092, 18093, 18190, 18191,  # clients' metrics, Prometheus, node-exporter
+         18192, 18193,  # Alertmanager, the blackbox exporter
          16081, 16088)  # varnish, HAProxy's cache_fill listener
 PROMETHEUS = "http://127.0.0.1:18190"
 FRONTEND = "http://127.0.0.1:18080"
@@ -72,11 +73,16 @@ CRON_FILES = {"zeoserver": f"plonedeploy-test-{os.getpid()}-zeoserver",
 
 @pytest.fixture(scope="session")
 @setup_budget(900)  # site.yml's first converge: ~125 s on a quiet machine; the playbook allows 1,500 s
-def deployed(tmp_path_factory):
+def deployed():
     taken = [p for p in PORTS if port_taken(p)]
     if taken:
         pytest.fail(f"ports {taken} in use: another Ansible test deployment is running")
-    prefix = str(tmp_path_factory.mktemp("ansible") / "srv")
+    # Not under pytest's base directory: every pytest session (the nested ones of the suite
+    # too) chmods /tmp/pytest-of-<user> to 0700, which empties the ACL mask that lets the
+    # services' own users (plone, prometheus, ...) reach their prefix.
+    base = tempfile.mkdtemp(prefix="plonedeploy-ansible-")
+    os.chmod(base, 0o755)
+    prefix = os.path.join(base, "srv")
     # varnishd's unix jail (users varnish and vcache) must reach its VCL and working directory.
     varnish_directory = tempfile.mkdtemp(prefix="plonedeploy-varnish-")
     os.chmod(varnish_directory, 0o755)
@@ -106,6 +112,7 @@ def deployed(tmp_path_factory):
             except psutil.NoSuchProcess:
                 pass
         shutil.rmtree(varnish_directory, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
         for name in CRON_FILES.values():
             if os.path.exists(os.path.join("/etc/cron.d", name)):
                 os.remove(os.path.join("/etc/cron.d", name))

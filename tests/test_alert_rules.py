@@ -44,7 +44,7 @@ def test_promtool_check_rules(rules):
     result = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True,
                             timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout, result.stdout
+    assert "SUCCESS: 8 rules found" in result.stdout, result.stdout
 
 
 # Synthetic series, one sample per minute ("a+bxN": a, a+b, ... N+1 samples); each alert is
@@ -96,6 +96,18 @@ tests:
         values: '0x10'
       - series: 'up{{job="zeoclients",instance="127.0.0.1:8092"}}'
         values: '1x10'
+      # the blackbox exporter's probes: the site fails from minute 2 to 5 and answers again;
+      # another URL fails for 30 s only (a blip, two scrapes); one certificate ends in 10
+      # days, the other in 60 (probe_ssl_earliest_cert_expiry is a Unix time; the test's
+      # clock starts at 0).
+      - series: 'probe_success{{job="blackbox",instance="https://www.example.org/Plone/@@ok"}}'
+        values: '1 1 0 0 0 0 1x10'
+      - series: 'probe_success{{job="blackbox",instance="https://blip.example.org/Plone/@@ok"}}'
+        values: '1 1 0 1x10'
+      - series: 'probe_ssl_earliest_cert_expiry{{job="blackbox",instance="https://www.example.org/Plone/@@ok"}}'
+        values: '864000x30'
+      - series: 'probe_ssl_earliest_cert_expiry{{job="blackbox",instance="https://blip.example.org/Plone/@@ok"}}'
+        values: '5184000x30'
     alert_rule_test:
       - {{eval_time: 30s, alertname: HAProxyServerDown, exp_alerts: []}}
       - eval_time: 2m
@@ -136,6 +148,22 @@ tests:
                          class: Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool}}
             exp_annotations:
               summary: "30.0 ConflictErrors a minute on 127.0.0.1:8091, class Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool"
+      # down from 2m: pending at 2m, firing from 3m (monitoring_site_down_for 1m), resolved at
+      # 6m; the blip (down at 2m only) never fires
+      - {{eval_time: 2m, alertname: SiteDown, exp_alerts: []}}
+      - eval_time: 3m
+        alertname: SiteDown
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: blackbox, instance: "https://www.example.org/Plone/@@ok"}}
+            exp_annotations: {{summary: "https://www.example.org/Plone/@@ok does not answer 2xx over https"}}
+      - {{eval_time: 6m, alertname: SiteDown, exp_alerts: []}}
+      # 10 days left (< 14): fires after its 10 minutes; the 60-day certificate never
+      - {{eval_time: 5m, alertname: CertificateExpiresSoon, exp_alerts: []}}
+      - eval_time: 10m
+        alertname: CertificateExpiresSoon
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: blackbox, instance: "https://www.example.org/Plone/@@ok"}}
+            exp_annotations: {{summary: "The certificate of https://www.example.org/Plone/@@ok expires in 9d 23h 50m 0s"}}
 """
 
 

@@ -292,6 +292,32 @@ BAD = [
     ({"zeoclient_storage": "relstorage", "zeoclient_relstorage_dsn": "host=db1 user=plone"}, "(dbname is missing)"),
     ({"haproxy_write_lane": "maybe"},
      "argument 'haproxy_write_lane' is of type str and we were unable to convert to bool"),
+    # the hosts (issue 26): the firewall's networks, the service users, supervisord's umask
+    ({"firewall_admin_networks": []}, "firewall_admin_networks must name at least one address or CIDR network"),
+    ({"firewall_admin_networks": ["intranet"]}, "'intranet' is no IPv4/IPv6 address or CIDR network"),
+    ({"firewall_refuse": "bounce"}, "value of firewall_refuse must be one of: reject, drop, got: bounce"),
+    ({"zeoserver_user": "root"}, "zeoserver_user must be a system user name other than root"),
+    ({"zeoclient_user": "root"}, "zeoclient_user must be a system user name other than root"),
+    ({"haproxy_user": "root"}, "haproxy_user and haproxy_group must name a user and group other than root"),
+    ({"monitoring_prometheus_user": "root"},
+     "monitoring_prometheus_user and monitoring_node_exporter_user must be system user names other than root"),
+    ({"varnish_exporter_user": "root"}, "varnish_exporter_user must be a system user name other than root"),
+    ({"process_manager_umask": "000"}, "process_manager_umask must be an octal umask that keeps others from writing"),
+    # alerts that reach someone (issue 27): Alertmanager, its receivers, the blackbox probe
+    ({"monitoring_alertmanager_listen": "127.0.0.1:18190"},
+     "monitoring_alertmanager_listen and monitoring_blackbox_listen must be host:port, and differ"),
+    ({"monitoring_alert_webhook_urls": ["hooks.example.org/alerts"]},
+     "monitoring_alert_webhook_urls must be http:// or https:// URLs"),
+    ({"monitoring_alert_smtp_smarthost": "mail.example.org:587", "monitoring_alert_smtp_from": "ops@example.org"},
+     "monitoring_alert_smtp_to a list of at least one"),
+    ({"monitoring_alert_smtp_smarthost": "mail.example.org:587", "monitoring_alert_smtp_from": "ops@example.org",
+      "monitoring_alert_smtp_to": ["ops@example.org"], "monitoring_alert_smtp_auth_username": "ops",
+      "monitoring_alert_smtp_auth_password": "Sekr1t", "monitoring_alert_group_wait": "soon"},
+     "monitoring_alert_group_wait, monitoring_alert_group_interval, monitoring_site_down_for must be durations"),
+    ({"monitoring_cert_expiry_days": 0}, "monitoring_cert_expiry_days and monitoring_probe_timeout > 0"),
+    ({"monitoring_probe_urls": ["http://www.example.org/"]}, "monitoring_probe_urls must be https:// URLs"),
+    ({"monitoring_alertmanager_user": "root"},
+     "monitoring_alertmanager_user and monitoring_blackbox_user must be system user names other than root"),
 ]
 
 #: The postgresql role's checks: localhost joins the databases group (below).
@@ -313,6 +339,8 @@ LOADGENERATOR_BAD = [
     ({"loadgenerator_master_host": "10.0.0.1", "loadgenerator_workers": 0}, "loadgenerator_workers >= 1"),
     ({"loadgenerator_master_host": "10.0.0.1", "loadgenerator_locust_version": "2.47"},
      "loadgenerator_locust_version an exact version such as 2.47.0"),
+    ({"loadgenerator_master_host": "10.0.0.1", "loadgenerator_user": "root"},
+     "loadgenerator_user must be a system user name other than root"),
 ]
 
 
@@ -430,7 +458,10 @@ def refusals(tmp_path_factory):
         host = f"refusal{number:02d}"
         prefix = directory / host / "srv"
         own = {kind: f"{host}_{kind}" for kind in ("clients", "balancers", "databases")}
+        # firewall_address: the firewall role checks first that every other host of the
+        # inventory has an IP address (its rules name hosts by address)
         hosts[host] = {"plonedeploy_prefix": str(prefix), "postgresql_prefix": str(prefix),
+                       "firewall_address": f"127.0.1.{number + 1}",
                        **{variable: own[kind] for variable, kind in GROUP_VARIABLES.items()}, **bad}
         for name in ("zeoservers", "zeoclients", "loadbalancers", "monitoring") + ((group,) if group else ()):
             groups[name][host] = None
@@ -471,7 +502,7 @@ def test_bad_variables_fail_before_any_change(refusals, label, message):
 
 def test_processes_run_under_supervisor(deployed):
     names = ("zeoserver", "client1", "client2", "uploads", "varnish", "varnish-exporter", "haproxy", "prometheus",
-             "node-exporter")
+             "node-exporter", "alertmanager", "blackbox-exporter")
     for _ in range(30):  # supervisor says STARTING for its first startsecs (5 s)
         status = run(deployed["supervisorctl"] + ["status"], timeout=60).stdout
         if all(re.search(rf"^{n}\s+RUNNING", status, re.MULTILINE) for n in names):
@@ -486,7 +517,9 @@ def test_processes_run_under_supervisor(deployed):
 PROMETHEUS_TARGETS = frozenset({
     ("prometheus", "127.0.0.1:18190"), ("haproxy", "127.0.0.1:18404"), ("varnish", "127.0.0.1:19131"),
     ("zeoclients", "127.0.0.1:18091"), ("zeoclients", "127.0.0.1:18092"), ("zeoclients", "127.0.0.1:18093"),
-    ("node", "127.0.0.1:18191")})
+    ("node", "127.0.0.1:18191"), ("alertmanager", "127.0.0.1:18192"),
+    # the blackbox exporter's probe of the public HTTPS URL (on 18193), by the URL
+    ("blackbox", "https://127.0.0.1:18443/Plone/@@ok")})
 
 
 def test_prometheus_scrapes_every_target_up(deployed):
@@ -508,8 +541,13 @@ def test_prometheus_scrapes_every_target_up(deployed):
     with urllib.request.urlopen(f"{PROMETHEUS}/api/v1/query?query={query}", timeout=10) as response:
         series = json.load(response)["data"]["result"]
     assert [s["metric"]["job"] for s in series] == ["varnish"], series
-    assert sorted(rules) == ["DiskAlmostFull", "HAProxyQueueing", "HAProxyServerDown",
-                             "HTTP5xxRate", "ScrapeTargetDown", "ZODBConflictRate"]
+    assert sorted(rules) == ["CertificateExpiresSoon", "DiskAlmostFull", "HAProxyQueueing", "HAProxyServerDown",
+                             "HTTP5xxRate", "ScrapeTargetDown", "SiteDown", "ZODBConflictRate"]
+    # Prometheus sends its alerts to the role's Alertmanager (no receiver in this inventory:
+    # the role warned; Alertmanager still holds the alerts)
+    with urllib.request.urlopen(PROMETHEUS + "/api/v1/alertmanagers", timeout=10) as response:
+        managers = [a["url"] for a in json.load(response)["data"]["activeAlertmanagers"]]
+    assert managers == ["http://127.0.0.1:18192/api/v2/alerts"], managers
 
 
 def test_four_paths_through_haproxy(deployed):

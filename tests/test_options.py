@@ -437,7 +437,7 @@ def test_grant_search_opens_exactly_the_closed_parents_by_acl():
     stays an error (search is all it gets). Root only: the check runs as the user."""
     import pwd
 
-    from plonedeploy.recipe import access
+    from plonedeploy.runtime import access
 
     if os.geteuid() != 0:
         pytest.fail("runs as root only (bin/stack and bin/postgresql grant as root)")

@@ -85,32 +85,35 @@ def test_mod_wsgi_daemon_path_is_the_eggs_without_this_interpreters_library(tmp_
     assert mod_wsgi.eggs_path(path) == ["/b/eggs/Zope.egg", "/venv/lib/python3.11/site-packages"]
 
 
-def test_mod_wsgi_grant_search_is_the_recipes(tmp_path):
-    """The mod_wsgi runner's copy of plonedeploy.recipe.access.grant_search (a client must
-    not import the recipe) opens the same directories, by the same ACL entry. Root only."""
+def test_mod_wsgi_grants_run_as_search_permission(tmp_path):
+    """The mod_wsgi runner lets ``run_as`` reach the part and its eggs with bin/stack's
+    plonedeploy.runtime.access (one copy): the directories it could not enter get
+    ``u:<user>:x``, a second call grants nothing, and a path it still cannot read is a
+    ValueError naming ``run_as``. Root only."""
     import pwd
     import shutil
     import subprocess
     import tempfile
 
-    from plonedeploy.recipe import access
-
     if os.geteuid() != 0:
         pytest.fail("runs as root only (the runner grants when started as root)")
-    granted = {}
-    for name, grant in (("runtime", lambda paths: mod_wsgi.grant_search(pwd.getpwnam("nobody"), paths)),
-                        ("recipe", lambda paths: access.grant_search("nobody", paths, "a test", lambda line: None))):
-        base = tempfile.mkdtemp(prefix="plonedeploy-reach-")  # 0700
-        try:
-            os.makedirs(os.path.join(base, "a", "b"))
-            os.chmod(os.path.join(base, "a"), 0o750)
-            target = os.path.join(base, "a", "b", "egg")
-            granted[name] = [path[len(base):] for path in grant([target])]
-            assert grant([target]) == []
-            acl = subprocess.run(["getfacl", "-cp", base], capture_output=True, text=True, timeout=30).stdout
-            assert "user:nobody:--x" in acl
-        finally:
-            shutil.rmtree(base)
-    assert granted["runtime"] == granted["recipe"] == ["", "/a"]
+    nobody = pwd.getpwnam("nobody")
+    base = tempfile.mkdtemp(prefix="plonedeploy-reach-")  # 0700
+    try:
+        os.makedirs(os.path.join(base, "a", "b"))
+        os.chmod(os.path.join(base, "a"), 0o750)
+        target = os.path.join(base, "a", "b", "egg")
+        assert [path[len(base):] for path in mod_wsgi.grant_search(nobody, [target])] == ["", "/a"]
+        assert mod_wsgi.grant_search(nobody, [target]) == []
+        acl = subprocess.run(["getfacl", "-cp", base], capture_output=True, text=True, timeout=30).stdout
+        assert "user:nobody:--x" in acl
+        secret = os.path.join(base, "a", "b", "secret.cfg")
+        with open(secret, "w", encoding="ascii") as fp:
+            fp.write("x")
+        os.chmod(secret, 0o600)
+        with pytest.raises(ValueError, match=r"\[server:main\] run_as = 'nobody': user 'nobody' .* cannot read "):
+            mod_wsgi.grant_search(nobody, [secret])
+    finally:
+        shutil.rmtree(base)
 
 

@@ -47,6 +47,9 @@ setup(
         "zc.buildout",
         "zc.recipe.egg",
         "plone.recipe.zope2instance",
+        # plonedeploy.runtime.access: bin/stack and bin/postgresql grant service users search
+        # permission with the mod_wsgi runner's code (one copy, in the runtime a client may import)
+        "plonedeploy.runtime",
         "Jinja2",
         "psutil",
     ],

@@ -91,7 +91,7 @@ import time
 
 import zc.buildout
 
-from plonedeploy.recipe import access
+from plonedeploy.runtime import access
 from plonedeploy.recipe.options import fail, parse_http_address
 from plonedeploy.recipe.optiontables import POSTGRESQL, DeclaredOptions
 # The DSN and the verifier are storage.py's (Ansible's postgresql role uses them too).

@@ -488,7 +488,7 @@ def prepare_service(config, say=None):
     Symbolic links are never followed (``lchown``). Does nothing without a service user or
     when not root. ``say``: prints what it did (default print). Raises StackError when the
     user is missing or cannot reach the build."""
-    from plonedeploy.recipe import access
+    from plonedeploy.runtime import access
 
     service = config.get("service")
     if not service or os.geteuid() != 0:

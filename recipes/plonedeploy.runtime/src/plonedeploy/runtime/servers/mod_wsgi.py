@@ -42,11 +42,10 @@ import grp
 import logging
 import os
 import pwd
-import shutil
-import subprocess
 import sys
 import sysconfig
 
+from plonedeploy.runtime import access
 from plonedeploy.runtime.servers import as_int, take
 
 KEYS = ("host", "port", "threads", "express", "run_as", "server_root", "writable", "locale",
@@ -111,73 +110,18 @@ def log_files():
     return paths
 
 
-def _blocked_as(user, paths):
-    """The first directory on the way to each of ``paths`` (the path itself included, if it
-    is one) that ``user`` (a ``pwd`` entry) cannot search, as a sorted list without
-    repeats; checked in a forked child that has become the user, so ACLs and groups count
-    as the kernel counts them. Root only. Raises OSError when the child fails."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: become the user, look, report, exit without cleanup
-        status = 1
-        try:
-            os.close(reader)
-            os.setgroups(os.getgrouplist(user.pw_name, user.pw_gid))
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            found = set()
-            for path in paths:
-                parts = os.path.abspath(path).split(os.sep)
-                for index in range(1, len(parts) + 1):
-                    directory = os.sep.join(parts[:index]) or os.sep
-                    if index == len(parts) and not os.path.isdir(directory):
-                        break
-                    if not os.access(directory, os.X_OK):
-                        found.add(directory)
-                        break
-            os.write(writer, "\0".join(sorted(found)).encode() + b"\n")
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(writer)
-    with os.fdopen(reader, "rb") as fp:
-        data = fp.read()
-    _, status = os.waitpid(pid, 0)
-    if status != 0 or not data.endswith(b"\n"):
-        raise OSError(f"checking access as {user.pw_name!r} failed (child status {status})")
-    return [d for d in data[:-1].decode().split("\0") if d]
-
-
 def grant_search(user, paths):
     """Give ``user`` (a ``pwd`` entry) search permission, by POSIX ACL (``setfacl -m
     u:<user>:x``), on every directory on the way to ``paths`` that it cannot enter (a
-    checkout under root's home or a ``mktemp -d`` directory), and say so on stderr. Returns
-    the directories granted. A copy of plonedeploy.recipe.access.grant_search, which a
-    client must not import (tests/test_runners.py compares the two). Raises ValueError
-    naming the directory when setfacl is missing or does not help."""
-    granted = []
-    while True:
-        blocked = _blocked_as(user, paths)
-        if not blocked:
-            break
-        setfacl = shutil.which("setfacl") or "/usr/bin/setfacl"
-        for directory in blocked:
-            # Granted before and still blocked (ACLs not honoured), no setfacl, or it failed.
-            failed = directory in granted or not os.access(setfacl, os.X_OK) or subprocess.run(
-                [setfacl, "-m", f"u:{user.pw_name}:x", directory], capture_output=True, timeout=30,
-                check=False).returncode != 0
-            if failed:
-                raise ValueError(
-                    f"[server:main] run_as = {user.pw_name!r} cannot enter {directory}, and setfacl -m "
-                    f"u:{user.pw_name}:x did not help (apt-get install acl; a file system without ACLs): "
-                    f"mod_wsgi's daemon runs as that user and reads the part and its eggs there; give it "
-                    f"search permission (chmod o+x {directory}) or build in another directory")
-            granted.append(directory)
-    if granted:
-        print(f"granted user {user.pw_name!r} search permission (setfacl -m u:{user.pw_name}:x) on "
-              f"{', '.join(granted)}: mod_wsgi's daemon reads the part and its eggs there",
-              file=sys.stderr, flush=True)
-    return granted
+    checkout under root's home or a ``mktemp -d`` directory), and say so on stderr, with
+    :func:`plonedeploy.runtime.access.grant_search` (the one bin/stack uses). Returns the
+    directories granted. Root only. Raises ValueError naming ``run_as`` and the directory
+    when setfacl is missing or does not help, or a path stays unreadable."""
+    try:
+        return access.grant_search(user.pw_name, paths, "mod_wsgi's daemon reads the part and its eggs there",
+                                   lambda line: print(line, file=sys.stderr, flush=True))
+    except (access.AccessError, OSError) as exc:
+        raise ValueError(f"[server:main] run_as = {user.pw_name!r}: {exc}") from exc
 
 
 def prepare(conf, user):

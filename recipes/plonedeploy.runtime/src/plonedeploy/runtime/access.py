@@ -9,9 +9,10 @@ on the way that the user cannot enter, and nothing on directories it can enter a
 It checks as that user (a forked child with its uid, gid and groups, so ACLs, groups and
 every mode bit count as the kernel counts them), not by reading mode bits as root.
 
-stdlib only: ``bin/stack`` and ``bin/postgresql`` import it. The mod_wsgi runner
-(plonedeploy.runtime, which must not import this package) has its own copy of
-:func:`grant_search` in ``plonedeploy.runtime.servers.mod_wsgi``.
+It is also how the mod_wsgi runner (``plonedeploy.runtime.servers.mod_wsgi``) lets
+``run_as`` reach the part and its eggs: that is why it lives in plonedeploy.runtime, which a
+running ZEO client may import, and the recipe (``bin/stack``, ``bin/postgresql``) imports it
+from here. stdlib only.
 """
 import json
 import os
