@@ -45,6 +45,41 @@ def playbook(*args, extra, timeout=900, check=True):
                timeout=timeout, check=check, cwd_override=ANSIBLE, env=env)
 
 
+def render_units(programs, directory, timeout=120):
+    """Render the process_manager role's systemd unit (``templates/program.service.j2``) for
+    each of ``programs`` with Ansible's template module, with the variables the roles give
+    it, into ``directory`` (a path).
+
+    ``programs``: dicts with ``name`` and ``command`` (an argv list), optionally
+    ``directory`` (the program's working directory; default ``directory``), ``signal`` (the
+    reload signal; default none), ``user`` (default none: root), ``stop`` (default TERM),
+    ``write`` (ReadWritePaths) and ``caps`` (capabilities). Returns the units' paths,
+    ``<directory>/plonedeploy-<name>.service``, in the order of ``programs``; raises
+    subprocess.CalledProcessError when the playbook fails.
+    """
+    book = os.path.join(str(directory), "units.yml")
+    with open(book, "w", encoding="utf-8") as fp:
+        json.dump([{
+            "name": "Render the process_manager role's systemd units", "hosts": "localhost", "gather_facts": False,
+            "tasks": [{
+                "name": "Write a unit",
+                "ansible.builtin.template": {
+                    "src": os.path.join(ANSIBLE, "roles", "process_manager", "templates", "program.service.j2"),
+                    "dest": str(directory) + "/plonedeploy-{{ item.name }}.service", "mode": "0644"},
+                "vars": {"process_manager_program_name": "{{ item.name }}",
+                         "process_manager_program_command": "{{ item.command }}",
+                         "process_manager_program_directory": "{{ item.directory | default('%s') }}" % directory,
+                         "process_manager_program_reload_signal": "{{ item.signal | default('') }}",
+                         "process_manager_program_user": "{{ item.user | default('') }}",
+                         "process_manager_program_stop_signal": "{{ item.stop | default('TERM') }}",
+                         "process_manager_program_write_paths": "{{ item.write | default([]) }}",
+                         "process_manager_program_capabilities": "{{ item.caps | default([]) }}",
+                         "process_manager_umask": "027", "process_manager_stop_timeout": 30},
+                "loop": programs}]}], fp)
+    playbook(book, extra={}, timeout=timeout)
+    return [os.path.join(str(directory), f"plonedeploy-{program['name']}.service") for program in programs]
+
+
 def recap(output):
     """Return the PLAY RECAP counters of localhost, e.g. {'ok': 68, 'changed': 0, ...}."""
     line = re.findall(r"^localhost\s+:\s+(.*)$", output, re.MULTILINE)[-1]

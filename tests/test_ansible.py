@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from ansible_deploy import (ANSIBLE, BIN, BLOB_SIZE, CRON_FILES, FRONTEND, LOAD_RATE, PROMETHEUS, TLS_FRONTEND,
-                            VARNISH, playbook, recap, record)
+                            VARNISH, playbook, recap, record, render_units)
 from conftest import ROOT, run, while_loaded
 from loadtests import haproxy_stats
 from plonedeploy.recipe import optiontables, rules, storage, varnish
@@ -368,23 +368,7 @@ def test_systemd_units_verify(tmp_path):
         {"name": "postgresql", "command": ["/usr/lib/postgresql/15/bin/postgres", "-D", str(tmp_path / "data")],
          "signal": "", "directory": str(tmp_path), "user": "postgres", "stop": "INT"},
     ]
-    book = tmp_path / "units.yml"
-    book.write_text(json.dumps([{
-        "name": "Render the process_manager role's systemd unit", "hosts": "localhost", "gather_facts": False,
-        "tasks": [{
-            "name": "Write a unit",
-            "ansible.builtin.template": {
-                "src": os.path.join(ANSIBLE, "roles", "process_manager", "templates", "program.service.j2"),
-                "dest": str(tmp_path) + "/plonedeploy-{{ item.name }}.service", "mode": "0644"},
-            "vars": {"process_manager_program_name": "{{ item.name }}",
-                     "process_manager_program_command": "{{ item.command }}",
-                     "process_manager_program_directory": "{{ item.directory }}",
-                     "process_manager_program_reload_signal": "{{ item.signal }}",
-                     "process_manager_program_user": "{{ item.user | default('') }}",
-                     "process_manager_program_stop_signal": "{{ item.stop | default('TERM') }}",
-                     "process_manager_stop_timeout": 30},
-            "loop": programs}]}]))
-    playbook(str(book), extra={}, timeout=120)
+    render_units(programs, tmp_path)
     units = sorted(str(p) for p in tmp_path.glob("plonedeploy-*.service"))
     assert len(units) == len(programs)
     haproxy_unit = (tmp_path / "plonedeploy-haproxy.service").read_text()

@@ -7,7 +7,6 @@ machine); and the hardened systemd units of ``process_manager_kind: systemd`` wi
 The firewall for real (loaded in four network namespaces, probed from a fifth standing for
 the internet) and the crash test are ``make multihost``'s (tests/multihost.py).
 """
-import json
 import os
 import pwd
 import re
@@ -17,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from ansible_deploy import ANSIBLE, playbook
+from ansible_deploy import render_units
 from conftest import ROOT, run
 
 pytestmark = pytest.mark.ansible
@@ -173,26 +172,7 @@ def test_hardened_systemd_units(tmp_path):
     """process_manager_kind: systemd: each unit passes systemd-analyze verify, has the
     hardening of docs/ansible.md, and systemd-analyze security --offline=true rates it; the
     ratings are the table of docs/ansible.md."""
-    book = tmp_path / "units.yml"
-    book.write_text(json.dumps([{
-        "name": "Render the process_manager role's systemd units", "hosts": "localhost", "gather_facts": False,
-        "tasks": [{
-            "name": "Write a unit",
-            "ansible.builtin.template": {
-                "src": os.path.join(ANSIBLE, "roles", "process_manager", "templates", "program.service.j2"),
-                "dest": str(tmp_path) + "/plonedeploy-{{ item.name }}.service", "mode": "0644"},
-            "vars": {"process_manager_program_name": "{{ item.name }}",
-                     "process_manager_program_command": "{{ item.command }}",
-                     "process_manager_program_directory": str(tmp_path),
-                     "process_manager_program_reload_signal": "{{ item.signal | default('') }}",
-                     "process_manager_program_user": "{{ item.user }}",
-                     "process_manager_program_stop_signal": "{{ item.stop | default('TERM') }}",
-                     "process_manager_program_write_paths": "{{ item.write | default([]) }}",
-                     "process_manager_program_capabilities": "{{ item.caps | default([]) }}",
-                     "process_manager_umask": "027", "process_manager_stop_timeout": 30},
-            "loop": UNITS}]}]))
-    playbook(str(book), extra={}, timeout=120)
-    paths = [str(tmp_path / f"plonedeploy-{unit['name']}.service") for unit in UNITS]
+    paths = render_units(UNITS, tmp_path)
     for unit, path in zip(UNITS, paths):
         text = open(path, encoding="utf-8").read()
         for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes", "ProtectHome=yes",
