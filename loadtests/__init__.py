@@ -4,8 +4,12 @@ import os
 import sys
 
 #: The recipe's source tree: the load tools use its rules (bin/stack's runtime API helpers,
-#: the option tables) without the recipe being installed into .venv.
-RECIPE_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "recipes", "plonedeploy.recipe", "src")
-if RECIPE_SRC not in sys.path:
-    sys.path.insert(0, RECIPE_SRC)
+#: the option tables) without the recipe being installed into .venv; and the runtime's,
+#: which the recipe imports (plonedeploy.runtime.access, when bin/stack's code starts the
+#: load tools' extra clients).
+_RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+RECIPE_SRC = os.path.join(_RECIPES, "plonedeploy.recipe", "src")
+RUNTIME_SRC = os.path.join(_RECIPES, "plonedeploy.runtime", "src")
+for _path in (RECIPE_SRC, RUNTIME_SRC):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import tempfile
 import time
 
@@ -22,6 +23,7 @@ import psutil
 import pytest
 
 from conftest import ROOT, run, setup_budget
+from plonedeploy.runtime import access  # on sys.path by conftest
 
 ANSIBLE = os.path.join(ROOT, "ansible")
 BIN = os.path.join(ANSIBLE, ".venv", "bin")
@@ -121,6 +123,15 @@ def deployed():
     # varnishd's unix jail (users varnish and vcache) must reach its VCL and working directory.
     varnish_directory = tempfile.mkdtemp(prefix="plonedeploy-varnish-")
     os.chmod(varnish_directory, 0o755)
+    # ZEO and the clients run as plone from this checkout's eggs (the two eggs_directory
+    # variables below): a checkout under a mode-0700 directory (a mktemp -d clone, root's
+    # home) needs plone's search permission on the way, as bin/stack gives its service user.
+    # The user is made first as the roles make it (they keep an existing one).
+    if subprocess.run(["getent", "passwd", "plone"], capture_output=True, timeout=30).returncode != 0:
+        subprocess.run(["useradd", "--system", "--user-group", "--home-dir", "/nonexistent", "--no-create-home",
+                        "--shell", "/usr/sbin/nologin", "plone"], check=True, timeout=60)
+    access.grant_search("plone", [os.path.join(ROOT, "eggs")], "the test converge's ZEO and clients run from "
+                        "this checkout's eggs")
     extra = {
         "plonedeploy_prefix": prefix,
         "varnish_directory": varnish_directory,

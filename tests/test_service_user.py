@@ -29,7 +29,8 @@ def test_root_without_service_user_is_warned(tmp_path):
         [os.path.join(ROOT, ".venv", "bin", "python"), "-c",
          "import sys; from plonedeploy.recipe.stack import main; sys.exit(main(sys.argv[1], ['start', '--no-wait-up']))",
          str(config)], capture_output=True, text=True, timeout=60,
-        env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src")))
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+            os.path.join(ROOT, "recipes", name, "src") for name in ("plonedeploy.recipe", "plonedeploy.runtime"))))
     assert result.returncode == 0, result.stderr
     assert "[stack] service-user" in result.stderr and "run as root" in result.stderr, result.stderr
     assert stack_module.ROOT_WARNING.format(part="stack") in result.stderr
