@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 
@@ -56,8 +55,8 @@ def render_units(programs, directory, timeout=120):
     ``directory`` (the program's working directory; default ``directory``), ``signal`` (the
     reload signal; default none), ``user`` (default none: root), ``stop`` (default TERM),
     ``write`` (ReadWritePaths) and ``caps`` (capabilities). Returns the units' paths,
-    ``<directory>/plonedeploy-<name>.service``, in the order of ``programs``; raises
-    subprocess.CalledProcessError when the playbook fails.
+    ``<directory>/plonedeploy-<name>.service``, in the order of ``programs``; fails the test
+    with the playbook's output (conftest.run) when the playbook fails.
     """
     book = os.path.join(str(directory), "units.yml")
     with open(book, "w", encoding="utf-8") as fp:
@@ -126,10 +125,9 @@ def deployed():
     # ZEO and the clients run as plone from this checkout's eggs (the two eggs_directory
     # variables below): a checkout under a mode-0700 directory (a mktemp -d clone, root's
     # home) needs plone's search permission on the way, as bin/stack gives its service user.
-    # The user is made first as the roles make it (they keep an existing one).
-    if subprocess.run(["getent", "passwd", "plone"], capture_output=True, timeout=30).returncode != 0:
-        subprocess.run(["useradd", "--system", "--user-group", "--home-dir", "/nonexistent", "--no-create-home",
-                        "--shell", "/usr/sbin/nologin", "plone"], check=True, timeout=60)
+    # The user is made first by the Makefile's service-user target, as the roles make it
+    # (they keep an existing one).
+    run(["make", "--no-print-directory", "service-user", "SERVICE_USER=plone"], timeout=60)
     access.grant_search("plone", [os.path.join(ROOT, "eggs")], "the test converge's ZEO and clients run from "
                         "this checkout's eggs")
     extra = {
