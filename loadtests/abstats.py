@@ -22,7 +22,7 @@ so the intervals are somewhat narrow; the A/A floor measured the same way absorb
 that.
 """
 import re
-from datetime import datetime, timezone
+from datetime import datetime
 
 import numpy as np
 
@@ -77,8 +77,10 @@ def server_time_windows(log_path, backend, warm_epoch, window_s):
             match = _LOG_LINE.search(line)
             if not match or match.group(2) != backend or match.group(6) != "200":
                 continue
-            accepted = datetime.strptime(match.group(1), "%d/%b/%Y:%H:%M:%S.%f").replace(
-                tzinfo=timezone.utc).timestamp()  # HAProxy logs local time; these hosts run UTC
+            # HAProxy logs its local time (localtime_r: TZ, else /etc/localtime), which a
+            # naive datetime's timestamp() reads back the same way; a CI host behind UTC
+            # dropped every line as "before the warm-up" when this assumed UTC.
+            accepted = datetime.strptime(match.group(1), "%d/%b/%Y:%H:%M:%S.%f").timestamp()
             if accepted < warm_epoch:
                 continue
             path = LOG_PATHS.get(match.group(7))

@@ -123,13 +123,24 @@ LOG = """\
 """
 
 
-def test_server_time_windows_from_haproxy_log(tmp_path):
-    from datetime import datetime, timezone
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York", "Asia/Tokyo"])
+def test_server_time_windows_from_haproxy_log(tmp_path, monkeypatch, zone):
+    """HAProxy writes its local time: the windows are the same in any zone, also one behind
+    UTC (where reading the log as UTC put every line before the warm-up mark)."""
+    import time
+    from datetime import datetime
 
     log = tmp_path / "haproxy.log"
     log.write_text(LOG)
-    warm = datetime(2026, 11, 23, 12, 0, 1, tzinfo=timezone.utc).timestamp()
-    windows = abstats.server_time_windows(str(log), "zeoclients", warm, 2.0)
+    with monkeypatch.context() as patch:
+        patch.setenv("TZ", zone)
+        time.tzset()
+        try:
+            warm = datetime(2026, 11, 23, 12, 0, 1).timestamp()  # 12:00:01 local, as the log's clock
+            windows = abstats.server_time_windows(str(log), "zeoclients", warm, 2.0)
+        finally:
+            patch.undo()
+            time.tzset()  # the rest of this process back in the machine's zone
     # the warm-up line, the stats line and the 503 are left out
     assert windows == [
         {"start_s": 0.0, "servers": {"s1": {"/": {"n": 1, "p50_ms": 10.0, "p99_ms": 10.0},
