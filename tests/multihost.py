@@ -37,6 +37,12 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
    host (10.231.0.1:15580); with every ZEO client of app1 stopped, the blackbox exporter's
    probe of https://10.231.0.4/Plone/@@ok fails and "SiteDown" must reach the receiver
    within 180 s; after the clients are started again, its resolution within 300 s;
+   ACME: Debian's pebble runs in a sixth namespace ``pdmh-acme`` (10.231.0.8, no sshd; its
+   HTTPS certificate from a test CA made here, the balancer's name ``lb1.pdmh.test`` in
+   /etc/netns/pdmh-acme/hosts, HTTP-01 on lb1's plain listener 8080); lb1's certbot gets its
+   certificate in the first run (checked: chain to pebble's root, the files' modes and
+   owners, the challenge through HAProxy's backend acme), then the cron job's renewal
+   command, forced, runs under two GET loops over https: 0 failed, a new serial;
    with ``--storage relstorage`` instead of ZEO's checks: PostgreSQL listens on
    10.231.0.6:5432 only, app1's connections go from 10.231.0.3 there, the clients'
    zope.conf has ``<relstorage>`` and no ``<zeoclient>``, the site's objects and its blob
@@ -45,8 +51,8 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
    pg_dump with retention; app1: zodbpack, logrotate) run once the way cron runs them (the
    dump lands, mode 0600);
 4. runs site.yml a second time (expects changed=0);
-5. tears down: supervisord of each host (which stops its programs), sshd by PID, the
-   namespaces and the bridge, and the cron files.
+5. tears down: supervisord of each host (which stops its programs), sshd and pebble by PID,
+   the namespaces and the bridge, the cron files and /etc/netns/pdmh-acme.
 
 Prints each PLAY RECAP with its wall time. Exit status 0 when every check passed.
 All traffic stays on this machine: the bridge and namespaces exist only during the run.
@@ -82,7 +88,7 @@ WORK = "/tmp/pdmh"
 BRIDGE = "pdmh0"
 #: /etc/cron.d files of the deployment's schedules (zeo1 and app1 each write theirs).
 CRON_FILES = {"zeoserver": "plonedeploy-multihost-zeoserver", "zeoclient": "plonedeploy-multihost-zeoclient",
-              "postgresql": "plonedeploy-multihost-postgresql"}
+              "postgresql": "plonedeploy-multihost-postgresql", "haproxy": "plonedeploy-multihost-haproxy"}
 #: Every host either storage deploys: inventory name -> (namespace, address).
 ALL_HOSTS = {
     "zeo1": ("pdmh-zeo", "10.231.0.2"),
@@ -100,6 +106,21 @@ HOSTS = {name: ALL_HOSTS[name] for name in ("zeo1", "app1", "lb1", "lg1")}
 PG_PORT = 5432
 #: The namespace standing for the internet: on the bridge, in no inventory group, no sshd.
 INTERNET = ("inet1", "pdmh-inet", "10.231.0.7")
+#: The ACME CA: Debian's pebble (Let's Encrypt's test CA) in a namespace of its own, on the
+#: bridge, in no group, no sshd. It resolves the balancer's name through
+#: /etc/netns/pdmh-acme/hosts (ip netns exec binds it over /etc/hosts) and validates HTTP-01 on
+#: lb1's plain listener (8080, its "httpPort"); lb1's certbot reaches its directory by address.
+ACME = ("acme1", "pdmh-acme", "10.231.0.8")
+#: The name lb1 serves and the ACME certificate certifies (in haproxy_server_names too).
+ACME_NAME = "lb1.pdmh.test"
+ACME_DIRECTORY = f"https://{ACME[2]}:14000/dir"
+#: pebble's management interface (its roots: https://<it>/roots/0).
+ACME_MANAGEMENT = f"https://{ACME[2]}:15000"
+#: pebble and the test CA of its own HTTPS certificate.
+ACME_WORK = "/tmp/pdmh/acme"
+ACME_HOSTS_DIR = f"/etc/netns/{ACME[1]}"
+#: pebble's process (setup() starts it, teardown() stops it).
+PEBBLE = []
 #: The host keys of the namespaces' sshd (one key, written by setup() from its public half:
 #: no key is trusted on first use), named by the inventory (UserKnownHostsFile).
 KNOWN_HOSTS = f"{WORK}/known_hosts"
@@ -183,7 +204,7 @@ def setup():
     # The namespaces share this machine's file system but have no route to Debian's
     # mirrors: what the roles' apt tasks install must be here already (they then find it
     # present), and sshd and cron for the run itself.
-    packages = role_packages() + ["openssh-server", "cron", "logrotate", "rsync"]
+    packages = role_packages() + ["openssh-server", "cron", "logrotate", "rsync", "pebble"]
     missing = [p for p in packages if sh("dpkg-query", "-W", "-f=${Status}", p.split("=")[0], check=False,
                                          capture=True).strip() != "install ok installed"]
     if missing:
@@ -210,7 +231,12 @@ def setup():
     sh("ip", "link", "add", BRIDGE, "type", "bridge")
     sh("ip", "addr", "add", "10.231.0.1/24", "dev", BRIDGE)
     sh("ip", "link", "set", BRIDGE, "up")
-    for name, (ns, address) in [*HOSTS.items(), (INTERNET[0], INTERNET[1:])]:
+    # pebble's namespace resolves the balancer's name by its own hosts file (before the
+    # namespace's first ip netns exec, which binds it over /etc/hosts).
+    os.makedirs(ACME_HOSTS_DIR, exist_ok=True)
+    with open("/etc/hosts", encoding="utf-8") as fp, open(f"{ACME_HOSTS_DIR}/hosts", "w", encoding="utf-8") as out:
+        out.write(fp.read() + f"\n{HOSTS['lb1'][1]} {ACME_NAME}\n")
+    for name, (ns, address) in [*HOSTS.items(), (INTERNET[0], INTERNET[1:]), (ACME[0], ACME[1:])]:
         sh("ip", "netns", "add", ns)
         sh("ip", "link", "add", f"{ns}-br", "type", "veth", "peer", "name", f"{ns}-eth")
         sh("ip", "link", "set", f"{ns}-br", "master", BRIDGE)
@@ -219,7 +245,7 @@ def setup():
         in_ns(ns, "ip", "link", "set", "lo", "up")
         in_ns(ns, "ip", "addr", "add", f"{address}/24", "dev", f"{ns}-eth")
         in_ns(ns, "ip", "link", "set", f"{ns}-eth", "up")
-        if name == INTERNET[0]:
+        if name in (INTERNET[0], ACME[0]):
             continue  # no sshd: nothing is deployed there
         config = os.path.join(WORK, f"sshd-{name}.conf")
         with open(config, "w") as fp:
@@ -273,10 +299,61 @@ def setup():
             "monitoring_alert_webhook_urls": [f"http://{WEBHOOK[0]}:{WEBHOOK[1]}/alerts"],
             "monitoring_probe_tls_verify": False,
         }
+    # ACME on lb1: certbot gets its certificate from pebble for the name pebble resolves to it.
+    inventory["all"]["hosts"]["lb1"].update({
+        "haproxy_server_names": [HOSTS["lb1"][1], ACME_NAME],
+        "haproxy_acme_directory": ACME_DIRECTORY,
+        "haproxy_acme_ca_bundle": f"{ACME_WORK}/ca.pem",
+        "haproxy_acme_cron_file": CRON_FILES["haproxy"],
+    })
+    start_pebble()
     path = os.path.join(WORK, "hosts.json")
     with open(path, "w") as fp:
         json.dump(inventory, fp, indent=2)
     return path
+
+
+def start_pebble():
+    """Debian's pebble in its namespace: its HTTPS certificate (for its address) from a test
+    CA made here, which lb1's certbot trusts (haproxy_acme_ca_bundle); HTTP-01 on port 8080
+    (lb1's plain listener); no random sleeps, no rejected nonces, no reused authorizations (a
+    renewal is validated again, through HAProxy)."""
+    shutil.rmtree(ACME_WORK, ignore_errors=True)
+    os.makedirs(ACME_WORK)
+    os.chmod(ACME_WORK, 0o755)  # lb1's certbot (the ACME user) reads ca.pem
+
+    def openssl(*args):
+        sh("openssl", *args, capture=True)
+
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+            "-keyout", f"{ACME_WORK}/ca.key", "-out", f"{ACME_WORK}/ca.pem", "-subj", "/CN=plonedeploy multihost test CA")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=pebble",
+            "-keyout", f"{ACME_WORK}/pebble.key", "-out", f"{ACME_WORK}/pebble.csr")
+    with open(f"{ACME_WORK}/san.ext", "w", encoding="ascii") as fp:
+        fp.write(f"subjectAltName=IP:{ACME[2]}\n")
+    openssl("x509", "-req", "-days", "2", "-in", f"{ACME_WORK}/pebble.csr", "-CA", f"{ACME_WORK}/ca.pem",
+            "-CAkey", f"{ACME_WORK}/ca.key", "-CAcreateserial", "-extfile", f"{ACME_WORK}/san.ext",
+            "-out", f"{ACME_WORK}/pebble.pem")
+    os.chmod(f"{ACME_WORK}/ca.pem", 0o644)
+    config = {"pebble": {"listenAddress": f"{ACME[2]}:14000", "managementListenAddress": f"{ACME[2]}:15000",
+                         "certificate": f"{ACME_WORK}/pebble.pem", "privateKey": f"{ACME_WORK}/pebble.key",
+                         "httpPort": 8080, "tlsPort": 5001, "ocspResponderURL": "",
+                         "externalAccountBindingRequired": False}}
+    with open(f"{ACME_WORK}/pebble.json", "w", encoding="utf-8") as fp:
+        json.dump(config, fp)
+    env = dict(os.environ, PEBBLE_VA_NOSLEEP="1", PEBBLE_WFE_NONCEREJECT="0", PEBBLE_AUTHZREUSE="0")
+    with open(f"{ACME_WORK}/pebble.log", "w", encoding="utf-8") as log:
+        PEBBLE.append(subprocess.Popen(["ip", "netns", "exec", ACME[1], "pebble", "-config", f"{ACME_WORK}/pebble.json"],
+                                       env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    context = ssl.create_default_context(cafile=f"{ACME_WORK}/ca.pem")
+    for _ in range(60):
+        try:
+            with urllib.request.urlopen(ACME_DIRECTORY, timeout=5, context=context) as response:
+                json.load(response)
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"pebble did not answer at {ACME_DIRECTORY}: see {ACME_WORK}/pebble.log")
 
 
 def boot_unit(name):
@@ -285,7 +362,16 @@ def boot_unit(name):
 
 
 def teardown():
-    for name, (ns, _address) in [*ALL_HOSTS.items(), (INTERNET[0], INTERNET[1:])]:  # either storage's
+    for process in PEBBLE:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+    PEBBLE.clear()
+    # either storage's hosts, the internet's and pebble's namespaces
+    for name, (ns, _address) in [*ALL_HOSTS.items(), (INTERNET[0], INTERNET[1:]), (ACME[0], ACME[1:])]:
         config = f"{WORK}/{name}/etc/supervisord.conf"
         if os.path.exists(config):
             in_ns(ns, "supervisorctl", "-c", config, "shutdown", check=False, capture=True)
@@ -312,6 +398,9 @@ def teardown():
     for name in CRON_FILES.values():
         if os.path.exists(os.path.join("/etc/cron.d", name)):
             os.remove(os.path.join("/etc/cron.d", name))
+    shutil.rmtree(ACME_HOSTS_DIR, ignore_errors=True)
+    if os.path.isdir("/etc/netns") and not os.listdir("/etc/netns"):
+        os.rmdir("/etc/netns")
     for name in ALL_HOSTS:
         unit = boot_unit(name)
         for path in (os.path.join(os.path.dirname(unit), "multi-user.target.wants", os.path.basename(unit)), unit):
@@ -468,6 +557,8 @@ def verify():
     except urllib.error.HTTPError as exc:
         got = exc.code
     check("PURGE through HAProxy -> 405", got == 405, f"got {got}")
+    for label, passed, detail in acme_test():
+        check(label, passed, detail)
     # Another checkout's buildout stack may use the demo ports of this namespace meanwhile:
     # only listeners of processes of this deployment (under WORK) count.
     local = sh("ss", "-Htlnp", capture=True)
@@ -606,6 +697,140 @@ def service_user_checks():
     results.append(("app1: the clients' user (plone) writes var/, not bin/, parts/ or zope.conf",
                     writable == {"bin": False, "parts": False, "parts/client1/etc/zope.conf": False, "var": True},
                     writable))
+    return results
+
+
+def served_certificate(context=None):
+    """The certificate lb1's HTTPS listener serves for ACME_NAME (SNI): ``(DER, serial as hex)``;
+    with ``context`` verified by it (chain and name)."""
+    if context is None:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection((HOSTS["lb1"][1], 443), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname=ACME_NAME) as tls:
+            der = tls.getpeercert(binary_form=True)
+    serial = subprocess.run(["openssl", "x509", "-inform", "DER", "-noout", "-serial"], input=der,
+                            capture_output=True, timeout=30, check=True).stdout.decode().strip()
+    return der, serial.partition("=")[2].lower()
+
+
+def _certbot_seconds(log_directory, marker):
+    """Wall time of the first certbot run whose part of the debug log (certbot appends each
+    run to letsencrypt.log, starting with "certbot version:") contains ``marker``: its last
+    line's time minus its first's; None when no run has it."""
+    path = os.path.join(log_directory, "letsencrypt.log")
+    text = open(path, encoding="utf-8", errors="replace").read() if os.path.exists(path) else ""
+    for run in re.split(r"\n(?=\S+ \S+:DEBUG:certbot\._internal\.main:certbot version:)", text):
+        stamps = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}):", run, re.MULTILINE)
+        if marker in run and len(stamps) >= 2:
+            first, last = (time.mktime(time.strptime(t, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000
+                           for t, ms in (stamps[0], stamps[-1]))
+            return round(last - first, 1)
+    return None
+
+
+def acme_test():
+    """The ACME certificate on lb1 (issue 27, item 6): issued by pebble for ACME_NAME in the
+    first site.yml run (the challenge answered through HAProxy's plain listener), its files
+    0600 haproxy; then the renewal timer's command, run as cron runs it (forced: pebble's
+    certificates last 5 years), while GET loops over https count every request: 0 failed,
+    and the served serial changes. Returns ``[(label, passed, detail)]``."""
+    results = []
+    context = ssl.create_default_context(cafile=f"{ACME_WORK}/ca.pem")
+    with urllib.request.urlopen(f"{ACME_MANAGEMENT}/roots/0", timeout=10, context=context) as response:
+        root = response.read().decode("ascii")
+    verified = ssl.create_default_context(cadata=root)  # pebble's root: chain and name checked
+    try:
+        _der, serial = served_certificate(verified)
+        error = ""
+    except (OSError, ssl.SSLError) as exc:
+        serial, error = None, repr(exc)
+    state = f"{WORK}/lb1/haproxy/acme"
+    issued = _certbot_seconds(f"{state}/logs", "Requesting a certificate for")
+    results.append((f"lb1 serves pebble's certificate for {ACME_NAME} (chain to pebble's root, the name), "
+                    f"issued in the first site.yml run (certbot certonly {issued} s)", serial is not None,
+                    f"serial {serial} {error}"))
+    files = {}
+    for path in (f"{WORK}/lb1/haproxy/tls/acme.pem", f"{WORK}/lb1/haproxy/tls/acme.pem.key", state):
+        info = os.stat(path)
+        files[path.rsplit("/", 1)[1]] = (oct(info.st_mode & 0o777), pwd.getpwuid(info.st_uid).pw_name)
+    results.append(("HAProxy's copy of certificate and key 0600 haproxy; certbot's directory 0700 acme",
+                    files == {"acme.pem": ("0o600", "haproxy"), "acme.pem.key": ("0o600", "haproxy"),
+                              "acme": ("0o700", "acme")}, files))
+    with open(f"{WORK}/lb1/var/log/haproxy.log", encoding="utf-8", errors="replace") as fp:
+        challenges = re.findall(rf"^{re.escape(ACME[2])}:\d+ \[[^]]+\] plone acme/acme \S+ (\d+) .*"
+                                r'"GET /\.well-known/acme-challenge/', fp.read(), re.MULTILINE)
+    results.append(("pebble's HTTP-01 requests reached certbot through HAProxy's plain listener (backend acme)",
+                    "200" in challenges, f"statuses {challenges}"))
+    # Between renewals: the challenge path is certbot's (503 while it does not run), the rest
+    # of the plain listener still redirects.
+    statuses = [in_ns(ACME[1], "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                      f"http://{ACME_NAME}:8080{path}", capture=True, check=False)
+                for path in ("/.well-known/acme-challenge/nothing", "/Plone")]
+    results.append(("from pebble's namespace: the challenge path 503 (no certbot running), /Plone 301",
+                    statuses == ["503", "301"], statuses))
+    # The timer's command, from the cron file, run as cron runs it in lb1's namespace.
+    path = os.path.join("/etc/cron.d", CRON_FILES["haproxy"])
+    text = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+    jobs = [line.split(None, 6)[6].strip() for line in text.splitlines()
+            if line.strip() and not line.startswith("#") and "=" not in line.split()[0]]
+    results.append((f"lb1: the renewal's cron job in {path}", jobs == [f"{WORK}/lb1/haproxy/acme-renew"], jobs))
+    if not jobs or serial is None:
+        return results
+    counts, failures, stop = {}, [], threading.Event()
+    insecure = ssl.create_default_context()
+    insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE
+
+    def loop():
+        # A new TLS connection per request (each meets whichever workers listen then), at
+        # most ~10 requests/s per loop: the control host is not exempt from the per-address limit.
+        while not stop.is_set():
+            try:
+                with socket.create_connection((HOSTS["lb1"][1], 443), timeout=30) as raw:
+                    with insecure.wrap_socket(raw, server_hostname=ACME_NAME) as tls:
+                        der = tls.getpeercert(binary_form=True)
+                        tls.sendall(f"GET /Plone/@@ok HTTP/1.1\r\nHost: {ACME_NAME}\r\nConnection: close\r\n\r\n"
+                                    .encode())
+                        answer = b""
+                        while chunk := tls.recv(65536):
+                            answer += chunk
+                status = answer.split(b" ", 2)[1] if answer.startswith(b"HTTP/1.1 ") else b"?"
+                if status != b"200":
+                    failures.append(status.decode(errors="replace"))
+                else:
+                    key = hashlib.sha256(der).hexdigest()[:12]
+                    counts[key] = counts.get(key, 0) + 1
+            except OSError as exc:
+                failures.append(repr(exc))
+            time.sleep(0.1)
+
+    threads = [threading.Thread(target=loop, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(5)
+    cron_env = {"SHELL": "/bin/sh", "PATH": "/usr/bin:/bin", "HOME": "/root", "LOGNAME": "root"}
+    started = time.monotonic()
+    renew = subprocess.run(["ip", "netns", "exec", "pdmh-lb", "env", "-i", *(f"{k}={v}" for k, v in cron_env.items()),
+                            "/bin/sh", "-c", jobs[0] + " --force-renewal --no-random-sleep-on-renew"],
+                           cwd="/", capture_output=True, text=True, timeout=600, check=False)
+    renewed = round(time.monotonic() - started, 1)
+    time.sleep(5)
+    stop.set()
+    for thread in threads:
+        thread.join(60)
+    try:
+        _der, after = served_certificate(verified)
+    except (OSError, ssl.SSLError) as exc:
+        after = repr(exc)
+    requests = sum(counts.values())
+    results.append((f"renewal (the cron job's command, forced) {renewed} s, exit {renew.returncode}: "
+                    f"serial {serial} -> {after}, verified by pebble's root",
+                    renew.returncode == 0 and "deployed" in renew.stdout and after not in (serial, None)
+                    and re.fullmatch(r"[0-9a-f]+", after or "") is not None,
+                    (renew.stdout + renew.stderr)[-1500:]))
+    results.append((f"HAProxy reloaded under 2 GET loops over https: {requests} requests, {len(failures)} failed, "
+                    f"served with {len(counts)} certificates", not failures and len(counts) == 2 and requests > 0,
+                    {"by certificate": counts, "failures": failures[:10]}))
     return results
 
 

@@ -318,6 +318,22 @@ BAD = [
     ({"monitoring_probe_urls": ["http://www.example.org/"]}, "monitoring_probe_urls must be https:// URLs"),
     ({"monitoring_alertmanager_user": "root"},
      "monitoring_alertmanager_user and monitoring_blackbox_user must be system user names other than root"),
+    # certificates from ACME (issue 27, item 6); inventories/local's names are 127.0.0.1 and
+    # localhost, neither a DNS name HTTP-01 can certify
+    ({"haproxy_acme_directory": "http://acme.example.org/directory"},
+     "haproxy_acme_directory must be the https:// URL of an ACME directory, and ACME needs haproxy_tls_bind, "
+     "no haproxy_tls_certificate of your own, and at least one DNS name to certify"),
+    ({"haproxy_acme_directory": "https://acme.example.org/directory"},
+     'names [] of ["127.0.0.1", "localhost"]'),
+    ({"haproxy_acme_directory": "https://acme.example.org/directory", "haproxy_acme_domains": ["www.example.org"]},
+     'names ["www.example.org"] of ["127.0.0.1", "localhost"]'),
+    ({"haproxy_acme_directory": "https://acme.example.org/directory", "haproxy_server_names": ["www.example.org"],
+      "haproxy_tls_certificate": "/etc/ssl/private/site.pem"},
+     "certificate '/etc/ssl/private/site.pem', names [\"www.example.org\"]"),
+    ({"haproxy_acme_user": "root"}, "haproxy_acme_user must be a system user name other than root and haproxy_user"),
+    ({"haproxy_acme_challenge_bind": "127.0.0.1:80"}, "got 'acme', '', '3,15', '41', '127.0.0.1:80'"),
+    ({"haproxy_acme_cron_file": "acme.renew"}, "got 'acme', 'acme.renew', '3,15'"),
+    ({"haproxy_acme_timer": "anacron"}, "value of haproxy_acme_timer must be one of: cron, systemd, got: anacron"),
 ]
 
 #: The postgresql role's checks: localhost joins the databases group (below).
@@ -380,6 +396,50 @@ def test_systemd_units_verify(tmp_path):
     result = run(["systemd-analyze", "verify", *units], timeout=60, check=False)
     # An unknown directive is only a warning ("Unknown key ..., ignoring"), exit status 0.
     assert result.returncode == 0 and "ignoring" not in result.stderr, result.stdout + result.stderr
+
+
+def test_acme_renewal_command_and_timer_units(tmp_path):
+    """haproxy_acme_*: the renewal command (certbot renew as the ACME user, then the deploy
+    hook as root: copy, haproxy -c, reload) and the systemd timer that runs it, rendered by
+    Ansible with the role's defaults and vars: ``sh -n``, ``systemd-analyze verify`` and
+    ``calendar``. Running them against a CA: make multihost (cron there: no systemd runs)."""
+    book = tmp_path / "acme.yml"
+    prefix = tmp_path / "srv"
+    role = os.path.join(ANSIBLE, "roles", "haproxy")
+    book.write_text(json.dumps([{
+        "name": "Render the haproxy role's ACME files", "hosts": "localhost", "gather_facts": False,
+        "vars_files": [os.path.join(role, "defaults", "main.yml"), os.path.join(role, "vars", "main.yml")],
+        "vars": {"haproxy_prefix": str(prefix), "haproxy_process_manager": "{{ item }}",
+                 "haproxy_acme_ca_bundle": "/etc/ssl/private ca/test.pem"},
+        "tasks": [{"name": "Write the renewal command",
+                   "ansible.builtin.template": {"src": os.path.join(role, "templates", "acme-renew.sh.j2"),
+                                                "dest": str(tmp_path) + "/acme-renew-{{ item }}", "mode": "0700",
+                                                "validate": "sh -n %s"},
+                   "loop": ["supervisor", "systemd"]},
+                  {"name": "Write the units",
+                   "ansible.builtin.template": {"src": os.path.join(role, "templates", "acme-renew.{{ item }}.j2"),
+                                                "dest": str(tmp_path) + "/{{ haproxy_acme_unit }}.{{ item }}",
+                                                "mode": "0644"},
+                   "vars": {"haproxy_acme_renew_command": str(tmp_path / "acme-renew-systemd")},
+                   "loop": ["service", "timer"]}]}]))
+    playbook(str(book), extra={}, timeout=120)
+    script = (tmp_path / "acme-renew-supervisor").read_text()
+    state = f"{prefix}/haproxy/acme"
+    assert (f"runuser -u acme -- env HOME={state} \\\n    REQUESTS_CA_BUNDLE='/etc/ssl/private ca/test.pem' \\\n"
+            f"    certbot renew --quiet --cert-name haproxy --config-dir {state}/config") in script
+    assert f"runuser -u acme -- cat \"$live/privkey.pem\" > \"$crt.key.new\"" in script
+    assert f"crt={prefix}/haproxy/tls/acme.pem\n" in script and "chown haproxy:haproxy " in script
+    assert f"haproxy -c -q -f {prefix}/haproxy/haproxy.cfg" in script
+    assert f"supervisorctl -c {prefix}/etc/supervisord.conf signal USR2 haproxy" in script
+    assert "systemctl reload plonedeploy-haproxy.service" in (tmp_path / "acme-renew-systemd").read_text()
+    units = sorted(str(p) for p in tmp_path.glob("plonedeploy-acme-renew-*"))
+    assert [os.path.splitext(u)[1] for u in units] == [".service", ".timer"], units
+    timer = (tmp_path / os.path.basename(units[1])).read_text()
+    assert "OnCalendar=*-*-* 3,15:41:00\n" in timer and "WantedBy=timers.target" in timer
+    result = run(["systemd-analyze", "verify", *units], timeout=60, check=False)
+    assert result.returncode == 0 and "ignoring" not in result.stderr, result.stdout + result.stderr
+    calendar = run(["systemd-analyze", "calendar", "*-*-* 3,15:41:00"], timeout=60, check=False)
+    assert calendar.returncode == 0 and "Next elapse" in calendar.stdout, calendar.stdout + calendar.stderr
 
 
 def test_loadgenerator_locust_is_the_projects():
