@@ -361,14 +361,19 @@ def boot_unit(name):
     return f"/etc/systemd/system/plonedeploy-supervisord-{WORK.strip('/').replace('/', '-')}-{name}.service"
 
 
+def stop(process):
+    """SIGTERM to ``process`` (a Popen), SIGKILL when it has not ended after 10 s."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
 def teardown():
     for process in PEBBLE:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop(process)
     PEBBLE.clear()
     # either storage's hosts, the internet's and pebble's namespaces
     for name, (ns, _address) in [*ALL_HOSTS.items(), (INTERNET[0], INTERNET[1:]), (ACME[0], ACME[1:])]:
@@ -1146,12 +1151,7 @@ def ab_with_remote_workers():
              "--users", "8", "--spawn-rate", "8", "--warmup", "3", "--duration", "10", "--out", out],
             cwd=ROOT, text=True, capture_output=True, timeout=300, check=False)
     finally:
-        tunnel.terminate()
-        try:
-            tunnel.wait(10)
-        except subprocess.TimeoutExpired:
-            tunnel.kill()
-            tunnel.wait(10)
+        stop(tunnel)
     results.append(("A/B with the master here and lg1's workers exits 0", result.returncode == 0,
                     (result.stdout + result.stderr)[-1500:] if result.returncode else ""))
     if result.returncode != 0:
