@@ -331,7 +331,7 @@ BAD = [
       "haproxy_tls_certificate": "/etc/ssl/private/site.pem"},
      "certificate '/etc/ssl/private/site.pem', names [\"www.example.org\"]"),
     ({"haproxy_acme_user": "root"}, "haproxy_acme_user must be a system user name other than root and haproxy_user"),
-    ({"haproxy_acme_challenge_bind": "127.0.0.1:80"}, "got 'acme', '', '3,15', '41', '127.0.0.1:80'"),
+    ({"haproxy_acme_challenge_bind": "127.0.0.1:80"}, "'3,15', '41', '127.0.0.1:80'"),
     ({"haproxy_acme_cron_file": "acme.renew"}, "got 'acme', 'acme.renew', '3,15'"),
     ({"haproxy_acme_timer": "anacron"}, "value of haproxy_acme_timer must be one of: cron, systemd, got: anacron"),
 ]
@@ -406,11 +406,14 @@ def test_acme_renewal_command_and_timer_units(tmp_path):
     book = tmp_path / "acme.yml"
     prefix = tmp_path / "srv"
     role = os.path.join(ANSIBLE, "roles", "haproxy")
+    # after the role's files: a later vars file wins (play vars would lose to vars_files)
+    (tmp_path / "overrides.json").write_text(json.dumps({
+        "haproxy_prefix": str(prefix), "haproxy_process_manager": "{{ item }}",
+        "haproxy_acme_ca_bundle": "/etc/ssl/private ca/test.pem"}))
     book.write_text(json.dumps([{
         "name": "Render the haproxy role's ACME files", "hosts": "localhost", "gather_facts": False,
-        "vars_files": [os.path.join(role, "defaults", "main.yml"), os.path.join(role, "vars", "main.yml")],
-        "vars": {"haproxy_prefix": str(prefix), "haproxy_process_manager": "{{ item }}",
-                 "haproxy_acme_ca_bundle": "/etc/ssl/private ca/test.pem"},
+        "vars_files": [os.path.join(role, "defaults", "main.yml"), os.path.join(role, "vars", "main.yml"),
+                       str(tmp_path / "overrides.json")],
         "tasks": [{"name": "Write the renewal command",
                    "ansible.builtin.template": {"src": os.path.join(role, "templates", "acme-renew.sh.j2"),
                                                 "dest": str(tmp_path) + "/acme-renew-{{ item }}", "mode": "0700",
