@@ -549,9 +549,10 @@ def prepare_service(config, say=None):
         raise StackError(f"service-user {user!r}: {exc}") from exc
 
 
-#: The first bytes of a FileStorage (ZODB.FileStorage.format.packed_version): what
-#: FileStorage itself writes into a new Data.fs, an empty database.
-FILE_STORAGE_MAGIC = b"FS21"
+#: The first bytes of a FileStorage (ZODB._compat.FILESTORAGE_MAGIC, FileStorage's
+#: packed_version: "FS30" on Python 3; "FS21" was Python 2's, which ZODB 6 refuses with
+#: FileStorageFormatError): what FileStorage itself writes into a new Data.fs, an empty database.
+FILE_STORAGE_MAGIC = b"FS30"
 
 
 def _new_file_storage(service, uid, gid, say):
