@@ -232,13 +232,6 @@ def admin_session():
     return session
 
 
-def free_port():
-    """A TCP port of 127.0.0.1 the OS has free now (for a throwaway HAProxy or server)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def port_taken(port, host="127.0.0.1"):
     """True if something accepts TCP connections on host:port."""
     with socket.socket() as sock:

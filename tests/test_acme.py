@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from conftest import free_port, stop_group
+from conftest import stop_group
+from loadtests.core import free_local_port
 from plonedeploy.recipe import edge, options, tls
 
 requires_haproxy = pytest.mark.skipif(not shutil.which("haproxy"), reason="no haproxy binary")
@@ -69,7 +70,7 @@ def test_without_acme_the_template_has_no_route(tmp_path):
 @requires_haproxy
 def test_challenge_reaches_the_acme_client_before_the_redirect():
     directory = tempfile.mkdtemp(prefix="acme-")  # short: the runtime socket's path
-    ports = {name: free_port() for name in ("zope", "plain", "stats", "tls")}
+    ports = {name: free_local_port() for name in ("zope", "plain", "stats", "tls")}
     client = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Client)
     ports["acme"] = client.server_address[1]
     threading.Thread(target=client.serve_forever, daemon=True).start()

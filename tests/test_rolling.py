@@ -17,7 +17,8 @@ import urllib.request
 
 import pytest
 
-from conftest import RECIPE_SRC, ROOT, free_port, stop_group
+from conftest import RECIPE_SRC, ROOT, stop_group
+from loadtests.core import free_local_port
 from plonedeploy.recipe import rolling
 
 SCRIPT = os.path.join(RECIPE_SRC, "plonedeploy", "recipe", "rolling.py")
@@ -66,8 +67,8 @@ def balancer():
     app = _Server(("127.0.0.1", 0), _Handler)
     threading.Thread(target=app.serve_forever, daemon=True).start()
     directory = tempfile.mkdtemp(prefix="rolling-")  # short: a unix socket path has ~100 bytes
-    sock, frontend = os.path.join(directory, "haproxy.sock"), free_port()
-    config, dead = os.path.join(directory, "haproxy.cfg"), free_port()
+    sock, frontend = os.path.join(directory, "haproxy.sock"), free_local_port()
+    config, dead = os.path.join(directory, "haproxy.cfg"), free_local_port()
     with open(config, "w", encoding="ascii") as fp:
         fp.write(f"""global
     stats socket {sock} mode 600 level admin
@@ -156,7 +157,7 @@ def test_failures_exit_1_with_one_line_naming_the_step(tmp_path):
     result = cli("drain", "--socket", missing, "--backend", "b", "--server", "s")
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith(f"rolling.py drain: haproxy runtime API {missing}: "), result.stderr
-    port = free_port()
+    port = free_local_port()
     result = cli("health", "--url", f"http://127.0.0.1:{port}/ok", "--timeout", "0.5")
     assert result.returncode == 1
     assert result.stderr.startswith(f"rolling.py health: http://127.0.0.1:{port}/ok: not healthy after 0.5 s ("), \
