@@ -198,16 +198,28 @@ def verdict(path, ab_stats, aa_stats, name_a="pyruvate"):
 def time_verdict(path, ab_time, aa_time, name_a="pyruvate", name_b="waitress"):
     """One sentence on the servers' own time (HAProxy ``Tr`` p50 ratio, A/B) of ``path``,
     with the A/A interval of the same ratio when there is one. Returns ``(detected, text)``:
-    detected when the A/B interval and the A/A interval (or 1.0 without one) do not overlap."""
+    detected when the A/B interval and the A/A interval (or 1.0 without one) do not overlap.
+
+    ``ab_time``/``aa_time``: :func:`summarize` results over the HAProxy log windows;
+    ``aa_time`` None means no control run. A ratio needs a window in which both servers
+    answered ``path``: a short run on a busy machine can have none for a rare path (the
+    A/A run of a 6 s CI round had none of "/Plone + @json", 26 Nov), and the text says so
+    rather than pretending there was no control.
+    """
     ratio = (ab_time or {}).get(path, {}).get("p50_ratio")
     if not ratio:
-        return False, f"{path}: no server times"
+        return False, f"{path}: no server times (no window in which both servers answered it)"
     aa = (aa_time or {}).get(path, {}).get("p50_ratio")
     low, high = (aa["low"], aa["high"]) if aa else (1.0, 1.0)
     detected = ratio["n"] >= 2 and (ratio["high"] < low or ratio["low"] > high)
+    if aa:
+        control = f"; A/A {aa['low']:.2f}–{aa['high']:.2f})"
+    elif aa_time is None:
+        control = "; no A/A control)"
+    else:
+        control = "; the A/A control has no window in which both answered it: its noise floor is unknown)"
     text = (f"{name_a}'s own time to the response headers (HAProxy Tr, p50) on {path} is "
-            f"{ratio['value']:.2f}× {name_b}'s (95% CI {ratio['low']:.2f}–{ratio['high']:.2f}"
-            + (f"; A/A {aa['low']:.2f}–{aa['high']:.2f})" if aa else "; no A/A control)"))
+            f"{ratio['value']:.2f}× {name_b}'s (95% CI {ratio['low']:.2f}–{ratio['high']:.2f}" + control)
     return detected, text + ("" if detected else ": no difference detected")
 
 

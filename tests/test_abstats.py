@@ -155,6 +155,14 @@ def test_server_time_windows_from_haproxy_log(tmp_path, monkeypatch, zone):
     assert ab["/"]["p50_ratio"]["value"] == pytest.approx(10 / 30)
     detected, text = abstats.time_verdict("/", ab, None)
     assert not detected and "0.33× waitress's" in text  # one window: no interval, nothing detected
+    assert "; no A/A control)" in text
+    # A control run whose windows never had both servers on the path: said, not hidden
+    aa = abstats.summarize([dict(run, kind="aa")], "aa", ("/Plone + @json", "all"))
+    assert aa["/Plone + @json"]["p50_ratio"] is None
+    detected, text = abstats.time_verdict("/Plone + @json", aa, aa)
+    assert not detected and text == "/Plone + @json: no server times (no window in which both servers answered it)"
+    detected, text = abstats.time_verdict("/", ab, aa)
+    assert not detected and "the A/A control has no window in which both answered it" in text
 
 
 def test_interval_narrows_with_rounds():

@@ -224,7 +224,13 @@ def test_ab_rounds_with_control(stack, tmp_path):
     # and the servers' own time from the temporary HAProxys' logs, with the A/A interval
     times = [v for v in report["verdicts"] if v.get("measure") == "server time"]
     assert [v["path"] for v in times] == ["/", "/Plone + @json", "blob 5MB"]   # no pooled time ratio
-    assert all("(HAProxy Tr, p50)" in v["text"] and "; A/A " in v["text"] for v in times), times
+    # "/" is in every window of both runs; a 6 s run on a busy machine can have no window
+    # in which both servers answered the rarer paths (CI, 26 Nov: the A/A run and
+    # "/Plone + @json"), which the verdict then says.
+    assert "(HAProxy Tr, p50)" in times[0]["text"] and "; A/A " in times[0]["text"], times
+    for v in times[1:]:
+        assert ("(HAProxy Tr, p50)" in v["text"] and "; A/A " in v["text"]
+                or "no window in which both" in v["text"]), times
     assert report["server_time"]["ab"]["all"]["share"]["n"] >= 3
     assert report["server_time"]["ab"]["all"]["p50_ratio"] is None
     assert (folder / "ab.png").stat().st_size > 0
