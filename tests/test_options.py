@@ -1,11 +1,14 @@
 """Unit tests of the recipe's validation and rendering rules (no build needed)."""
 import configparser
+import json
 import os
 import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
+import traceback
 
 import pytest
 import zc.buildout
@@ -466,6 +469,89 @@ def test_grant_search_opens_exactly_the_closed_parents_by_acl():
         with pytest.raises(access.AccessError, match=f"user 'nobody' .* cannot read {secret}"):
             access.grant_search("nobody", [secret], "a test", said.append)
         assert access._check_as(user, [target]) == {target: None}
+    finally:
+        shutil.rmtree(base)
+
+
+def test_become_gives_the_client_its_files_then_drops_for_good():
+    """What a ZEO client's script runs first when root starts it (plonedeploy.runtime.access
+    .become): the user gets search permission on the way to what it runs from, owns the
+    client's directories (recursively, root's files in them included) and logs (with their
+    rotations), but no link's target; then the process is that user for good (real,
+    effective and saved uid; its groups; umask 027; HOME/USER/LOGNAME), and what it creates is
+    its own. In a forked child: the test process stays root. Not root: it changes nothing."""
+    import pwd
+
+    from plonedeploy.runtime import access
+
+    if os.geteuid() != 0:
+        pytest.fail("runs as root only (a client script drops only when root starts it)")
+    user = pwd.getpwnam("nobody")
+    base = tempfile.mkdtemp(prefix="plonedeploy-become-")  # mode 0700: nobody cannot enter it
+    try:
+        home, logs = os.path.join(base, "var", "client"), os.path.join(base, "var", "log")
+        os.makedirs(os.path.join(home, "import"))
+        os.makedirs(logs)
+        for name in ("client.log", "client.log.1", "other.log"):
+            open(os.path.join(logs, name), "w").close()
+        root_file = os.path.join(base, "root-only")
+        open(root_file, "w").close()
+        os.symlink(root_file, os.path.join(home, "link"))  # must stay root's
+        os.chmod(logs, 0o755)  # root's: the user could not create a log in it itself
+        layout = {"directories": [home], "files": [os.path.join(logs, "client.log"),
+                                                  os.path.join(logs, "client-access.log")],  # missing
+                  "readable": [], "reach": [home]}
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: become nobody, report what it is, try what it may and may not
+            status = 1
+            try:
+                os.close(reader)
+                # Only the test's paths to reach: not the interpreter's (under /root here),
+                # which would give nobody search permission there for good.
+                sys.path[:], sys.executable = [], "/usr/bin/python3"
+                access.become("nobody", layout)
+                with open(os.path.join(home, "Z4.pid"), "w") as fp:
+                    fp.write("1")
+                with open(os.path.join(logs, "client-access.log"), "a") as fp:
+                    fp.write("a line\n")
+                try:
+                    open(root_file, "a").close()
+                    wrote_root = True
+                except PermissionError:
+                    wrote_root = False
+                try:
+                    os.setuid(0)
+                    regained = True
+                except PermissionError:
+                    regained = False
+                os.write(writer, json.dumps({
+                    "uids": os.getresuid(), "gids": os.getresgid(), "groups": sorted(os.getgroups()),
+                    "umask": os.umask(0o027), "env": [os.environ.get(k) for k in ("HOME", "USER", "LOGNAME")],
+                    "wrote_root": wrote_root, "regained": regained}).encode())
+                status = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(status)
+        os.close(writer)
+        with os.fdopen(reader, "rb") as fp:
+            data = fp.read()
+        _, status = os.waitpid(pid, 0)
+        assert status == 0 and data, status  # the child's traceback is in the captured stderr
+        seen = json.loads(data)
+        assert seen["uids"] == [user.pw_uid] * 3 and seen["gids"] == [user.pw_gid] * 3
+        assert seen["groups"] == sorted(set(os.getgrouplist("nobody", user.pw_gid)))
+        assert seen["umask"] == 0o027 and seen["env"] == [user.pw_dir, "nobody", "nobody"]
+        assert not seen["wrote_root"] and not seen["regained"]
+        for path in (home, os.path.join(home, "import"), os.path.join(home, "Z4.pid"),
+                     os.path.join(logs, "client.log"), os.path.join(logs, "client.log.1"),
+                     os.path.join(logs, "client-access.log")):
+            assert os.lstat(path).st_uid == user.pw_uid, path
+        for path in (os.path.join(logs, "other.log"), root_file, os.path.join(home, "link")):
+            assert os.lstat(path).st_uid == 0, path  # another log, and neither a link nor its target
+        acl = subprocess.run(["getfacl", "-cp", base], capture_output=True, text=True, timeout=30).stdout
+        assert "user:nobody:--x" in acl, acl  # search on the way, granted before the drop
     finally:
         shutil.rmtree(base)
 

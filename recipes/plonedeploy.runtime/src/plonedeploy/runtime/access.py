@@ -10,15 +10,22 @@ It checks as that user (a forked child with its uid, gid and groups, so ACLs, gr
 every mode bit count as the kernel counts them), not by reading mode bits as root.
 
 It is also how the mod_wsgi runner (``plonedeploy.runtime.servers.mod_wsgi``) lets
-``run_as`` reach the part and its eggs: that is why it lives in plonedeploy.runtime, which a
-running ZEO client may import, and the recipe (``bin/stack``, ``bin/postgresql``) imports it
-from here. stdlib only.
+``run_as`` reach the part and its eggs, and how a ZEO client's own script (``bin/<client>``,
+built with the instance recipe's ``service-user``) becomes that user when root starts it
+(:func:`become`): that is why it lives in plonedeploy.runtime, which a running ZEO client
+may import, and the recipe (``bin/stack``, ``bin/postgresql``) imports it from here. stdlib only.
 """
 import json
 import os
 import pwd
 import shutil
+import stat
 import subprocess
+import sys
+
+#: The umask of the service user's processes (bin/stack's supervisord, a client script that
+#: dropped to it): what they create is theirs and their group's to read, nobody else's.
+SERVICE_UMASK = 0o027
 
 #: setfacl (Debian's package ``acl``; scripts/install-system.sh installs it).
 SETFACL = "setfacl"
@@ -139,3 +146,81 @@ def default_entry(user, directory):
                             text=True, timeout=120, check=False)
     if result.returncode != 0:
         raise AccessError(f"setfacl -R -d -m u:{user}:rwx {directory} failed: {(result.stderr or result.stdout).strip()}")
+
+
+def own(uid, gid, directories=(), files=(), readable=()):
+    """Give user ``uid`` and group ``gid`` (numbers) what a service writes and reads:
+    each of ``directories`` (made if missing) with everything in it, recursively; each of
+    ``files`` and its rotations (``name.1``, ``name.2.gz``, ...) where its directory
+    exists; each of ``readable`` where it exists. Symbolic links are never followed nor
+    changed: the tree is walked by directory descriptors (``os.fwalk``, which never enters
+    a link, not even one the user swaps in for a directory while the walk runs), every
+    change is an ``lchown``; what vanishes meanwhile (a running server's temporary files) is
+    skipped. Must run as root; raises OSError when a directory cannot be made or an owner
+    cannot be changed."""
+    def take(name, dir_fd=None):
+        try:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if (info.st_uid, info.st_gid) != (uid, gid) and not stat.S_ISLNK(info.st_mode):
+                os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:  # gone since listed: a running ZEO server's temporary file
+            pass
+
+    for directory in directories:
+        os.makedirs(directory, exist_ok=True)
+        take(directory)
+        for _, dirs, names, fd in os.fwalk(directory, follow_symlinks=False):
+            for item in dirs + names:
+                take(item, fd)
+    for path in files:
+        folder, stem = os.path.split(path)
+        if not os.path.isdir(folder):
+            continue
+        for item in os.listdir(folder):  # the file and its rotations (name.1, name.2.gz, ...)
+            if item == stem or item.startswith(stem + "."):
+                take(os.path.join(folder, item))
+    for path in readable:
+        if os.path.lexists(path):
+            take(path)
+
+
+def become(user, layout):
+    """Run the rest of this process as system user ``user`` when it runs as root; else
+    return at once (not root: it runs as whoever started it, unchanged).
+
+    What a ZEO client's script (``bin/<client>``, every command: console, fg, run, debug)
+    calls first when its part has ``service-user``, so that a client root starts by hand
+    (``bin/instance run scripts/create_site.py``, the load tools' extra clients) writes its
+    blobs, logs and caches as the user the ZEO server runs as, never as root. ``layout``:
+    the part's ``{"directories", "files", "readable", "reach"}`` (lists of absolute paths,
+    plonedeploy.recipe.stack.client_layout): before dropping, the user gets search
+    permission on the way to ``reach``, to this interpreter and to every ``sys.path`` entry
+    (:func:`grant_search`, which says what it granted on stderr), and owns the directories,
+    the log files (made empty, 0640, where missing: their directory may be root's) and the
+    read files (:func:`own`). Then the process takes the user's groups, group and uid
+    (for good: real, effective and saved), umask :data:`SERVICE_UMASK`, and ``HOME``,
+    ``USER`` and ``LOGNAME`` of the user, as ``runuser -u`` sets them; what it starts after
+    (Zope's interpreter, the WSGI server) inherits all of it.
+
+    Raises KeyError when the user does not exist, AccessError and OSError as
+    :func:`grant_search` and :func:`own`; the process is still root then."""
+    if os.geteuid() != 0 or not user:
+        return
+    entry = pwd.getpwnam(user)
+    if entry.pw_uid == 0:
+        raise AccessError(f"service-user {user!r} is root: nothing to drop to")
+    reach = list(layout.get("reach", ())) + [sys.executable, os.path.realpath(sys.executable)]
+    reach += [path for path in sys.path if path and os.path.exists(path)]
+    grant_search(user, reach, "it runs this ZEO client", lambda line: print(line, file=sys.stderr, flush=True))
+    for path in layout.get("files", ()):
+        # A log in a directory root made (an extra build's var/log): made here, as the user
+        # could not create it there; never through a link.
+        if not os.path.lexists(path) and os.path.isdir(os.path.dirname(path)):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640))
+    own(entry.pw_uid, entry.pw_gid, layout.get("directories", ()), layout.get("files", ()),
+        layout.get("readable", ()))
+    os.setgroups(os.getgrouplist(user, entry.pw_gid))
+    os.setgid(entry.pw_gid)
+    os.setuid(entry.pw_uid)
+    os.umask(SERVICE_UMASK)
+    os.environ.update(HOME=entry.pw_dir, USER=user, LOGNAME=user)
