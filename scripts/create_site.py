@@ -9,7 +9,8 @@ nothing):
 
 - a Zope root user ``admin`` with role Manager whose password is ``$PLONEDEPLOY_ADMIN_PASSWORD``
   or, if unset, the contents of ``var/admin-password`` (generated, 32 URL-safe characters,
-  mode 0600, on first use). The password is never printed;
+  mode 0600, on first use, or into the empty file bin/stack hands a service user). The
+  password is never printed;
 - the Plone site ``Plone`` from the ``classic`` distribution (plone.restapi installed), no
   example content;
 - a File ``blob-5mb`` in it holding 5,242,880 random bytes as a ZODB blob (served at
@@ -55,13 +56,21 @@ CACHED_RULESETS = ("plone.content.itemView", "plone.content.folderView")
 
 
 def admin_password(path="var/admin-password"):
-    """Return the admin password from the environment or the 0600 file (created if missing)."""
+    """Return the admin password from the environment or the 0600 file, generated when the
+    file is missing or empty. Empty: bin/stack, run as root with a service user, makes the
+    file empty and that user's, since this script then runs as that user (bin/instance run
+    drops to it) and var/ itself stays root's. Never follows a link there."""
     password = os.environ.get("PLONEDEPLOY_ADMIN_PASSWORD")
     if password:
         return password
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    elif os.path.getsize(path) == 0:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    else:
+        fd = None
+    if fd is not None:
         with os.fdopen(fd, "w") as fp:
             fp.write(secrets.token_urlsafe(24) + "\n")
         print(f"admin password generated in {path} (mode 0600)")

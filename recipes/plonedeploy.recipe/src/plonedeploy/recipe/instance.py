@@ -29,6 +29,14 @@ each; docs/recipe.md's table is generated from it). The reasons behind them:
   its own (``var/<part>/chameleon``) that this user may write, and a server root per port
   (``var/<part>/mod_wsgi-<port>``); ``max-request-body-size`` becomes Apache's
   ``LimitRequestBody``.
+- ``service-user``: ``bin/<part>`` (every command: ``console``, ``fg``, ``run``, ``debug``)
+  and ``parts/<part>/bin/interpreter`` start with ``plonedeploy.runtime.access.become``: when
+  root runs them, they first give that user what the client writes (``stack.client_layout``:
+  its home, caches, blob directory, logs) and search permission on the way to the build,
+  then run as it. A ZEO client started by hand as root (``make site``, the load tools' extra
+  clients, made with ``<= instance``) then writes blobs as the user the ZEO server runs as,
+  which the server can ``chmod``; a root client's blob it could not (EPERM). The stack
+  part requires every client's ``service-user`` to be its own.
 - ``hello-address`` writes ``etc/hello.ini`` beside ``etc/wsgi.ini``: the same template with
   ``hello_app`` true, so the hello-world app is served by exactly the server section the
   client has (same keys, same stage 2), on another address; the benchmark matrix compares
@@ -54,6 +62,7 @@ from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
 from plonedeploy.recipe.edge import default_body_cap
 from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
 from plonedeploy.recipe.rules import CONFLICT_RETRIES, MOD_WSGI_EXPRESS
+from plonedeploy.recipe.stack import check_service_user, client_layout
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
     HELLO_APP,
@@ -205,10 +214,16 @@ class Recipe(Zope2InstanceRecipe):
                 "hello_app is true (see templates/_common.ini.in); add it or remove hello-address"
             )
 
+        self.service_user = opts.setdefault("service-user").strip()
+        options["service-user"] = self.service_user
+        if self.service_user:
+            check_service_user(name, self.service_user)
+
         eggs = opts.get("eggs", "").split()
         eggs += [egg for egg in SERVERS[self.server] if egg not in eggs]
-        if (self.blob_sendfile or self.hello_address) and RUNTIME_EGG not in eggs:
-            eggs.append(RUNTIME_EGG)  # egg:plonedeploy.runtime#blobsendfile, #hello
+        # egg:plonedeploy.runtime#blobsendfile, #hello; plonedeploy.runtime.access.become
+        if (self.blob_sendfile or self.hello_address or self.service_user) and RUNTIME_EGG not in eggs:
+            eggs.append(RUNTIME_EGG)
         if self.metrics_address:
             # egg:plonedeploy.runtime#metrics, which imports prometheus_client
             eggs += [egg for egg in (RUNTIME_EGG, METRICS_EGG) if egg not in eggs]
@@ -221,6 +236,15 @@ class Recipe(Zope2InstanceRecipe):
         # in build_wsgi_ini, just before the stock code reads it.
         options["wsgi-ini-template"] = os.path.join(location, "etc", "wsgi.ini.in")
         super().__init__(buildout, name, options)
+        if self.service_user:
+            # First thing in bin/<part> and parts/<part>/bin/interpreter, after sys.path and
+            # before anything opens a file (the ctl script reads wsgi.ini's logging config and
+            # opens the logs before any command runs). Set after the stock __init__, which
+            # %-formats the option: the layout's paths are not templates.
+            layout = client_layout(buildout, name, options)
+            drop = (f"from plonedeploy.runtime.access import become\n"
+                    f"become({self.service_user!r}, {layout!r})\n")
+            options["initialization"] = drop + options["initialization"]
         if self.blob_sendfile:
             # After the stock __init__, which sets the default pipeline.
             options["pipeline"] = add_pipeline_filter(opts["pipeline"])

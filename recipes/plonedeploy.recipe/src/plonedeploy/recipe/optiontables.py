@@ -127,6 +127,12 @@ INSTANCE = (
            "only with `wsgi-server = mod_wsgi`: who runs Apache and the mod_wsgi daemon when "
            "`bin/<part>` runs as root (Apache refuses root); it is given the part's server root "
            "(`var/<part>/mod_wsgi-<port>`), log files and Chameleon cache (`var/<part>/chameleon`)"),
+    Option("service-user", "", "an existing system user other than root",
+           "who `bin/<part>` (every command: `console`, `fg`, `run`, `debug`) runs as when root "
+           "starts it: it first gives that user the client's home, caches, blob directory and logs "
+           "and search permission on the way to the build, then drops to it; the stack part requires "
+           "its own `service-user` here (buildout.cfg sets both from `[service] user`, "
+           "[operations.md, Users](operations.md#users))", "empty (runs as whoever starts it)"),
     Option("cpu-cores", None, _POSITIVE,
            "only with `threads = auto`: cores of the host that runs the clients",
            "CPUs `bin/buildout` may run on"),
@@ -335,8 +341,9 @@ STACK = (
            "`user=`): it owns what they write in `var/` (data, blobs, their logs, caches, pid files) and "
            "nothing of the build; `bin/<part> start` gives it search permission (POSIX ACL) on the "
            "directories on the way to the build it cannot enter. Empty: they run as whoever runs "
-           "`bin/<part>` (as root with a warning). `make build SERVICE_USER=plonedeploy` as root "
-           "creates the user and sets it ([operations.md, Users](operations.md#users))", "empty"),
+           "`bin/<part>` (as root with a warning). Every client part's `service-user` must be the "
+           "same (buildout.cfg sets both from `[service] user`; `make build` as root sets `plonedeploy` "
+           "and creates the user, [operations.md, Users](operations.md#users))", "empty"),
 )
 
 #: ``plonedeploy.recipe:postgresql`` (postgresql.py): the buildout stack's database.

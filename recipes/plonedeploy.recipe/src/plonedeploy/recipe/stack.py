@@ -79,6 +79,7 @@ import zc.buildout
 from plonedeploy.recipe import rolling, rules, varnish as varnish_rules
 from plonedeploy.recipe.options import fail, parse_http_address
 from plonedeploy.recipe.optiontables import STACK, DeclaredOptions
+from plonedeploy.runtime import access
 
 
 class Recipe:
@@ -203,6 +204,16 @@ class Recipe:
         service = None
         service_user = opts.setdefault("service-user").strip()
         if service_user:
+            check_service_user(name, service_user)
+        for part in clients + upload_clients:
+            # Each client's script drops to its own service-user when root starts it (bin/<part>
+            # run, fg, the load tools' extra clients): the user supervisord runs it as, or none.
+            theirs = buildout[part].get("service-user", "").strip()
+            if theirs != service_user:
+                fail(part, "service-user", theirs,
+                     f"{service_user!r}, the [{name}] service-user (bin/{part} runs as that user when "
+                     "root starts it, as supervisord does; buildout.cfg sets both from [service] user)")
+        if service_user:
             service = service_layout(buildout, name, service_user, None if database else opts["zeoserver"],
                                      clients + upload_clients)
         location = os.path.join(buildout["buildout"]["parts-directory"], name)
@@ -263,23 +274,18 @@ def service_layout(buildout, name, user, zeo_part, clients):
     ``stack.json``'s ``service`` (see :func:`contract`): the ZEO server part ``zeo_part``
     (None on RelStorage) and the client parts ``clients`` run as it; it owns the
     directories they write (the ZEO server's Data.fs directory, blob directory and pid-file
-    directory; each client's home ``var/<part>``, Chameleon cache, blob directory or blob
-    cache, ``TUS_TMP_FILE_DIR``), their log files, and the RelStorage passfile the clients
-    read; it needs to reach the build (buildout directory, eggs, develop eggs, the Python of
-    the ``bin/`` scripts). The defaults are those of plone.recipe.zeoserver and
-    plone.recipe.zope2instance where a part does not set the option.
+    directory; each client's, :func:`client_layout`), their log files, the RelStorage
+    passfile the clients read, and ``var/admin-password`` (scripts/create_site.py, which a
+    client script run by root runs as this user, writes the generated password there); it
+    needs to reach the build (:func:`build_reach`). The defaults are those of
+    plone.recipe.zeoserver where a part does not set the option.
 
     Raises zc.buildout.UserError naming ``[name] service-user`` when the user does not exist
-    or is root, and naming ``[<zeoserver>] pid-file`` when the pid file lies directly in a
-    directory root keeps (``var/``, the buildout directory): runzeo replaces it there.
+    or is root (:func:`check_service_user`), naming ``[<zeoserver>] pid-file`` when the pid
+    file lies directly in a directory root keeps (``var/``, the buildout directory): runzeo
+    replaces it there.
     """
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        fail(name, "service-user", user, "an existing system user (make demo creates 'plonedeploy': "
-             "useradd --system --user-group --home-dir /nonexistent --shell /usr/sbin/nologin plonedeploy)")
-    if entry.pw_uid == 0:
-        fail(name, "service-user", user, "a system user other than root (it is what the programs drop to)")
+    check_service_user(name, user)
     top = buildout["buildout"]["directory"]
     var = os.path.join(top, "var")
     directories, files, readable = [], [], []
@@ -300,40 +306,10 @@ def service_layout(buildout, name, user, zeo_part, clients):
         files.append(zeo.get("zeo-log") or os.path.join(var, "log", f"{zeo_part}.log"))
     for part in clients:
         client = buildout[part]
-        client_var = client.get("var") or var
-        directories.append(client.get("client-home") or os.path.join(client_var, part))
-        environment = dict(line.strip().split(None, 1) for line in client.get("environment-vars", "").splitlines()
-                           if len(line.split(None, 1)) == 2)
-        cache = environment.get("CHAMELEON_CACHE")
-        if cache is None:
-            cache = client.get("template-cache", "on").strip()
-            if cache.lower() in ("on", "1", "true", "enabled"):
-                cache = os.path.join(client_var, "cache")
-            elif cache.lower() in ("off", "0", "false", "disabled"):
-                cache = None
-        directories += [d for d in (cache, environment.get("TUS_TMP_FILE_DIR")) if d]
-        if client.get("storage") == "relstorage":
-            directories.append(client["relstorage-blob-dir"])
-            dsn = dict(pair.split("=", 1) for pair in client["relstorage-dsn"].split() if "=" in pair)
-            if dsn.get("passfile"):
-                readable.append(dsn["passfile"])
-        elif client.get("blob-storage"):
-            directories.append(client["blob-storage"])
-        for option, suffix in (("event-log", ""), ("z2-log", "-access")):
-            path = client.get(option) or (client.get("access-log") if option == "z2-log" else None) \
-                or os.path.join(client_var, "log", f"{part}{suffix}.log")
-            if path.lower() != "disable":
-                files.append(path)
-    develop = [os.path.join(top, path) for path in buildout["buildout"].get("develop", "").split()]
-    # Develop eggs of another directory (a build sharing the checkout's develop-eggs): the
-    # source directories their .egg-link files name.
-    links = buildout["buildout"]["develop-eggs-directory"]
-    for link in sorted(os.listdir(links)) if os.path.isdir(links) else ():
-        if link.endswith(".egg-link"):
-            with open(os.path.join(links, link), encoding="utf-8") as fp:
-                develop.append(fp.readline().strip())
-    reach = [top, buildout["buildout"]["eggs-directory"], buildout["buildout"]["develop-eggs-directory"],
-             *develop, sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix]
+        layout = client_layout(buildout, part, client)
+        directories += layout["directories"]
+        files += layout["files"]
+        readable += layout["readable"]
     unique = lambda paths: list(dict.fromkeys(os.path.normpath(p) for p in paths))  # noqa: E731
     return {
         "user": user,
@@ -341,14 +317,85 @@ def service_layout(buildout, name, user, zeo_part, clients):
         "directories": unique(directories),
         "files": unique(files),
         "readable": unique(readable),
-        "reach": unique(reach),
+        # Files it must be able to write in directories root keeps, made empty (0600) when
+        # missing: scripts/create_site.py fills an empty admin-password file.
+        "writable": [os.path.join(var, "admin-password")],
+        "reach": build_reach(buildout),
         "file_storage": file_storage,
         "blob_storage": blob_storage,
         # Written by processes of other users too: the shared blob directory, where every ZEO
-        # client of this ZEO server (bin/instance run as root, the load tools' extra clients)
-        # writes a new blob's directories itself and the server then moves the file in.
+        # client of this ZEO server writes a new blob's directories itself and the server then
+        # moves the file in (a client run as root without service-user, e.g. an older build's).
         "shared": [blob_storage] if blob_storage else [],
     }
+
+
+def check_service_user(part, user):
+    """The ``pwd`` entry of system user ``user``, option ``service-user`` of part ``part``
+    (the stack's or a client's). Raises zc.buildout.UserError naming the option when the
+    user does not exist or is root."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        fail(part, "service-user", user, "an existing system user (make demo creates 'plonedeploy': "
+             "useradd --system --user-group --home-dir /nonexistent --shell /usr/sbin/nologin plonedeploy)")
+    if entry.pw_uid == 0:
+        fail(part, "service-user", user, "a system user other than root (it is what the programs drop to)")
+    return entry
+
+
+def client_layout(buildout, part, client):
+    """What ZEO client part ``part`` (its options ``client``) writes and reads when it runs
+    as a service user: ``{"directories", "files", "readable", "reach"}``, lists of absolute
+    paths. Directories: its home ``var/<part>`` (Zope's pid file), Chameleon cache, blob
+    directory or RelStorage blob cache, ``TUS_TMP_FILE_DIR``; files: its event and access
+    logs; readable: the RelStorage passfile; reach: :func:`build_reach`. The defaults are
+    plone.recipe.zope2instance's where the part does not set the option. Used by the stack
+    (supervisord's programs) and by the instance recipe (the client's own script, which
+    becomes the user when root starts it: plonedeploy.runtime.access.become)."""
+    var = os.path.join(buildout["buildout"]["directory"], "var")
+    client_var = client.get("var") or var
+    directories = [client.get("client-home") or os.path.join(client_var, part)]
+    files, readable = [], []
+    environment = dict(line.strip().split(None, 1) for line in client.get("environment-vars", "").splitlines()
+                       if len(line.split(None, 1)) == 2)
+    cache = environment.get("CHAMELEON_CACHE")
+    if cache is None:
+        cache = client.get("template-cache", "on").strip()
+        if cache.lower() in ("on", "1", "true", "enabled"):
+            cache = os.path.join(client_var, "cache")
+        elif cache.lower() in ("off", "0", "false", "disabled"):
+            cache = None
+    directories += [d for d in (cache, environment.get("TUS_TMP_FILE_DIR")) if d]
+    if client.get("storage") == "relstorage":
+        directories.append(client["relstorage-blob-dir"])
+        dsn = dict(pair.split("=", 1) for pair in client["relstorage-dsn"].split() if "=" in pair)
+        if dsn.get("passfile"):
+            readable.append(dsn["passfile"])
+    elif client.get("blob-storage"):
+        directories.append(client["blob-storage"])
+    for option, suffix in (("event-log", ""), ("z2-log", "-access")):
+        path = client.get(option) or (client.get("access-log") if option == "z2-log" else None) \
+            or os.path.join(client_var, "log", f"{part}{suffix}.log")
+        if path.lower() != "disable":
+            files.append(path)
+    return {"directories": directories, "files": files, "readable": readable, "reach": build_reach(buildout)}
+
+
+def build_reach(buildout):
+    """The paths a service user must be able to reach to run from this build: the buildout
+    directory, eggs, develop eggs (and the source directories their ``.egg-link`` files
+    name: a build sharing the checkout's develop-eggs), the Python of the ``bin/`` scripts."""
+    top = buildout["buildout"]["directory"]
+    develop = [os.path.join(top, path) for path in buildout["buildout"].get("develop", "").split()]
+    links = buildout["buildout"]["develop-eggs-directory"]
+    for link in sorted(os.listdir(links)) if os.path.isdir(links) else ():
+        if link.endswith(".egg-link"):
+            with open(os.path.join(links, link), encoding="utf-8") as fp:
+                develop.append(fp.readline().strip())
+    reach = [top, buildout["buildout"]["eggs-directory"], buildout["buildout"]["develop-eggs-directory"],
+             *develop, sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix]
+    return list(dict.fromkeys(os.path.normpath(p) for p in reach))
 
 
 def contract(*, haproxy, clients, part="stack", processes=(), run_dir="", log_dir="", haproxy_binary="haproxy",
@@ -375,7 +422,8 @@ def contract(*, haproxy, clients, part="stack", processes=(), run_dir="", log_di
     ``blob_storage`` its blob directory, for tools that build more ZEO clients of it (None
     for RelStorage). ``service``: None, or the service user's dict of :func:`service_layout`
     (``user``; ``processes`` that run as it when bin/stack runs as root; ``directories`` and
-    ``files`` it owns; ``readable`` files it must read; ``reach``: paths it must be able to
+    ``files`` it owns; ``readable`` files it must read; ``writable`` files in root's
+    directories it must write, made empty when missing; ``reach``: paths it must be able to
     reach). The A/B tool's keys come from ``rules.ab_contract``, which the Ansible
     role's abtest.json uses too.
 
@@ -451,8 +499,9 @@ _STOPPABLE = _ALIVE + ("BACKOFF",)
 
 
 #: supervisord's umask, which its programs inherit: what they create is theirs and their
-#: group's to read, nobody else's (logs, Data.fs, blobs, caches).
-UMASK = "027"
+#: group's to read, nobody else's (logs, Data.fs, blobs, caches). The same as a client
+#: script's that dropped to the service user (plonedeploy.runtime.access.become).
+UMASK = format(access.SERVICE_UMASK, "03o")
 #: Mode of the log directory with a service user: root's and its group's (the service user
 #: writes its own logs there), sticky: neither may remove or replace the other's files. root
 #: (supervisord) writes every program's stdout log there; the service user must not be able
@@ -481,15 +530,14 @@ def prepare_service(config, say=None):
     directories it writes are made and owned by it (recursively: files that root wrote
     meanwhile, e.g. by bin/restore or bin/instance fg, become its own again); its log files
     (and their rotations) and the files it reads (the RelStorage passfile) too, where they
-    exist; the log directory becomes root's and its group's, sticky (:data:`LOG_DIRECTORY_MODE`),
+    exist; the files it writes in root's directories (``writable``: var/admin-password) are
+    made empty (0600) when missing and are its own; the log directory becomes root's and its group's, sticky (:data:`LOG_DIRECTORY_MODE`),
     and root's own logs in it (supervisord.log, every program's stdout log) are made plain
     files of root's, so that supervisord never opens a link the service user put there;
     and it gets search permission on the way to the build (:func:`access.grant_search`).
     Symbolic links are never followed (``lchown``). Does nothing without a service user or
     when not root. ``say``: prints what it did (default print). Raises StackError when the
     user is missing or cannot reach the build."""
-    from plonedeploy.runtime import access
-
     service = config.get("service")
     if not service or os.geteuid() != 0:
         return
@@ -501,12 +549,6 @@ def prepare_service(config, say=None):
         raise StackError(f"service-user {user!r} does not exist (make demo creates 'plonedeploy'); "
                          "create it or build without service-user") from None
     uid, gid = entry.pw_uid, entry.pw_gid
-
-    def own(path):
-        info = os.lstat(path)
-        if (info.st_uid, info.st_gid) != (uid, gid) and not os.path.islink(path):
-            os.chown(path, uid, gid, follow_symlinks=False)
-
     log_dir = config["log_dir"]
     os.makedirs(log_dir, exist_ok=True)
     os.chown(log_dir, 0, gid)
@@ -519,22 +561,11 @@ def prepare_service(config, say=None):
             info = None
         if info is None:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640))
-    for directory in service["directories"]:
-        os.makedirs(directory, exist_ok=True)
-        own(directory)
-        for base, dirs, names in os.walk(directory):
-            for item in dirs + names:
-                own(os.path.join(base, item))
-    for path in service["files"]:
-        folder, stem = os.path.split(path)
-        if not os.path.isdir(folder):
-            continue
-        for item in os.listdir(folder):  # the file and its rotations (name.1, name.2.gz, ...)
-            if item == stem or item.startswith(stem + "."):
-                own(os.path.join(folder, item))
-    for path in service["readable"]:
-        if os.path.lexists(path):
-            own(path)
+    for path in service.get("writable", []):
+        if not os.path.lexists(path) and os.path.isdir(os.path.dirname(path)):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    access.own(uid, gid, service["directories"], service["files"],
+               service["readable"] + service.get("writable", []))
     _new_file_storage(service, uid, gid, say)
     for directory in service.get("shared", []):
         # A default ACL: the directories a root client makes in there are the service user's
