@@ -31,8 +31,10 @@ part copies them into stack.json). The file is only written after
 ``haproxy -c`` accepted it; a rejected config raises ``zc.buildout.UserError`` with
 HAProxy's own message.
 """
+import grp
 import json
 import os
+import pwd
 import shutil
 import subprocess
 
@@ -161,6 +163,7 @@ class Recipe:
             parse_network(name, "manage-networks", value)
             for value in opts.setdefault("manage-networks").split()
         ]
+        self.user, self.group = self.parse_user(name, options)
         options["template"] = template_option(name, opts, "template", "haproxy.cfg.j2")
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         options["config"] = os.path.join(options["location"], "haproxy.cfg")
@@ -197,10 +200,40 @@ class Recipe:
                                    options["tls-certificate"] if self.tls_bind else "",
                                    self.tls_redirect, self.hsts_max_age, self.tls_redirect_exempt),
             "run_directory": options["run-directory"],
+            "user": self.user,
+            "group": self.group,
             "cache_server": self.cache_server,
             "cache_fill_bind": self.cache_fill_bind,
             "cache_health_path": varnish.HEALTH_PATH,
         }
+
+    @staticmethod
+    def parse_user(name, options):
+        """``(user, group)`` HAProxy drops to after binding its listeners (global ``user`` and
+        ``group``; both empty: no drop). ``group`` defaults to the user's primary group.
+        Raises zc.buildout.UserError naming the option when the user or group does not exist,
+        is root, or a group is set without a user."""
+        opts = DeclaredOptions(name, options, HAPROXY)
+        user, group = opts.setdefault("user").strip(), opts.setdefault("group").strip()
+        if not user:
+            if group:
+                fail(name, "group", group, "empty without user (the group of the user HAProxy drops to)")
+            return "", ""
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            fail(name, "user", user, "an existing system user such as haproxy (Debian's haproxy package "
+                 "makes it; make system installs the package)")
+        if entry.pw_uid == 0:
+            fail(name, "user", user, "a system user other than root")
+        try:
+            group_entry = grp.getgrnam(group) if group else grp.getgrgid(entry.pw_gid)
+        except KeyError:
+            fail(name, "group", group, "an existing group, or empty for the user's own")
+        if group_entry.gr_gid == 0:
+            fail(name, "group", group_entry.gr_name, "a group other than root")
+        options["group"] = group_entry.gr_name
+        return user, group_entry.gr_name
 
     @staticmethod
     def client(buildout, name, option, part, maxconn=None):

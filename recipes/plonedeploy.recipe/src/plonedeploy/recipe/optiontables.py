@@ -284,6 +284,13 @@ HAPROXY = (
            "(buildout.cfg: `varnish`, [Cache](operations.md#cache))", "empty (no cache)"),
     Option("template", None, "a Jinja2 template", "the config template (the Ansible role renders it too)",
            "`haproxy.cfg.j2` of this package's `templates/`"),
+    Option("user", "", "an existing system user other than root",
+           "who HAProxy runs as once it has bound its listeners and read the certificate (global "
+           "`user`) when started as root; buildout.cfg sets `haproxy` (Debian's) with `[service] user`: "
+           "a HAProxy taken over can then write nothing of the site's data, which the service user owns",
+           "empty (no drop)"),
+    Option("group", "", "an existing group other than root", "with `user`: HAProxy's group (global `group`)",
+           "the user's own group"),
     Option("haproxy", "", "a program", "the binary for `haproxy -c -f` and `bin/stack`",
            "`haproxy` on PATH, else `/usr/sbin/haproxy`"),
     Option("run-directory", None, "a directory", "where the admin socket `haproxy.sock` is "
@@ -314,6 +321,11 @@ VARNISH = (
            "the exporter binary, with `metrics-address`"),
     Option("template", None, "a Jinja2 template", "the VCL template (the Ansible role renders it too)",
            "`varnish.vcl.j2` of this package's `templates/`"),
+    Option("jail", "none", ("unix", "none"),
+           "varnishd's jail when `bin/stack` starts it as root: `unix` runs the manager as Debian's "
+           "`varnish` and the cache process, which talks to clients, as `vcache` (`bin/stack start` "
+           "gives both search permission on the way to the VCL and working directory); `none` keeps "
+           "the user that starts it. `make build` as root sets `unix` with the service user"),
     Option("varnishd", "", "a program", "the binary for `varnishd -C` and `bin/stack`",
            "`varnishd` on PATH, else `/usr/sbin/varnishd`"),
 )

@@ -159,6 +159,9 @@ class Recipe:
                 # varnishstat -n <workdir> / varnishadm -n <workdir> read this instance.
                 "workdir": varnish["workdir"],
                 "purge_acl": varnish["purge-acl"].split(),
+                # The users varnishd's unix jail runs as (none: empty), and the VCL they read.
+                "jail_users": varnish.get("jail-users", "").split(),
+                "vcl": varnish["vcl"],
             }
             processes.append({
                 "name": cache_part,
@@ -424,7 +427,8 @@ def contract(*, haproxy, clients, part="stack", processes=(), run_dir="", log_di
     (``user``; ``processes`` that run as it when bin/stack runs as root; ``directories`` and
     ``files`` it owns; ``readable`` files it must read; ``writable`` files in root's
     directories it must write, made empty when missing; ``reach``: paths it must be able to
-    reach). The A/B tool's keys come from ``rules.ab_contract``, which the Ansible
+    reach). ``cache`` has ``jail_users``, the users varnishd's unix jail runs as (empty
+    without it), and ``vcl``, the VCL they read. The A/B tool's keys come from ``rules.ab_contract``, which the Ansible
     role's abtest.json uses too.
 
     Returns a JSON-able dict; raises KeyError when ``haproxy`` lacks a variable named
@@ -578,6 +582,23 @@ def prepare_service(config, say=None):
         access.grant_search(user, service["reach"], "it runs ZEO and the ZEO clients from this build", say)
     except (access.AccessError, OSError) as exc:
         raise StackError(f"service-user {user!r}: {exc}") from exc
+
+
+def prepare_jail(config, say=None):
+    """As root with varnishd in a ``unix`` jail (the cache's ``jail_users``): give each of
+    those users search permission on the way to the VCL and the working directory
+    (:func:`access.grant_search`; a checkout under a mode-0700 directory stops them there).
+    Does nothing else, and nothing when not root or without such a jail. ``say``: prints
+    what it granted (default print). Raises StackError when a user cannot reach them."""
+    cache = config.get("cache") or {}
+    if os.geteuid() != 0 or not cache.get("jail_users"):
+        return
+    for user in cache["jail_users"]:
+        try:
+            access.grant_search(user, [cache["workdir"], cache["vcl"]], "varnishd's jail runs as it",
+                                say or (lambda line: print(line, flush=True)))
+        except (access.AccessError, OSError, KeyError) as exc:
+            raise StackError(f"varnish jail user {user!r}: {exc}") from exc
 
 
 #: The first bytes of a FileStorage (ZODB._compat.FILESTORAGE_MAGIC, FileStorage's
@@ -817,6 +838,7 @@ def start_stage(config, procs, timeout):
     import xmlrpc.client
 
     prepare_service(config)  # before supervisord opens a log: the log directory's mode first
+    prepare_jail(config)
     rpc = ensure_supervisord(config)
     started = time.monotonic()
     waiting = {}  # name -> (proc, the PID it got, once seen)

@@ -12,11 +12,14 @@ docs/recipe.md's table is generated from it).
 Output: ``parts/<name>/varnish.vcl``, written only after ``varnishd -C`` compiled it (a
 rejected VCL raises ``zc.buildout.UserError`` with varnish's message), and the option
 ``argv``: the ``varnishd`` command line ``bin/stack`` runs (``shlex`` quoting; foreground,
-working directory ``var/<name>``, ``-j none``: varnishd runs as the user who runs
-``bin/stack``, like HAProxy and Zope in this stack, and needs no access for Debian's
-``varnish`` user to the checkout; the Ansible role runs it with Debian's default jail).
+working directory ``var/<name>``, ``-j <jail>``: with ``none`` varnishd runs as the user who
+runs ``bin/stack``; with ``unix``, started as root, its manager runs as Debian's ``varnish``
+and its cache process, the one that talks to clients, as ``vcache``, as the Ansible role
+runs it), and ``jail-users``: the users the jail runs as (empty with ``none``), whom
+``bin/stack start`` gives search permission on the way to the VCL and the working directory.
 """
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -27,6 +30,7 @@ import zc.buildout
 
 from plonedeploy.recipe.optiontables import INSTANCE, VARNISH, DeclaredOptions, default_of
 from plonedeploy.recipe.options import (
+    check_choice,
     fail,
     find_program,
     parse_http_address,
@@ -69,6 +73,11 @@ def template_context(part, backend, purge_networks, cookie_allowlist=DEFAULT_COO
         "cookie_allowlist": list(cookie_allowlist),
         "health_path": HEALTH_PATH,
     }
+
+
+#: Who varnishd's ``unix`` jail runs as: the manager, then the cache process (Debian's
+#: package makes both; varnishd's own defaults).
+JAIL_USERS = ("varnish", "vcache")
 
 
 def find_varnishd(configured=None):
@@ -134,7 +143,15 @@ class Recipe:
         options["workdir"] = os.path.join(directory, "var", name)
         options["binary"] = find_varnishd(opts.get("varnishd"))
         options["url"] = "http://%s:%s" % self.binds[0]
-        argv = [options["binary"], "-F", "-j", "none", "-n", options["workdir"], "-f", options["vcl"],
+        jail = check_choice(name, "jail", opts.setdefault("jail").strip(), ("unix", "none"))
+        options["jail-users"] = " ".join(JAIL_USERS) if jail == "unix" else ""
+        for user in options["jail-users"].split():
+            try:
+                pwd.getpwnam(user)
+            except KeyError:
+                fail(name, "jail", jail, f"none, or unix with the users {' and '.join(JAIL_USERS)}, which "
+                     f"Debian's varnish package makes (make system); {user!r} does not exist")
+        argv = [options["binary"], "-F", "-j", jail, "-n", options["workdir"], "-f", options["vcl"],
                 "-s", f"malloc,{size}"]
         for host, port in self.binds:
             argv += ["-a", f"{host}:{port}"]
