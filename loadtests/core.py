@@ -279,6 +279,14 @@ def zeo_server(config):
     return config["zeo_address"], config["blob_storage"]
 
 
+def service_user(config):
+    """The stack's service user (stack.json's ``service``), or ``""`` without one: what a
+    tool that builds more ZEO clients of the stack's ZEO server gives them as
+    ``service-user``, so that, started as root, they write the shared blob directory as the
+    ZEO server's own user (plonedeploy.runtime.access.become)."""
+    return (config.get("service") or {}).get("user", "")
+
+
 def render_haproxy(config, **changes):
     """Text of an HAProxy config for a variant of the stack: the project's template
     (``haproxy_template`` of stack.json, the recipe's templates/haproxy.cfg.j2) rendered with the variables

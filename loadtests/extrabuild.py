@@ -31,15 +31,20 @@ BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
 TAIL = 3000
 
 
-def config(work_dir, extends, parts, sections, comment):
-    """Text of the extra buildout's config: the common ``[buildout]`` header, then ``sections``.
+def config(work_dir, extends, parts, sections, comment, service=None):
+    """Text of the extra buildout's config: the common ``[buildout]`` header, then
+    ``sections``, then the deployed stack's ``[service]`` users.
 
     ``work_dir``: absolute directory of the build (``.installed.cfg``, ``parts/``, ``bin/``,
     ``develop-eggs/``); ``extends``: path of the stack's config (``local.cfg`` or
     ``buildout.cfg``); ``parts``: list of part names to install; ``sections``: list of
     lines (the part sections, blank lines between them included); ``comment``: one line
-    saying who generated the file, without the ``#``.
-    Returns a ``str`` of ``\\n``-joined lines (no trailing newline).
+    saying who generated the file, without the ``#``; ``service``: the ``[service]``
+    options (``{"user": ..., "balancer-user": ...}``), default :func:`deployed_service`.
+    The stack's build may have set them on bin/buildout's command line (make build does),
+    which an extended config does not carry: without them, clients made ``<= instance``
+    would run as root beside a ZEO server run as the service user. Returns a ``str`` of
+    ``\\n``-joined lines (no trailing newline).
     """
     lines = [
         f"# {comment}",
@@ -53,7 +58,22 @@ def config(work_dir, extends, parts, sections, comment):
         "parts = " + " ".join(parts),
         "",
     ]
-    return "\n".join(lines + list(sections))
+    service = deployed_service() if service is None else service
+    tail = ["", "[service]"] + [f"{key} = {value}" for key, value in service.items()] if service else []
+    return "\n".join(lines + list(sections) + tail)
+
+
+def deployed_service():
+    """The ``[service]`` options the checkout's stack was built with, read back from its
+    stack.json: ``{"user": the ZEO server's and clients' user, "balancer-user": HAProxy's}``
+    (empty values: none); ``{}`` without a build."""
+    from loadtests import core
+
+    try:
+        stack = core.load_stack()
+    except core.NotReady:
+        return {}
+    return {"user": core.service_user(stack), "balancer-user": stack.get("haproxy_context", {}).get("user", "")}
 
 
 def checkout_header(extends, parts=None, comment=None, develop_eggs=None):

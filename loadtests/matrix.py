@@ -77,7 +77,8 @@ from loadtests import extrabuild, haproxy_stats, matrix_plan, matrix_report, mat
 from loadtests.balancers import BalancerError, TemporaryBalancer
 from loadtests.core import (ROOT, add_counts_argument, add_run_arguments, add_stack_arguments,
                             exits_2_when_not_ready, load_stack, new_parser, parse_counts, raise_fd_limit,
-                            require_wrk, run_wrk, running_zeo_server, stack_pids, wait_tree_idle, zeo_server)
+                            require_wrk, run_wrk, running_zeo_server, service_user, stack_pids, wait_tree_idle,
+                            zeo_server)
 from loadtests.matrix_measure import MATRIX_PATHS, measure
 from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED
 from plonedeploy.recipe.stack import StackError
@@ -316,7 +317,7 @@ def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo,
     t0 = time.monotonic()
     print(f"building {len(pairs)} parts in {args.build} ...", flush=True)
     try:
-        matrix_servers.build(args.build, pairs, ports, zeo, blobs)
+        matrix_servers.build(args.build, pairs, ports, zeo, blobs, service_user(config))
     except RuntimeError as exc:
         print(str(exc), file=sys.stderr)
         return 2

@@ -51,17 +51,18 @@ def hello_ini(directory, part):
     return os.path.join(os.path.abspath(directory), "parts", part_name(part), "etc", "hello.ini")
 
 
-def build(directory, parts, ports, zeo_address, blob_storage):
+def build(directory, parts, ports, zeo_address, blob_storage, service_user=""):
     """Build ``parts`` in ``directory`` (:func:`loadtests.serverbuild.build_parts`): base
     parts with ``hello-address`` on their hello port (the recipe writes :func:`hello_ini`),
-    sendfile-off parts with ``blob-sendfile = off``. Returns the seconds buildout ran;
+    sendfile-off parts with ``blob-sendfile = off``; ``service_user``: the stack's
+    (:func:`loadtests.core.service_user`), who the parts run as when root starts them. Returns the seconds buildout ran;
     raises RuntimeError with the tail of its output when it fails."""
     options = {}
     for part in parts:
         lines = f"hello-address = 127.0.0.1:{ports[part][1]}\n" if has_hello(part) else ""
         options[part_name(part)] = lines + ("" if part.sendfile else "blob-sendfile = off\n")
     return serverbuild.build_parts(directory, [(part_name(p), p.server, ports[p][0], p.threads) for p in parts],
-                                   zeo_address, blob_storage, part_options=options)
+                                   zeo_address, blob_storage, part_options=options, service_user=service_user)
 
 
 def run_config(directory, parts, ports, hello=True):

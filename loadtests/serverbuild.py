@@ -7,7 +7,9 @@ Used by tests/test_recipe_buildout.py (does every server render and build?),
 tests/test_servers.py (does every server serve Zope?); the matrix builds its parts with
 :func:`build_parts` (loadtests/matrix_servers.py). The parts of :func:`build` are named
 ``c_<server>``, one port each from ``base_port`` on, in the order of
-``options.SERVERS``; all are ZEO clients of ``zeo_address`` with a shared blob directory.
+``options.SERVERS``; all are ZEO clients of ``zeo_address`` with a shared blob directory,
+run as ``service_user`` (the stack's, :func:`loadtests.core.service_user`) when root starts
+them, but the mod_wsgi part, whose runner drops to its ``run-as`` itself.
 Built by :func:`loadtests.extrabuild.build`; :func:`run_config` describes the clients for
 :func:`loadtests.extrabuild.start` and ``stop``.
 """
@@ -27,6 +29,7 @@ zeo-address = {zeo_address}
 shared-blob = on
 blob-storage = {blob_storage}
 zodb-cache-size = 30000
+service-user = {service_user}
 {client_options}"""
 
 PART = """
@@ -42,15 +45,16 @@ def ports(base_port):
     return {server: base_port + i for i, server in enumerate(SERVERS)}
 
 
-def build(directory, base_port, zeo_address, blob_storage, timeout=600):
+def build(directory, base_port, zeo_address, blob_storage, timeout=600, service_user=""):
     """Write ``directory/buildout.cfg`` with a ``c_<server>`` part per server and build it
     (:func:`build_parts`). Returns the seconds buildout ran; its output is in
     ``directory/buildout.log``. Raises RuntimeError with the output's tail when it fails."""
     parts = [(f"c_{s}", s, p, None) for s, p in ports(base_port).items()]
-    return build_parts(directory, parts, zeo_address, blob_storage, timeout)
+    return build_parts(directory, parts, zeo_address, blob_storage, timeout, service_user=service_user)
 
 
-def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client_options="", part_options=None):
+def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client_options="", part_options=None,
+                service_user=""):
     """Write ``directory/buildout.cfg`` with the ZEO client ``parts`` and build it with
     :func:`loadtests.extrabuild.build` (the one builder of the load tools).
 
@@ -59,16 +63,20 @@ def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client
     (:func:`loadtests.core.zeo_server`); ``client_options``: more ``key = value`` lines
     (text, newline-terminated) for every part, e.g. a ``metrics-address`` (then build one
     part only: each needs its own, or give it per part); ``part_options``: ``{part name: such
-    lines}`` for one part each (the matrix's ``hello-address``). Returns the seconds buildout ran; its output is in
+    lines}`` for one part each (the matrix's ``hello-address``); ``service_user``: the
+    clients' ``service-user`` (empty: none), not for mod_wsgi (tests/test_servers.py checks
+    its runner's own drop to ``run-as`` from a closed checkout). Returns the seconds buildout ran; its output is in
     ``directory/buildout.log``. Raises RuntimeError (config, log, output's tail) when it
     fails, ``subprocess.TimeoutExpired`` after ``timeout`` seconds.
     """
     text = extrabuild.checkout_header(os.path.join(ROOT, "versions.cfg"), [name for name, _, _, _ in parts])
-    text += CLIENT.format(zeo_address=zeo_address, blob_storage=blob_storage, client_options=client_options)
+    text += CLIENT.format(zeo_address=zeo_address, blob_storage=blob_storage, client_options=client_options,
+                          service_user=service_user)
     for name, server, port, threads in parts:
+        own = "service-user =\n" if server == "mod_wsgi" else ""
         text += PART.format(name=name, server=server, port=port,
                             threads="" if threads is None else f"threads = {threads}\n",
-                            options=(part_options or {}).get(name, ""))
+                            options=own + (part_options or {}).get(name, ""))
     return extrabuild.build(os.path.abspath(directory), text, f"buildout of {len(parts)} ZEO client part(s)",
                             timeout)
 

@@ -382,6 +382,7 @@ def servers_build(tmp_path_factory):
     test that uses it, with the tail of buildout's output.
     """
     from loadtests import serverbuild
+    from loadtests.core import service_user
 
     described = Stack() if os.path.exists(STACK_JSON) else None
     if described and "zeoserver" in described.ports:
@@ -390,8 +391,11 @@ def servers_build(tmp_path_factory):
     else:
         zeo_address, base_port = "127.0.0.1:18100", 18083
     directory = tmp_path_factory.mktemp("servers")
+    # As root, the clients drop to the stack's service user, as its own do (but mod_wsgi).
+    user = service_user(described.config) if described else ""
     try:
-        serverbuild.build(directory, base_port, zeo_address, os.path.join(ROOT, "var", "blobstorage"))
+        serverbuild.build(directory, base_port, zeo_address, os.path.join(ROOT, "var", "blobstorage"),
+                          service_user=user)
     except RuntimeError as exc:
         pytest.fail(f"servers_build: {exc}")
     return directory, serverbuild.ports(base_port), (directory / "buildout.log").read_text()
