@@ -49,12 +49,18 @@ MULTIHOST_STORAGE ?= zeo
 BUILDOUT_CFG_zeo := buildout.cfg
 BUILDOUT_CFG_relstorage := relstorage.cfg
 BUILDOUT_CFG = $(or $(BUILDOUT_CFG_$(STORAGE)),$(error STORAGE=$(STORAGE) is invalid: expected zeo or relstorage))
-# Who runs the ZEO server and the ZEO clients when bin/stack runs as root ([stack] service-user,
-# docs/operations.md "Users"): make build SERVICE_USER=plonedeploy (as root) creates this
-# system user (once) and builds with it. Empty by default for now: a ZEO client started as
-# root (make site's bin/instance run, the load tools' extra clients) writes blobs into the
-# shared blob directory that the ZEO server, run as that user, cannot then chmod (issue 26).
-SERVICE_USER ?=
+# Who runs the ZEO server and the ZEO clients when bin/stack runs as root ([service] user of
+# buildout.cfg, which [stack] and every client read; docs/operations.md "Users"): as root,
+# plonedeploy, a system user make service-user creates once; not root, empty: everything runs
+# as the invoking user, unchanged. Every ZEO client's script (bin/instance run for make site,
+# the load tools' extra clients) drops to it when root starts it, so the blobs it writes are
+# the ZEO server's user's. SERVICE_USER= (empty) builds without it: everything as root, with
+# a warning from bin/stack. BALANCER_USER: who HAProxy runs as after binding its ports
+# (Debian's haproxy, which make system's package makes), and VARNISH_JAIL: unix (varnishd's
+# cache process as Debian's vcache), both with a service user only.
+SERVICE_USER ?= $(if $(filter 0,$(shell id -u)),plonedeploy)
+BALANCER_USER ?= $(if $(SERVICE_USER),haproxy)
+VARNISH_JAIL ?= $(if $(SERVICE_USER),unix,none)
 
 .PHONY: demo test multihost blobbench headline matrix storagebench system service-user venv ansible-venv build start site status ab stop pins clean
 
@@ -105,7 +111,8 @@ build: venv $(BUILDOUT_VENV)/.installed service-user
 	  $(BUILDOUT_VENV)/bin/python scripts/fetch_eggs.py --cache $(DOWNLOAD_CACHE) --eggs-directory eggs/v5 && \
 	  fetched=$$(date +%s) && \
 	  $(BUILDOUT_VENV)/bin/buildout -c $(BUILDOUT_CFG) buildout:download-cache=$(DOWNLOAD_CACHE) buildout:install-from-cache=true \
-	    stack:service-user=$(SERVICE_USER) && \
+	    service:user=$(SERVICE_USER) service:balancer-user=$(BALANCER_USER) \
+	    service:varnish-jail=$(VARNISH_JAIL) && \
 	  mkdir -p var && echo "$(abspath $(BUILDOUT_CFG))" > var/buildout-config && \
 	  echo "build finished in $$(( $$(date +%s) - start )) s (fetch_eggs $$(( fetched - start )) s, bin/buildout $$(( $$(date +%s) - fetched )) s)"
 
