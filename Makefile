@@ -17,7 +17,9 @@
 #            MATRIX_ARGS (passed to python -m loadtests matrix, e.g. MATRIX_ARGS="--quick" or "--resume var/reports/matrix-<ts>").
 #            STORAGEBENCH_ARGS (passed to python -m loadtests storage, e.g. STORAGEBENCH_ARGS="--rounds 1 --paths /Plone,write").
 #            STORAGE (zeo or relstorage: the config make build uses, buildout.cfg or relstorage.cfg),
-#            MULTIHOST_STORAGE (zeo or relstorage: the storage make multihost deploys).
+#            MULTIHOST_STORAGE (zeo or relstorage: the storage make multihost deploys),
+#            SERVICE_USER (who runs ZEO and the ZEO clients when started as root: plonedeploy as
+#            root, empty otherwise; SERVICE_USER= runs everything as root), BALANCER_USER, VARNISH_JAIL.
 
 PYTHON ?= python3
 # .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/pins.md)
