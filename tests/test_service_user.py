@@ -90,6 +90,7 @@ def test_root_without_service_user_is_warned(tmp_path):
     assert stack_module.ROOT_WARNING.format(part="stack") in result.stderr
 
 
+@pytest.mark.integration
 def test_no_service_runs_as_root(stack):
     """ZEO, every Zope client (each process of its tree), HAProxy (bin/stack runs it with
     -db: one process, no master, so all of it) and varnishd's cache process run with no
@@ -122,6 +123,7 @@ def test_no_service_runs_as_root(stack):
             assert 0 not in uids and uids[1] == pwd.getpwnam("vcache").pw_uid, (process.pid, process.name(), uids)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path", ["bin", "bin/instance", "parts", "parts/instance/etc/zope.conf",
                                   "parts/stack/stack.json", "eggs", "buildout.cfg", "var"])
 def test_service_user_cannot_write_the_build(stack, path):
@@ -138,6 +140,7 @@ def test_service_user_cannot_write_the_build(stack, path):
     assert readable.returncode == 0, f"{user.pw_name} cannot even read {target}"  # runuser itself works
 
 
+@pytest.mark.integration
 def test_service_user_writes_its_data(stack):
     """The other side of test_service_user_cannot_write_the_build: the same check passes
     for what the service user owns (Data.fs, the blob directory, a client's log)."""
@@ -150,6 +153,7 @@ def test_service_user_writes_its_data(stack):
         assert os.stat(target).st_uid == user.pw_uid, target
 
 
+@pytest.mark.integration
 def test_client_script_run_by_root_drops_and_writes_blobs_as_the_service_user(stack):
     """``bin/instance run`` started by root (as make site is) runs Zope as the service
     user, and a blob it commits into the shared blob directory is that user's: the ZEO
