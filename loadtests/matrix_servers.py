@@ -55,8 +55,9 @@ def build(directory, parts, ports, zeo_address, blob_storage, service_user=""):
     """Build ``parts`` in ``directory`` (:func:`loadtests.serverbuild.build_parts`): base
     parts with ``hello-address`` on their hello port (the recipe writes :func:`hello_ini`),
     sendfile-off parts with ``blob-sendfile = off``; ``service_user``: the stack's
-    (:func:`loadtests.core.service_user`), who the parts run as when root starts them. Returns the seconds buildout ran;
-    raises RuntimeError with the tail of its output when it fails."""
+    (:func:`loadtests.core.service_user`), who the parts run as when root starts them.
+    Returns the seconds buildout ran; raises RuntimeError with the tail of its output when
+    it fails."""
     options = {}
     for part in parts:
         lines = f"hello-address = 127.0.0.1:{ports[part][1]}\n" if has_hello(part) else ""

@@ -343,6 +343,36 @@ def varnish_part(**options):
     return "parts += varnish\n[varnish]\n" + "".join(f"{k} = {v}\n" for k, v in values.items())
 
 
+def test_service_users_wired_into_scripts_haproxy_and_varnish(tmp_path):
+    """The users buildout.cfg's [service] names (make build sets them as root), here nobody
+    for ZEO and the clients: every client's bin/<part> and interpreter drop to it first (its
+    own directories and logs in the layout they hand over), stack.json says what it runs
+    and owns, HAProxy's global drops to haproxy, varnishd runs in the unix jail."""
+    extra = (varnish_part(jail="unix") + "[haproxy]\ntls-bind = 127.0.0.1:18443\ncache = varnish\nuser = haproxy\n"
+             "[stack]\ncache = varnish\nservice-user = nobody\n"
+             "[zeoserver]\npid-file = ${buildout:directory}/var/zeoserver/zeoserver.pid\n"
+             "[instance]\nservice-user = nobody\n")
+    result = buildout(tmp_path, extra)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for part in ("instance", "client2", "uploads"):
+        for script in (tmp_path / "bin" / part, tmp_path / "parts" / part / "bin" / "interpreter"):
+            text = script.read_text()
+            drop = text.index("from plonedeploy.runtime.access import become\nbecome('nobody', {")
+            assert drop > text.index("sys.path[0:0]"), script
+            assert "import plone.recipe.zope2instance.ctl" not in text or \
+                drop < text.index("import plone.recipe.zope2instance.ctl"), script
+            assert f"'{tmp_path}/var/{part}'" in text and f"'{tmp_path}/var/log/{part}-access.log'" in text, script
+    stack = json.loads((tmp_path / "parts" / "stack" / "stack.json").read_text())
+    assert stack["service"]["user"] == "nobody"
+    assert stack["service"]["processes"] == ["zeoserver", "instance", "client2", "uploads"]
+    assert stack["service"]["writable"] == [f"{tmp_path}/var/admin-password"]
+    assert stack["haproxy_context"]["user"] == stack["haproxy_context"]["group"] == "haproxy"
+    assert "\n    user haproxy\n    group haproxy\n" in (tmp_path / "parts" / "haproxy" / "haproxy.cfg").read_text()
+    assert stack["cache"]["jail_users"] == ["varnish", "vcache"]
+    argv = next(p["argv"] for p in stack["processes"] if p["name"] == "varnish")
+    assert argv[argv.index("-j") + 1] == "unix"
+
+
 def test_cache_tier_wired_into_haproxy_and_stack(tmp_path):
     """[varnish] renders a VCL varnishd accepted; [haproxy] cache sends TLS GETs to it and
     binds its backend; bin/stack starts varnishd between the clients and HAProxy."""
@@ -392,6 +422,15 @@ BAD = [
      "creates 'plonedeploy'"),
     ("[stack]\nservice-user = root\n",
      "[stack] service-user = 'root' is invalid: expected a system user other than root"),
+    ("[client2]\nservice-user = nobody\n",
+     "[client2] service-user = 'nobody' is invalid: expected '', the [stack] service-user (bin/client2 runs "
+     "as that user when root starts it"),
+    ("[instance]\nservice-user = root\n",
+     "[instance] service-user = 'root' is invalid: expected a system user other than root"),
+    ("[haproxy]\nuser = no-such-user-pd\n",
+     "[haproxy] user = 'no-such-user-pd' is invalid: expected an existing system user such as haproxy"),
+    ("[haproxy]\nuser = root\n", "[haproxy] user = 'root' is invalid: expected a system user other than root"),
+    (varnish_part(jail="chroot"), "[varnish] jail = 'chroot' is invalid: expected one of: unix, none"),
     ("[stack]\nclients = client2 instance\n",
      "[stack] clients = 'client2 instance' is invalid: expected the [haproxy] part's backends in their "
      "order, 'instance client2'"),
