@@ -9,7 +9,7 @@ tests/test_servers.py (does every server serve Zope?); the matrix builds its par
 ``c_<server>``, one port each from ``base_port`` on, in the order of
 ``options.SERVERS``; all are ZEO clients of ``zeo_address`` with a shared blob directory,
 run as ``service_user`` (the stack's, :func:`loadtests.core.service_user`) when root starts
-them, but the mod_wsgi part, whose runner drops to its ``run-as`` itself.
+them: the blob directory is that user's alone (mod_wsgi's Apache too runs as it then).
 Built by :func:`loadtests.extrabuild.build`; :func:`run_config` describes the clients for
 :func:`loadtests.extrabuild.start` and ``stop``.
 """
@@ -64,8 +64,7 @@ def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client
     (text, newline-terminated) for every part, e.g. a ``metrics-address`` (then build one
     part only: each needs its own, or give it per part); ``part_options``: ``{part name: such
     lines}`` for one part each (the matrix's ``hello-address``); ``service_user``: the
-    clients' ``service-user`` (empty: none), not for mod_wsgi (tests/test_servers.py checks
-    its runner's own drop to ``run-as`` from a closed checkout). Returns the seconds buildout ran; its output is in
+    clients' ``service-user`` (empty: none). Returns the seconds buildout ran; its output is in
     ``directory/buildout.log``. Raises RuntimeError (config, log, output's tail) when it
     fails, ``subprocess.TimeoutExpired`` after ``timeout`` seconds.
     """
@@ -73,10 +72,9 @@ def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client
     text += CLIENT.format(zeo_address=zeo_address, blob_storage=blob_storage, client_options=client_options,
                           service_user=service_user)
     for name, server, port, threads in parts:
-        own = "service-user =\n" if server == "mod_wsgi" else ""
         text += PART.format(name=name, server=server, port=port,
                             threads="" if threads is None else f"threads = {threads}\n",
-                            options=own + (part_options or {}).get(name, ""))
+                            options=(part_options or {}).get(name, ""))
     return extrabuild.build(os.path.abspath(directory), text, f"buildout of {len(parts)} ZEO client part(s)",
                             timeout)
 

@@ -391,7 +391,7 @@ def servers_build(tmp_path_factory):
     else:
         zeo_address, base_port = "127.0.0.1:18100", 18083
     directory = tmp_path_factory.mktemp("servers")
-    # As root, the clients drop to the stack's service user, as its own do (but mod_wsgi),
+    # As root, the clients drop to the stack's service user, as its own do,
     # which must read their build: pytest makes the directory 0700 (its parents, which the
     # user only passes through, get search permission from the clients' scripts).
     os.chmod(directory, 0o755)
