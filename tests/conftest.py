@@ -198,6 +198,28 @@ def while_loaded(url, action, threads=4, send=None, expect=200, log=None, rate=N
     return result, seconds, done[0], failures
 
 
+def give_to_service_user(stack, directory):
+    """Hand ``directory`` (where a test wrote its copy of one of the stack's ZEO clients:
+    wsgi.ini, zope.conf, logs) to the stack's service user when root runs the tests: the
+    copy's script drops to that user (plonedeploy.runtime.access.become), which must read
+    those files and write its logs there, while pytest makes ``tmp_path`` 0700 under a
+    0700 /tmp/pytest-of-root. The user gets search permission on the way and owns the
+    directory's tree. Does nothing when not root or without a service user. Returns the
+    user's name, or "" when it did nothing."""
+    import pwd
+
+    from loadtests.core import service_user
+    from plonedeploy.runtime import access
+
+    user = service_user(stack.config)
+    if not user or os.geteuid() != 0:
+        return ""
+    entry = pwd.getpwnam(user)
+    access.grant_search(user, [str(directory)], "a test's copy of a ZEO client runs as it", lambda line: None)
+    access.own(entry.pw_uid, entry.pw_gid, directories=[str(directory)])
+    return user
+
+
 def stop_group(proc, timeout=60):
     """Stop ``proc`` (a Popen started with ``start_new_session=True``) and its process group:
     SIGTERM, then SIGKILL after ``timeout`` seconds. Returns True if SIGKILL was needed."""

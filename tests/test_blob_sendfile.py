@@ -27,7 +27,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import ROOT, STACK_JSON, Stack, stop_group
+from conftest import ROOT, STACK_JSON, Stack, give_to_service_user, stop_group
 from loadtests.attacks import abort_download
 from loadtests.core import free_local_port
 from unavailable import unavailable
@@ -245,6 +245,7 @@ def pyruvate_without_filter(stack, tmp_path):
     assert "blobsendfile" not in pipeline and "metrics" not in pipeline and pipeline[-1] == "zope", pipeline
     assert ini["server:main"]["use"] == "egg:pyruvate#main"
     (tmp_path / "wsgi.ini").write_text(text)
+    give_to_service_user(stack, tmp_path)  # the interpreter drops to it, then reads wsgi.ini
     with open(tmp_path / "client.log", "wb") as log:
         proc = subprocess.Popen(command[:-1] + [str(tmp_path / "wsgi.ini")], cwd=tmp_path, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

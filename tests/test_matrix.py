@@ -169,10 +169,12 @@ def test_hello_servers_are_the_recipes_hello_address(tmp_path, monkeypatch):
     hello process serves that file."""
     built = {}
     monkeypatch.setattr(matrix_servers.serverbuild, "build_parts",
-                        lambda directory, parts, zeo, blobs, part_options: built.update(parts=parts, options=part_options) or 7.0)
+                        lambda directory, parts, zeo, blobs, part_options, service_user:
+                        built.update(parts=parts, options=part_options, user=service_user) or 7.0)
     parts = [Part("pyruvate", 2), Part("waitress", 1), Part("waitress", 1, False), Part("waitress", 1, True, 2)]
     ports = matrix_servers.assign_ports(parts, 9510)
-    assert matrix_servers.build(str(tmp_path), parts, ports, "127.0.0.1:8100", "/blobs") == 7.0
+    assert matrix_servers.build(str(tmp_path), parts, ports, "127.0.0.1:8100", "/blobs", "plonedeploy") == 7.0
+    assert built["user"] == "plonedeploy"  # the parts run as the stack's service user
     assert built["parts"] == [("m_pyruvate_t2", "pyruvate", 9510, 2), ("m_waitress_t1", "waitress", 9512, 1),
                               ("m_waitress_t1_off", "waitress", 9514, 1), ("m_waitress_t1_r2", "waitress", 9516, 1)]
     assert built["options"] == {"m_pyruvate_t2": "hello-address = 127.0.0.1:9511\n",

@@ -22,7 +22,7 @@ import uuid
 import pytest
 import requests
 
-from conftest import ROOT, admin_auth, port_taken, stop_group
+from conftest import ROOT, admin_auth, give_to_service_user, port_taken, stop_group
 from loadtests.core import free_local_port, render_haproxy
 
 pytestmark = pytest.mark.integration
@@ -91,6 +91,7 @@ def test_a_post_killed_after_commit_is_not_committed_twice(stack, tmp_path):
     auth = admin_auth()
     port, front, stats = free_local_port(), free_local_port(), free_local_port()
     argv = _killer_client(tmp_path, port)
+    give_to_service_user(stack, tmp_path)  # the copy drops to it: reads its files, writes home/
     log = str(tmp_path / "killer.log")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     client = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env,
