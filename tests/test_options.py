@@ -1,6 +1,5 @@
 """Unit tests of the recipe's validation and rendering rules (no build needed)."""
 import configparser
-import json
 import os
 import re
 import shutil
@@ -8,7 +7,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import traceback
 
 import pytest
 import zc.buildout
@@ -501,45 +499,30 @@ def test_become_gives_the_client_its_files_then_drops_for_good():
         layout = {"directories": [home], "files": [os.path.join(logs, "client.log"),
                                                   os.path.join(logs, "client-access.log")],  # missing
                   "readable": [], "reach": [home]}
-        reader, writer = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: become nobody, report what it is, try what it may and may not
-            status = 1
+        def as_nobody():  # in a forked child: become nobody, report what it is, try what it may and may not
+            # Only the test's paths to reach: not the interpreter's (under /root here),
+            # which would give nobody search permission there for good.
+            sys.path[:], sys.executable = [], "/usr/bin/python3"
+            access.become("nobody", layout)
+            with open(os.path.join(home, "Z4.pid"), "w") as fp:
+                fp.write("1")
+            with open(os.path.join(logs, "client-access.log"), "a") as fp:
+                fp.write("a line\n")
             try:
-                os.close(reader)
-                # Only the test's paths to reach: not the interpreter's (under /root here),
-                # which would give nobody search permission there for good.
-                sys.path[:], sys.executable = [], "/usr/bin/python3"
-                access.become("nobody", layout)
-                with open(os.path.join(home, "Z4.pid"), "w") as fp:
-                    fp.write("1")
-                with open(os.path.join(logs, "client-access.log"), "a") as fp:
-                    fp.write("a line\n")
-                try:
-                    open(root_file, "a").close()
-                    wrote_root = True
-                except PermissionError:
-                    wrote_root = False
-                try:
-                    os.setuid(0)
-                    regained = True
-                except PermissionError:
-                    regained = False
-                os.write(writer, json.dumps({
-                    "uids": os.getresuid(), "gids": os.getresgid(), "groups": sorted(os.getgroups()),
+                open(root_file, "a").close()
+                wrote_root = True
+            except PermissionError:
+                wrote_root = False
+            try:
+                os.setuid(0)
+                regained = True
+            except PermissionError:
+                regained = False
+            return {"uids": os.getresuid(), "gids": os.getresgid(), "groups": sorted(os.getgroups()),
                     "umask": os.umask(0o027), "env": [os.environ.get(k) for k in ("HOME", "USER", "LOGNAME")],
-                    "wrote_root": wrote_root, "regained": regained}).encode())
-                status = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(status)
-        os.close(writer)
-        with os.fdopen(reader, "rb") as fp:
-            data = fp.read()
-        _, status = os.waitpid(pid, 0)
-        assert status == 0 and data, status  # the child's traceback is in the captured stderr
-        seen = json.loads(data)
+                    "wrote_root": wrote_root, "regained": regained}
+
+        seen = access.in_child(as_nobody)  # the child's traceback, if any, is in the captured stderr
         assert seen["uids"] == [user.pw_uid] * 3 and seen["gids"] == [user.pw_gid] * 3
         assert seen["groups"] == sorted(set(os.getgrouplist("nobody", user.pw_gid)))
         assert seen["umask"] == 0o027 and seen["env"] == [user.pw_dir, "nobody", "nobody"]

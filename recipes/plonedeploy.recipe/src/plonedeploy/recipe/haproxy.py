@@ -34,7 +34,6 @@ HAProxy's own message.
 import grp
 import json
 import os
-import pwd
 import shutil
 import subprocess
 
@@ -52,6 +51,7 @@ from plonedeploy.recipe.options import (
     parse_positive_int,
     parse_switch,
     render_template,
+    system_user,
     template_option,
     write_checked,
 )
@@ -219,13 +219,8 @@ class Recipe:
             if group:
                 fail(name, "group", group, "empty without user (the group of the user HAProxy drops to)")
             return "", ""
-        try:
-            entry = pwd.getpwnam(user)
-        except KeyError:
-            fail(name, "user", user, "an existing system user such as haproxy (Debian's haproxy package "
-                 "makes it; make system installs the package)")
-        if entry.pw_uid == 0:
-            fail(name, "user", user, "a system user other than root")
+        entry = system_user(name, "user", user, "an existing system user such as haproxy (Debian's haproxy "
+                            "package makes it; make system installs the package)")
         try:
             group_entry = grp.getgrnam(group) if group else grp.getgrgid(entry.pw_gid)
         except KeyError:

@@ -8,6 +8,7 @@ one readable line instead of a traceback.
 import importlib.resources
 import ipaddress
 import os
+import pwd
 import re
 import shutil
 import tempfile
@@ -66,6 +67,21 @@ def fail(part, option, value, allowed):
     raise zc.buildout.UserError(
         f"[{part}] {option} = {value!r} is invalid: expected {allowed}"
     )
+
+
+def system_user(part, option, user, hint):
+    """The ``pwd`` entry of system user ``user``, the value of ``option`` of ``part``: who a
+    service drops to (the ZEO server and clients' service-user, HAProxy's user). Raises
+    ``zc.buildout.UserError`` naming the option when the user does not exist (the message
+    ends with ``hint``: an existing user and how to make one) or is root (uid 0: dropping to
+    it drops nothing)."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        fail(part, option, user, hint)
+    if entry.pw_uid == 0:
+        fail(part, option, user, "a system user other than root (it is what the programs drop to)")
+    return entry
 
 
 def find_program(configured, defaults, missing):

@@ -77,7 +77,7 @@ import urllib.request
 import zc.buildout
 
 from plonedeploy.recipe import rolling, rules, varnish as varnish_rules
-from plonedeploy.recipe.options import fail, parse_http_address
+from plonedeploy.recipe.options import fail, parse_http_address, system_user
 from plonedeploy.recipe.optiontables import STACK, DeclaredOptions
 from plonedeploy.runtime import access
 
@@ -336,15 +336,9 @@ def service_layout(buildout, name, user, zeo_part, clients):
 def check_service_user(part, user):
     """The ``pwd`` entry of system user ``user``, option ``service-user`` of part ``part``
     (the stack's or a client's). Raises zc.buildout.UserError naming the option when the
-    user does not exist or is root."""
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        fail(part, "service-user", user, "an existing system user (make demo creates 'plonedeploy': "
-             "useradd --system --user-group --home-dir /nonexistent --shell /usr/sbin/nologin plonedeploy)")
-    if entry.pw_uid == 0:
-        fail(part, "service-user", user, "a system user other than root (it is what the programs drop to)")
-    return entry
+    user does not exist or is root (:func:`plonedeploy.recipe.options.system_user`)."""
+    return system_user(part, "service-user", user, "an existing system user (make demo creates 'plonedeploy': "
+                       "useradd --system --user-group --home-dir /nonexistent --shell /usr/sbin/nologin plonedeploy)")
 
 
 def client_layout(buildout, part, client):

@@ -36,37 +36,22 @@ class AccessError(Exception):
     change that; the message names the user, the path and what to do."""
 
 
-def _check_as(user, paths):
-    """``{path: None | ["enter", directory] | ["read", path]}`` for each of ``paths`` as
-    ``user`` (a ``pwd`` entry) sees them: the first directory on the way (the path itself
-    included, when it is a directory) it cannot search, else ``read`` when it cannot read
-    the path, else None. Runs the checks in a forked child that has become the user; only
-    root can fork one that changes user. Raises OSError when the child fails."""
-    gids = os.getgrouplist(user.pw_name, user.pw_gid)
+def in_child(function):
+    """``function()``'s result (JSON-able) as computed in a forked child of this process:
+    for what must run as another user (the child may drop its uid, the caller stays
+    who it is). The child sends the result as JSON through a pipe and exits without
+    cleanup. Raises OSError when the child fails (its traceback goes to stderr)."""
     reader, writer = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: become the user, look, report, exit without cleanup
+    if pid == 0:  # the child: run, report, exit without the parent's cleanup
         status = 1
         try:
             os.close(reader)
-            os.setgroups(gids)
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            result = {}
-            for path in paths:
-                result[path] = None
-                parts = os.path.abspath(path).split(os.sep)
-                for index in range(1, len(parts) + 1):
-                    directory = os.sep.join(parts[:index]) or os.sep
-                    if index == len(parts) and not os.path.isdir(directory):
-                        break
-                    if not os.access(directory, os.X_OK):
-                        result[path] = ["enter", directory]
-                        break
-                if result[path] is None and os.path.lexists(path) and not os.access(path, os.R_OK):
-                    result[path] = ["read", path]
-            os.write(writer, json.dumps(result).encode())
+            os.write(writer, json.dumps(function()).encode())
             status = 0
+        except BaseException:
+            import traceback
+            traceback.print_exc()
         finally:
             os._exit(status)
     os.close(writer)
@@ -74,8 +59,42 @@ def _check_as(user, paths):
         data = fp.read()
     _, status = os.waitpid(pid, 0)
     if status != 0 or not data:
-        raise OSError(f"checking access as {user.pw_name!r} failed (child status {status})")
+        raise OSError(f"the forked child failed (status {status})")
     return json.loads(data)
+
+
+def _check_as(user, paths):
+    """``{path: None | ["enter", directory] | ["read", path]}`` for each of ``paths`` as
+    ``user`` (a ``pwd`` entry) sees them: the first directory on the way (the path itself
+    included, when it is a directory) it cannot search, else ``read`` when it cannot read
+    the path, else None. Runs the checks in a forked child that has become the user
+    (:func:`in_child`); only root can fork one that changes user. Raises OSError when the
+    child fails."""
+    gids = os.getgrouplist(user.pw_name, user.pw_gid)
+
+    def look():
+        os.setgroups(gids)
+        os.setgid(user.pw_gid)
+        os.setuid(user.pw_uid)
+        result = {}
+        for path in paths:
+            result[path] = None
+            parts = os.path.abspath(path).split(os.sep)
+            for index in range(1, len(parts) + 1):
+                directory = os.sep.join(parts[:index]) or os.sep
+                if index == len(parts) and not os.path.isdir(directory):
+                    break
+                if not os.access(directory, os.X_OK):
+                    result[path] = ["enter", directory]
+                    break
+            if result[path] is None and os.path.lexists(path) and not os.access(path, os.R_OK):
+                result[path] = ["read", path]
+        return result
+
+    try:
+        return in_child(look)
+    except OSError as exc:
+        raise OSError(f"checking access as {user.pw_name!r} failed: {exc}") from exc
 
 
 def grant_search(user, paths, why, say=None):
