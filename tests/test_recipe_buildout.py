@@ -343,12 +343,15 @@ def varnish_part(**options):
     return "parts += varnish\n[varnish]\n" + "".join(f"{k} = {v}\n" for k, v in values.items())
 
 
-def test_service_users_wired_into_scripts_haproxy_and_varnish(tmp_path):
+def test_service_users_wired_into_scripts_haproxy_and_varnish(tmp_path, monkeypatch):
     """The users buildout.cfg's [service] names (make build sets them as root), here nobody
     for ZEO and the clients: every client's bin/<part> and interpreter drop to it first (its
     own directories and logs in the layout they hand over), stack.json says what it runs
-    and owns, HAProxy's global drops to haproxy, varnishd runs in the unix jail."""
-    extra = (varnish_part(jail="unix") + "[haproxy]\ntls-bind = 127.0.0.1:18443\ncache = varnish\nuser = haproxy\n"
+    and owns, HAProxy's global drops to haproxy, varnishd runs in the unix jail and its
+    exporter as varnishlog (supervisord's user= for each, when root starts the stack)."""
+    from plonedeploy.recipe import stack as stack_module
+
+    extra = (varnish_part(jail="unix", metrics_address="127.0.0.1:18689") + "[haproxy]\ntls-bind = 127.0.0.1:18443\ncache = varnish\nuser = haproxy\n"
              "[stack]\ncache = varnish\nservice-user = nobody\n"
              "[zeoserver]\npid-file = ${buildout:directory}/var/zeoserver/zeoserver.pid\n"
              "[instance]\nservice-user = nobody\n")
@@ -371,6 +374,11 @@ def test_service_users_wired_into_scripts_haproxy_and_varnish(tmp_path):
     assert stack["cache"]["jail_users"] == ["varnish", "vcache"]
     argv = next(p["argv"] for p in stack["processes"] if p["name"] == "varnish")
     assert argv[argv.index("-j") + 1] == "unix"
+    assert stack["cache"]["exporter_user"] == "varnishlog"
+    monkeypatch.setattr(stack_module.os, "geteuid", lambda: 0)  # who supervisord runs each as, as root
+    assert stack_module.service_users(stack) == {
+        "zeoserver": "nobody", "instance": "nobody", "client2": "nobody", "uploads": "nobody",
+        "varnish-exporter": "varnishlog"}
 
 
 def test_cache_tier_wired_into_haproxy_and_stack(tmp_path):

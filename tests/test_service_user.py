@@ -95,7 +95,7 @@ def test_no_service_runs_as_root(stack):
     """ZEO, every Zope client (each process of its tree), HAProxy (bin/stack runs it with
     -db: one process, no master, so all of it) and varnishd's cache process run with no
     uid 0 of real, effective and saved: ZEO and the clients as the service user, HAProxy
-    as its balancer user, the cache process as vcache."""
+    as its balancer user, the cache process as vcache, varnish's exporter as varnishlog."""
     _as_root()
     user = _service(stack)
     pids = stack.pids()
@@ -121,6 +121,11 @@ def test_no_service_runs_as_root(stack):
         for process in children:
             uids = _uids(process)
             assert 0 not in uids and uids[1] == pwd.getpwnam("vcache").pw_uid, (process.pid, process.name(), uids)
+        exporter = f"{cache['name']}-exporter"
+        if cache.get("metrics_url"):  # reads the jail's shared memory as Debian's varnishlog
+            assert cache["exporter_user"] == "varnishlog", cache
+            for process in _tree(pids[exporter]):
+                assert _uids(process) == [pwd.getpwnam("varnishlog").pw_uid] * 3, (process.pid, process.cmdline())
 
 
 @pytest.mark.integration

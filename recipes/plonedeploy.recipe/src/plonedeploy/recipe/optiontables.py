@@ -324,8 +324,9 @@ VARNISH = (
     Option("jail", "none", ("unix", "none"),
            "varnishd's jail when `bin/stack` starts it as root: `unix` runs the manager as Debian's "
            "`varnish` and the cache process, which talks to clients, as `vcache` (`bin/stack start` "
-           "gives both search permission on the way to the VCL and working directory); `none` keeps "
-           "the user that starts it. `make build` as root sets `unix` with the service user"),
+           "gives both search permission on the way to the VCL and working directory), and the "
+           "exporter of `metrics-address` as `varnishlog` (group `varnish`, which may read the "
+           "shared memory); `none` keeps the user that starts it. `make build` as root sets `unix` with the service user"),
     Option("varnishd", "", "a program", "the binary for `varnishd -C` and `bin/stack`",
            "`varnishd` on PATH, else `/usr/sbin/varnishd`"),
 )

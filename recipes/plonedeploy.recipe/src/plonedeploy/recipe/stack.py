@@ -177,7 +177,10 @@ class Recipe:
                     "argv": shlex.split(varnish["exporter-argv"]),
                     "ready": {"http": varnish["metrics-url"]},
                     "stage": len(clients) + len(upload_clients) + 2,
+                    # Who supervisord runs it as when root starts the stack (empty: root).
+                    "user": varnish.get("exporter-user", ""),
                 })
+                cache["exporter_user"] = varnish.get("exporter-user", "")
         hap = buildout[opts["haproxy"]]
         context = json.loads(hap["template-context"])
         for option, lane, key in (("clients", clients, "servers"), ("upload-clients", upload_clients, "upload_servers")):
@@ -515,12 +518,17 @@ ROOT_WARNING = ("bin/stack: warning: running as root without [{part}] service-us
 
 def service_users(config):
     """``{process name: user}`` for the processes that supervisord runs as another user:
-    the ``service`` processes of ``config`` when this process runs as root, else none
-    (supervisord started by anyone else cannot change user, and runs everything as that one)."""
-    service = config.get("service")
-    if not service or os.geteuid() != 0:
+    the ``service`` processes of ``config`` as its service user, and each process with a
+    ``user`` of its own (varnish's exporter as varnishlog), when this process runs as root;
+    else none (supervisord started by anyone else cannot change user, and runs everything
+    as that one)."""
+    if os.geteuid() != 0:
         return {}
-    return {name: service["user"] for name in service["processes"]}
+    users = {proc["name"]: proc["user"] for proc in config["processes"] if proc.get("user")}
+    service = config.get("service")
+    if service:
+        users.update({name: service["user"] for name in service["processes"]})
+    return users
 
 
 def prepare_service(config, say=None):
@@ -579,15 +587,16 @@ def prepare_service(config, say=None):
 
 
 def prepare_jail(config, say=None):
-    """As root with varnishd in a ``unix`` jail (the cache's ``jail_users``): give each of
-    those users search permission on the way to the VCL and the working directory
+    """As root with varnishd in a ``unix`` jail (the cache's ``jail_users``, and its
+    ``exporter_user`` that reads the shared memory): give each of those users search
+    permission on the way to the VCL and the working directory
     (:func:`access.grant_search`; a checkout under a mode-0700 directory stops them there).
     Does nothing else, and nothing when not root or without such a jail. ``say``: prints
     what it granted (default print). Raises StackError when a user cannot reach them."""
     cache = config.get("cache") or {}
     if os.geteuid() != 0 or not cache.get("jail_users"):
         return
-    for user in cache["jail_users"]:
+    for user in cache["jail_users"] + ([cache["exporter_user"]] if cache.get("exporter_user") else []):
         try:
             access.grant_search(user, [cache["workdir"], cache["vcl"]], "varnishd's jail runs as it",
                                 say or (lambda line: print(line, flush=True)))

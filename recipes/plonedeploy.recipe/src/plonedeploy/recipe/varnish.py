@@ -17,6 +17,10 @@ runs ``bin/stack``; with ``unix``, started as root, its manager runs as Debian's
 and its cache process, the one that talks to clients, as ``vcache``, as the Ansible role
 runs it), and ``jail-users``: the users the jail runs as (empty with ``none``), whom
 ``bin/stack start`` gives search permission on the way to the VCL and the working directory.
+With ``metrics-address``, ``exporter-argv`` (Debian's prometheus-varnish-exporter reading
+that working directory's shared memory) and ``exporter-user``: with ``unix``, Debian's
+``varnishlog`` (group ``varnish``, which may read the shared memory; the Ansible role's
+``varnish_exporter_user``), whom ``bin/stack`` runs the exporter as when root starts it.
 """
 import os
 import pwd
@@ -78,6 +82,9 @@ def template_context(part, backend, purge_networks, cookie_allowlist=DEFAULT_COO
 #: Who varnishd's ``unix`` jail runs as: the manager, then the cache process (Debian's
 #: package makes both; varnishd's own defaults).
 JAIL_USERS = ("varnish", "vcache")
+#: Who reads the shared memory of a jailed varnishd for the exporter: Debian's varnish
+#: package makes it in group varnish for varnishlog and varnishncsa.
+EXPORTER_USER = "varnishlog"
 
 
 def find_varnishd(configured=None):
@@ -145,19 +152,19 @@ class Recipe:
         options["url"] = "http://%s:%s" % self.binds[0]
         jail = check_choice(name, "jail", opts.setdefault("jail").strip(), ("unix", "none"))
         options["jail-users"] = " ".join(JAIL_USERS) if jail == "unix" else ""
-        for user in options["jail-users"].split():
+        for user in options["jail-users"].split() + ([EXPORTER_USER] if jail == "unix" else []):
             try:
                 pwd.getpwnam(user)
             except KeyError:
-                fail(name, "jail", jail, f"none, or unix with the users {' and '.join(JAIL_USERS)}, which "
-                     f"Debian's varnish package makes (make system); {user!r} does not exist")
+                fail(name, "jail", jail, f"none, or unix with the users {', '.join(JAIL_USERS + (EXPORTER_USER,))}, "
+                     f"which Debian's varnish package makes (make system); {user!r} does not exist")
         argv = [options["binary"], "-F", "-j", jail, "-n", options["workdir"], "-f", options["vcl"],
                 "-s", f"malloc,{size}"]
         for host, port in self.binds:
             argv += ["-a", f"{host}:{port}"]
         options["argv"] = shlex.join(argv)
         metrics = opts.setdefault("metrics-address").strip()
-        options["exporter-argv"] = ""
+        options["exporter-argv"] = options["exporter-user"] = ""
         if metrics:
             host, port = parse_http_address(name, metrics, "metrics-address")
             if (host, port) in self.binds or (host, port) == self.backend:
@@ -170,6 +177,7 @@ class Recipe:
             options["metrics-url"] = f"http://{host}:{port}/metrics"
             options["exporter-argv"] = shlex.join([exporter, "-n", options["workdir"],
                                                    "-web.listen-address", f"{host}:{port}"])
+            options["exporter-user"] = EXPORTER_USER if jail == "unix" else ""
 
     def install(self):
         options = self.options
