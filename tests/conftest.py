@@ -215,8 +215,8 @@ def give_to_service_user(stack, directory):
     if not user or os.geteuid() != 0:
         return ""
     entry = pwd.getpwnam(user)
+    access.own(entry.pw_uid, entry.pw_gid, directories=[str(directory)])  # first: grant_search checks it reads it
     access.grant_search(user, [str(directory)], "a test's copy of a ZEO client runs as it", lambda line: None)
-    access.own(entry.pw_uid, entry.pw_gid, directories=[str(directory)])
     return user
 
 

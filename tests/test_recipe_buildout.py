@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 
 import pytest
@@ -370,7 +371,11 @@ def test_service_users_wired_into_scripts_haproxy_and_varnish(tmp_path, monkeypa
     assert stack["service"]["processes"] == ["zeoserver", "instance", "client2", "uploads"]
     assert stack["service"]["writable"] == [f"{tmp_path}/var/admin-password"]
     assert stack["haproxy_context"]["user"] == stack["haproxy_context"]["group"] == "haproxy"
-    assert "\n    user haproxy\n    group haproxy\n" in (tmp_path / "parts" / "haproxy" / "haproxy.cfg").read_text()
+    config = (tmp_path / "parts" / "haproxy" / "haproxy.cfg").read_text()
+    assert "\n    user haproxy\n    group haproxy\n" in config
+    chroot = tmp_path / "parts" / "haproxy" / "empty"  # chroot = auto with a user
+    assert f"\n    chroot {chroot}\n" in config and stack["haproxy_context"]["chroot"] == str(chroot)
+    assert list(chroot.iterdir()) == [] and stat.S_IMODE(chroot.stat().st_mode) == 0o755
     assert stack["cache"]["jail_users"] == ["varnish", "vcache"]
     argv = next(p["argv"] for p in stack["processes"] if p["name"] == "varnish")
     assert argv[argv.index("-j") + 1] == "unix"
@@ -438,6 +443,11 @@ BAD = [
     ("[haproxy]\nuser = no-such-user-pd\n",
      "[haproxy] user = 'no-such-user-pd' is invalid: expected an existing system user such as haproxy"),
     ("[haproxy]\nuser = root\n", "[haproxy] user = 'root' is invalid: expected a system user other than root"),
+    # a chroot needs the drop (root leaves one), and must be root's alone (not /tmp) and absolute
+    ("[haproxy]\nchroot = /var/lib/haproxy\n", "[haproxy] chroot = '/var/lib/haproxy' is invalid: expected auto, "
+     "none, or with user an absolute path of an existing directory that root owns and nobody else may write"),
+    ("[haproxy]\nuser = haproxy\nchroot = /tmp\n", "[haproxy] chroot = '/tmp' is invalid: expected auto, none"),
+    ("[haproxy]\nuser = haproxy\nchroot = var\n", "[haproxy] chroot = 'var' is invalid: expected auto, none"),
     (varnish_part(jail="chroot"), "[varnish] jail = 'chroot' is invalid: expected one of: unix, none"),
     ("[stack]\nclients = client2 instance\n",
      "[stack] clients = 'client2 instance' is invalid: expected the [haproxy] part's backends in their "

@@ -95,7 +95,8 @@ def test_no_service_runs_as_root(stack):
     """ZEO, every Zope client (each process of its tree), HAProxy (bin/stack runs it with
     -db: one process, no master, so all of it) and varnishd's cache process run with no
     uid 0 of real, effective and saved: ZEO and the clients as the service user, HAProxy
-    as its balancer user, the cache process as vcache, varnish's exporter as varnishlog."""
+    as its balancer user in its empty chroot, the cache process as vcache, varnish's exporter
+    as varnishlog."""
     _as_root()
     user = _service(stack)
     pids = stack.pids()
@@ -111,8 +112,12 @@ def test_no_service_runs_as_root(stack):
     balancer = stack.config["haproxy_context"].get("user")
     assert balancer, "the stack's HAProxy has no user: make build as root sets [service] balancer-user = haproxy"
     haproxy = _tree(pids["haproxy"])
+    chroot = stack.config["haproxy_context"].get("chroot")
+    assert chroot, "the stack's HAProxy has no chroot: [haproxy] chroot = auto confines it with a user"
     for process in haproxy:
         assert _uids(process) == [pwd.getpwnam(balancer).pw_uid] * 3, (process.pid, process.cmdline())
+        assert os.readlink(f"/proc/{process.pid}/root") == chroot, process.pid  # confined, not /
+    assert os.listdir(chroot) == []
     cache = stack.config.get("cache")
     if cache:
         assert cache["jail_users"] == ["varnish", "vcache"], cache

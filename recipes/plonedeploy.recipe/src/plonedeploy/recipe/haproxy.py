@@ -166,6 +166,7 @@ class Recipe:
         self.user, self.group = self.parse_user(name, options)
         options["template"] = template_option(name, opts, "template", "haproxy.cfg.j2")
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
+        self.chroot = self.parse_chroot(name, options, self.user)
         options["config"] = os.path.join(options["location"], "haproxy.cfg")
         opts.setdefault(
             "run-directory", os.path.join(buildout["buildout"]["directory"], "var", "run")
@@ -202,6 +203,7 @@ class Recipe:
             "run_directory": options["run-directory"],
             "user": self.user,
             "group": self.group,
+            "chroot": self.chroot,
             "cache_server": self.cache_server,
             "cache_fill_bind": self.cache_fill_bind,
             "cache_health_path": varnish.HEALTH_PATH,
@@ -229,6 +231,28 @@ class Recipe:
             fail(name, "group", group_entry.gr_name, "a group other than root")
         options["group"] = group_entry.gr_name
         return user, group_entry.gr_name
+
+    @staticmethod
+    def parse_chroot(name, options, user):
+        """The directory HAProxy confines itself to once it has bound its listeners (global
+        ``chroot``), or "" for none. ``auto`` (the default): ``parts/<name>/empty``, an empty
+        directory :meth:`install` makes, when HAProxy drops to ``user``, else none; ``none``;
+        or an absolute path of an existing directory, root's and writable by nobody else
+        (Debian's /var/lib/haproxy), with ``user``. A chroot as root confines nothing: root
+        leaves it. Raises zc.buildout.UserError naming the option otherwise."""
+        value = DeclaredOptions(name, options, HAPROXY).setdefault("chroot").strip()
+        if value == "none" or (value == "auto" and not user):
+            return ""
+        if value == "auto":
+            return os.path.join(options["location"], "empty")
+        allowed = ("auto, none, or with user an absolute path of an existing directory that root owns "
+                   "and nobody else may write (such as /var/lib/haproxy)")
+        if not user or not os.path.isabs(value) or not os.path.isdir(value):
+            fail(name, "chroot", value, allowed)
+        info = os.stat(value)
+        if info.st_uid != 0 or info.st_mode & 0o022:
+            fail(name, "chroot", value, allowed)
+        return value
 
     @staticmethod
     def client(buildout, name, option, part, maxconn=None):
@@ -351,6 +375,10 @@ class Recipe:
                 raise zc.buildout.UserError(f"[{self.name}] cannot make a self-signed certificate: {exc}")
         text = render_template(options["template"], context)
         os.makedirs(options["run-directory"], exist_ok=True)
+        if context["chroot"] == os.path.join(options["location"], "empty"):
+            # Empty and not writable but by its owner: what HAProxy sees after chroot().
+            os.makedirs(context["chroot"], mode=0o755, exist_ok=True)
+            os.chmod(context["chroot"], 0o755)
         write_checked(options["config"], text, lambda tmp: check_config(options["binary"], tmp))
         return [options["location"]]
 

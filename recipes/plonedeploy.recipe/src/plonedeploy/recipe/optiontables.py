@@ -291,6 +291,11 @@ HAPROXY = (
            "empty (no drop)"),
     Option("group", "", "an existing group other than root", "with `user`: HAProxy's group (global `group`)",
            "the user's own group"),
+    Option("chroot", "auto", "`auto`, `none`, or with `user` an absolute path of an existing directory "
+           "root owns and nobody else may write",
+           "the empty directory HAProxy confines itself to once it has bound its listeners (global "
+           "`chroot`): a HAProxy taken over sees no file of the host. `auto`: `parts/<name>/empty` "
+           "(made empty by the recipe) with `user`, none without (as root, a chroot confines nothing)"),
     Option("haproxy", "", "a program", "the binary for `haproxy -c -f` and `bin/stack`",
            "`haproxy` on PATH, else `/usr/sbin/haproxy`"),
     Option("run-directory", None, "a directory", "where the admin socket `haproxy.sock` is "
