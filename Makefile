@@ -58,8 +58,9 @@ BUILDOUT_CFG = $(or $(BUILDOUT_CFG_$(STORAGE)),$(error STORAGE=$(STORAGE) is inv
 # the load tools' extra clients) drops to it when root starts it, so the blobs it writes are
 # the ZEO server's user's. SERVICE_USER= (empty) builds without it: everything as root, with
 # a warning from bin/stack. BALANCER_USER: who HAProxy runs as after binding its ports
-# (Debian's haproxy, which make system's package makes), and VARNISH_JAIL: unix (varnishd's
-# cache process as Debian's vcache), both with a service user only.
+# (Debian's haproxy, which make system's package makes; [haproxy] chroot = auto then confines
+# it to the empty parts/haproxy/empty), and VARNISH_JAIL: unix (varnishd's cache process as
+# Debian's vcache, its exporter as varnishlog), both with a service user only.
 SERVICE_USER ?= $(if $(filter 0,$(shell id -u)),plonedeploy)
 BALANCER_USER ?= $(if $(SERVICE_USER),haproxy)
 VARNISH_JAIL ?= $(if $(SERVICE_USER),unix,none)
