@@ -88,6 +88,9 @@ ROLE_DEFAULTS_OF_THEIR_OWN = {
     # its buildout names one (buildout.cfg: [service] balancer-user, set by make build as root)
     "haproxy_user",
     "haproxy_group",
+    # ... confined to Debian's empty /var/lib/haproxy; the recipe's "auto" is an empty
+    # directory of its part, and only with a user (a chroot as root confines nothing)
+    "haproxy_chroot",
     # a deployed varnish always runs in Debian's unix jail; the recipe's stack only as root
     # with a service user (buildout.cfg: [service] varnish-jail), else as whoever starts it
     "varnish_jail",
