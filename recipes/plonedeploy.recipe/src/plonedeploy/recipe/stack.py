@@ -567,9 +567,7 @@ def prepare_service(config, say=None):
             info = None
         if info is None:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640))
-    for path in service.get("writable", []):
-        if not os.path.lexists(path) and os.path.isdir(os.path.dirname(path)):
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    access.make_missing(service.get("writable", []), 0o600)
     access.own(uid, gid, service["directories"], service["files"],
                service["readable"] + service.get("writable", []))
     _new_file_storage(service, uid, gid, say)

@@ -203,6 +203,16 @@ def own(uid, gid, directories=(), files=(), readable=()):
             take(path)
 
 
+def make_missing(paths, mode):
+    """Create each of ``paths`` as an empty file of ``mode`` (before the umask) where it is
+    missing and its directory exists: a file a service user must write in a directory root
+    keeps, which the user could not create itself. Never through a link, and never over a
+    file made meanwhile (``O_NOFOLLOW | O_EXCL``: OSError then). Leaves existing files alone."""
+    for path in paths:
+        if not os.path.lexists(path) and os.path.isdir(os.path.dirname(path)):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode))
+
+
 def become(user, layout):
     """Run the rest of this process as system user ``user`` when it runs as root; else
     return at once (not root: it runs as whoever started it, unchanged).
@@ -231,11 +241,9 @@ def become(user, layout):
     reach = list(layout.get("reach", ())) + [sys.executable, os.path.realpath(sys.executable)]
     reach += [path for path in sys.path if path and os.path.exists(path)]
     grant_search(user, reach, "it runs this ZEO client", lambda line: print(line, file=sys.stderr, flush=True))
-    for path in layout.get("files", ()):
-        # A log in a directory root made (an extra build's var/log): made here, as the user
-        # could not create it there; never through a link.
-        if not os.path.lexists(path) and os.path.isdir(os.path.dirname(path)):
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640))
+    # A log in a directory root made (an extra build's var/log): made here, as the user
+    # could not create it there.
+    make_missing(layout.get("files", ()), 0o640)
     own(entry.pw_uid, entry.pw_gid, layout.get("directories", ()), layout.get("files", ()),
         layout.get("readable", ()))
     os.setgroups(os.getgrouplist(user, entry.pw_gid))
