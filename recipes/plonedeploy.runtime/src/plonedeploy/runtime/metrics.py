@@ -11,8 +11,8 @@ Why our own filter (checked November 2026 on Zope 6.3, Plone 6.2.2, Python 3.11)
   Python 3.11. It has no request metrics either, and it replaces no activity monitor a
   site already uses (its counters then disappear).
 
-So this filter uses ``prometheus-client`` alone and serves its own registry from
-prometheus-client's HTTP server on a separate ``host:port`` (``address``, the recipe's
+So this filter uses ``prometheus-client`` alone and serves its own registry (its WSGI app,
+from a threaded HTTP server of the standard library) on a separate ``host:port`` (``address``, the recipe's
 ``metrics-address``), in a thread of the client's process: never through HAProxy's
 frontend, and answered while every Zope thread is busy.
 
@@ -49,12 +49,21 @@ Series (units in the names; all per client process):
 - ``process_*`` (resident memory, CPU seconds, open file descriptors) and
   ``python_gc_*``, ``python_info`` from prometheus-client's own collectors.
 
+The same server answers the client's probes ``/livez``, ``/readyz`` and ``/startupz``
+(:mod:`plonedeploy.runtime.probes`: warm-up, stuck threads, ZEO disconnects), which
+HAProxy checks; anything else on the port is 404.
+
 PasteDeploy (``plonedeploy.recipe:instance`` writes this when ``metrics-address`` is set),
 after ``blobsendfile``::
 
     [filter:metrics]
     use = egg:plonedeploy.runtime#metrics
     address = 127.0.0.1:8091
+    threads = 2
+    warmup_paths = /Plone /Plone/++api++ /Plone/@@search
+    warmup_host = 127.0.0.1:8081
+    stall_timeout = 60
+    storage_grace = 30
 
     [pipeline:main]
     pipeline = blobsendfile metrics translogger egg:Zope#httpexceptions zope
@@ -62,6 +71,8 @@ after ``blobsendfile``::
 import logging
 import threading
 import time
+
+from plonedeploy.runtime import probes
 
 logger = logging.getLogger("plonedeploy.metrics")
 
@@ -209,11 +220,14 @@ class Metrics:
 
 
 class Middleware:
-    """The WSGI middleware: counts and times each request in ``metrics`` (:class:`Metrics`)."""
+    """The WSGI middleware: counts and times each request in ``metrics`` (:class:`Metrics`)
+    and keeps ``health`` (a :class:`plonedeploy.runtime.probes.Health`, or None) told which
+    requests are inside the application since when."""
 
-    def __init__(self, app, metrics):
+    def __init__(self, app, metrics, health=None):
         self.app = app
         self.metrics = metrics
+        self.health = health
 
     def __call__(self, environ, start_response):
         method = environ.get("REQUEST_METHOD", "GET")
@@ -226,9 +240,10 @@ class Middleware:
                 return start_response(code, headers, exc_info)
             return start_response(code, headers)
 
-        metrics = self.metrics
+        metrics, health = self.metrics, self.health
         started = time.perf_counter()
         metrics.in_progress.inc()
+        token = health.begin() if health is not None else None
         try:
             result = self.app(environ, capture)
         except BaseException:
@@ -236,6 +251,8 @@ class Middleware:
             metrics.requests.labels(method, "500").inc()
             raise
         finally:
+            if token is not None:
+                health.end(token)
             metrics.in_progress.dec()
             metrics.duration.observe(time.perf_counter() - started)
         code = status[0].split(None, 1)[0] if status else "none"
@@ -253,18 +270,22 @@ def parse_address(value):
     return host.strip("[]"), int(port)
 
 
-#: ``{(host, port): Metrics}``: the exporter of this process, started once even if PasteDeploy
-#: builds the filter twice (a second server on the same port would fail to bind).
+#: ``{(host, port): (Metrics, Health)}``: the exporter of this process, started once even if
+#: PasteDeploy builds the filter twice (a second server on the same port would fail to bind).
 _EXPORTERS = {}
 
 
-def exporter(address):
-    """The :class:`Metrics` of ``address`` in this process, with its HTTP server started.
+def exporter(address, threads=1, stall_timeout=probes.STALL_TIMEOUT, storage_grace=probes.STORAGE_GRACE,
+             warmup_paths=0):
+    """``(Metrics, Health)`` of ``address`` in this process, with its HTTP server started:
+    ``/metrics`` and the probes of :mod:`plonedeploy.runtime.probes` (``threads``,
+    ``stall_timeout`` and ``storage_grace`` in seconds, ``warmup_paths`` a count: see
+    :class:`~plonedeploy.runtime.probes.Health`).
 
     Raises RuntimeError naming the address if it cannot listen there.
     """
     from prometheus_client import (CollectorRegistry, GCCollector, PlatformCollector,
-                                   ProcessCollector, disable_created_metrics, start_http_server)
+                                   ProcessCollector, disable_created_metrics, make_wsgi_app)
 
     host, port = parse_address(address)
     if (host, port) in _EXPORTERS:
@@ -284,15 +305,17 @@ def exporter(address):
     registry.register(ZODBCollector())
     metrics = Metrics(registry)
     subscribe_aborts(metrics)
+    health = probes.Health(threads, stall_timeout, storage_grace, warmup_paths,
+                           connected=probes.storage_connected(zope_db))
     try:
-        start_http_server(port, addr=host, registry=registry)
+        probes.serve(host, port, probes.probe_app(health, make_wsgi_app(registry)))
     except OSError as exc:
         # Fail the client's start-up: a client without its metrics would serve unobserved
         # while Prometheus only says the target is down.
         raise RuntimeError(f"metrics: cannot listen on {host}:{port} (metrics-address): {exc}") from exc
-    _EXPORTERS[(host, port)] = metrics
-    logger.info("Prometheus metrics on http://%s:%s/metrics", host, port)
-    return metrics
+    _EXPORTERS[(host, port)] = (metrics, health)
+    logger.info("Prometheus metrics on http://%s:%s/metrics, probes /livez /readyz /startupz", host, port)
+    return metrics, health
 
 
 def subscribe_aborts(metrics):
@@ -311,14 +334,43 @@ def subscribe_aborts(metrics):
     return True
 
 
-def filter_factory(global_conf, address):
+def _seconds(option, value):
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise ValueError(f"metrics: {option} = {value!r} is invalid: expected seconds > 0")
+    return seconds
+
+
+def filter_factory(global_conf, address, threads="1", stall_timeout=str(probes.STALL_TIMEOUT),
+                   storage_grace=str(probes.STORAGE_GRACE), warmup_paths="", warmup_host="127.0.0.1:80"):
     """PasteDeploy ``paste.filter_factory`` (``use = egg:plonedeploy.runtime#metrics``).
 
-    ``address``: ``host:port`` of the metrics HTTP server (required).
+    ``address``: ``host:port`` of the metrics and probes HTTP server (required);
+    ``threads``: the client's worker threads; ``stall_timeout``, ``storage_grace``: seconds
+    (:mod:`plonedeploy.runtime.probes`); ``warmup_paths``: URL paths separated by white
+    space, rendered once each in a thread of their own before ``/readyz`` says ready (empty:
+    ready at once); ``warmup_host``: ``host:port`` the warm-up requests name (the client's
+    http-address). Raises ValueError naming the option when one is invalid.
     """
     parse_address(address)  # fail at load time, before anything listens
+    if not str(threads).strip().isdigit() or int(threads) < 1:
+        raise ValueError(f"metrics: threads = {threads!r} is invalid: expected a whole number >= 1")
+    stall, grace = _seconds("stall_timeout", stall_timeout), _seconds("storage_grace", storage_grace)
+    paths = warmup_paths.split()
+    bad = [p for p in paths if not p.startswith("/")]
+    if bad:
+        raise ValueError(f"metrics: warmup_paths names {' '.join(bad)}: expected paths starting with /")
+    warm_host, warm_port = parse_address(warmup_host)
 
     def make_filter(app):
-        return Middleware(app, exporter(address))
+        metrics, health = exporter(address, int(threads), stall, grace, len(paths))
+        if paths and not health.warming:  # PasteDeploy may build the filter twice: warm once
+            health.warming = True
+            threading.Thread(target=probes.warm_up, args=(app, paths, health, warm_host, warm_port),
+                             name="warm-up", daemon=True).start()
+        return Middleware(app, metrics, health)
 
     return make_filter
