@@ -28,6 +28,7 @@ import time
 
 from loadtests import extrabuild
 from loadtests.core import load_stack
+from plonedeploy.recipe.rules import ZOPE_HEALTH_CHECK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK_DIR = os.path.join(ROOT, "var", "abslots")
@@ -67,8 +68,9 @@ def buildout_config(extends, client_part, haproxy_name, stack_name, ports, run_d
                       f"http-address = 127.0.0.1:{ports[slot]}", "metrics-address =", ""]
     for x, y in pairs:
         # bind/stats-bind are rewritten by TemporaryBalancer; these only satisfy the recipe.
+        # The slots have no metrics address, so no probes: Zope's own health check path.
         lines += [f"[{haproxy_part(x, y)}]", f"<= {haproxy_name}",
-                  f"backends = {part('a', x)} {part('b', y)}",
+                  f"backends = {part('a', x)} {part('b', y)}", f"health-check = {ZOPE_HEALTH_CHECK}",
                   f"run-directory = {run_dir}", ""]
         lines += [f"[{stack_part(x, y)}]", f"<= {stack_name}", f"clients = {part('a', x)} {part('b', y)}",
                   f"haproxy = {haproxy_part(x, y)}", ""]

@@ -81,6 +81,7 @@ from loadtests.core import (ROOT, add_counts_argument, add_run_arguments, add_st
                             zeo_server)
 from loadtests.matrix_measure import MATRIX_PATHS, measure
 from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED
+from plonedeploy.recipe.rules import ZOPE_HEALTH_CHECK
 from plonedeploy.recipe.stack import StackError
 # --duration and --warmup (1 s each) are the same with and without --quick: their parser defaults.
 DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 100, 1000],
@@ -385,8 +386,9 @@ class Targets:
             return
         servers = [{"name": matrix_servers.part_name(part), "host": "127.0.0.1", "port": self.ports[part][0],
                     "maxconn": part.threads, "wsgi_server": part.server} for part, _ in keys]
+        # The matrix's clients have no metrics address, so no probes: Zope's own check path.
         with TemporaryBalancer(self.config["haproxy_binary"], self.config, "leastconn", self.directory,
-                               self.balancer_port, servers=servers) as balancer:
+                               self.balancer_port, servers=servers, health_check=ZOPE_HEALTH_CHECK) as balancer:
             balancer.start(self.config["backend"], [s["name"] for s in servers], timeout=60)
             yield balancer.frontend_url, pids + [balancer.pid], balancer
 

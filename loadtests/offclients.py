@@ -11,6 +11,7 @@ with :func:`loadtests.extrabuild.start` and ``stop``, like bin/stack does (super
 import os
 
 from loadtests import extrabuild
+from plonedeploy.recipe.rules import ZOPE_HEALTH_CHECK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,7 +39,9 @@ def buildout_config(work_dir, extends, clients, ports, haproxy=None, tool="loadt
                   f"http-address = 127.0.0.1:{ports[part]}", "metrics-address =", ""]
     if haproxy:
         part, port, stats = haproxy
+        # The -off clients have no metrics address, so no probes: Zope's own health check path.
         lines += [f"[{part}-off]", f"<= {part}", "backends = " + " ".join(f"{c}-off" for c in clients),
+                  f"health-check = {ZOPE_HEALTH_CHECK}",
                   f"bind = 127.0.0.1:{port}", f"stats-bind = 127.0.0.1:{stats}",
                   f"run-directory = {os.path.join(work_dir, 'run')}", ""]
     parts = [f"{part}-off" for part in clients] + ([f"{haproxy[0]}-off"] if haproxy else [])

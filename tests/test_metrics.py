@@ -189,5 +189,8 @@ def test_metrics_are_not_reachable_through_the_frontend(stack, clients):
     haproxy_cfg = open(os.path.join(ROOT, "parts", "haproxy", "haproxy.cfg")).read()
     for part, url in clients.items():
         address = urlsplit(url).netloc
+        # HAProxy asks the probes there ("check addr .. port .."), but no server line sends
+        # requests to it
         assert address not in haproxy_cfg, f"{part}'s metrics address {address} in haproxy.cfg"
+        assert f"check addr {urlsplit(url).hostname} port {urlsplit(url).port}" in haproxy_cfg, part
         assert urlsplit(url).hostname == "127.0.0.1"

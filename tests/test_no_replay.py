@@ -24,6 +24,7 @@ import requests
 
 from conftest import ROOT, admin_auth, give_to_service_user, port_taken, stop_group
 from loadtests.core import free_local_port, render_haproxy
+from plonedeploy.recipe.rules import ZOPE_HEALTH_CHECK
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +104,7 @@ def test_a_post_killed_after_commit_is_not_committed_twice(stack, tmp_path):
         config = tmp_path / "haproxy.cfg"
         config.write_text(render_haproxy(
             stack.config, balance="first", bind=f"127.0.0.1:{front}", stats_bind=f"127.0.0.1:{stats}",
-            run_directory=str(tmp_path), tls_bind="", cache_server="",
+            run_directory=str(tmp_path), tls_bind="", cache_server="", health_check=ZOPE_HEALTH_CHECK,
             servers=[{"name": "killer", "host": "127.0.0.1", "port": port, "maxconn": 2, "wsgi_server": "waitress"},
                      {"name": "client2", "host": "127.0.0.1", "port": client2_port, "maxconn": 2,
                       "wsgi_server": "waitress"}]))

@@ -136,7 +136,9 @@ def _render_stage_one(server, blob_sendfile=True, metrics_address=None, hello_po
     port = hello_port or 8081
     context = {"part": "p", "server": server, "host": "127.0.0.1", "port": port,
                "http_address": f"127.0.0.1:{port}", "threads": 3, "blob_sendfile": blob_sendfile,
-               "metrics_address": metrics_address, "hello_app": hello_port is not None}
+               "metrics_address": metrics_address, "hello_app": hello_port is not None,
+               "warmup_paths": "/Plone /Plone/search?SearchableText=%", "stall_timeout": 60.0,
+               "storage_grace": 30.0}
     if server == "mod_wsgi":  # instance.Recipe.mod_wsgi_context: the server root is per port
         context.update(mod_wsgi_express=rules.MOD_WSGI_EXPRESS, run_as="www-data",
                        server_root=f"/b/var/p/mod_wsgi-{port}", writable="/b/var/p/chameleon",
@@ -309,7 +311,11 @@ def test_template_defines_blob_filter_only_when_on(server):
 def test_template_defines_metrics_filter_only_with_address(server):
     on = configparser.ConfigParser(interpolation=None)
     on.read_string(_render_stage_one(server, metrics_address="127.0.0.1:8091"))
-    assert dict(on["filter:metrics"]) == {"use": "egg:plonedeploy.runtime#metrics", "address": "127.0.0.1:8091"}
+    # The probes' settings (plonedeploy.runtime.probes); a literal % doubled for stage two.
+    assert dict(on["filter:metrics"]) == {
+        "use": "egg:plonedeploy.runtime#metrics", "address": "127.0.0.1:8091", "threads": "3",
+        "warmup_paths": "/Plone /Plone/search?SearchableText=%%", "warmup_host": "127.0.0.1:8081",
+        "stall_timeout": "60.0", "storage_grace": "30.0"}
     off = configparser.ConfigParser(interpolation=None)
     off.read_string(_render_stage_one(server))
     assert set(off.sections()) == set(on.sections()) - {"filter:metrics"}
@@ -629,7 +635,7 @@ def _fake_buildout(tmp_path):
         "instance": {"http-address": "127.0.0.1:9901", "threads": "2", "wsgi-server": "pyruvate",
                      "metrics-address": "127.0.0.1:9911"},
         "uploads": {"http-address": "127.0.0.1:9902", "threads": "2", "wsgi-server": "waitress",
-                    "max-request-body-size": "1073741824"},
+                    "max-request-body-size": "1073741824", "metrics-address": "127.0.0.1:9913"},
     }
 
 

@@ -55,7 +55,7 @@ from plonedeploy.recipe.options import (
     template_option,
     write_checked,
 )
-from plonedeploy.recipe.rules import fd_limit_needed
+from plonedeploy.recipe.rules import check_target, fd_limit_needed
 
 
 def find_haproxy(configured=None):
@@ -119,6 +119,11 @@ class Recipe:
                 f"[{name}] health-check = {self.health_check!r} is invalid: expected a path "
                 "starting with / and without spaces"
             )
+        for server in self.servers + self.upload_servers:
+            try:
+                server.update(check_target(self.health_check, server["name"], server.pop("metrics_address")))
+            except ValueError as exc:
+                raise zc.buildout.UserError(f"[{name}] health-check = {self.health_check}: {exc}") from None
         self.timeout_queue = parse_positive_int(
             name, opts.setdefault("timeout-queue"), "timeout-queue"
         )
@@ -275,6 +280,8 @@ class Recipe:
             "maxconn": maxconn or parse_positive_int(part, client.get("threads", "")),
             "wsgi_server": server,
             "max_body": parse_positive_int(part, max_body, "max-request-body-size", "a number of bytes"),
+            # Where the probes answer (rules.check_target); popped once the check is set.
+            "metrics_address": client.get("metrics-address", "").strip(),
         }
 
     def parse_tls(self, buildout, name, options):

@@ -177,6 +177,7 @@ class Recipe(Zope2InstanceRecipe):
                 f"[{name}] pipeline names {METRICS_FILTER} but metrics-address is not set; "
                 "set metrics-address = host:port or remove it from pipeline"
             )
+        self.probes = self.configure_probes(name, opts, options)
         self.hello_address = None
         if opts.get("hello-address", "").strip():
             hello = parse_http_address(name, opts["hello-address"], "hello-address")
@@ -252,6 +253,30 @@ class Recipe(Zope2InstanceRecipe):
             # After blobsendfile, which must stay outermost; the metrics filter never wraps
             # the response body, so anything it sees is still the application's own.
             options["pipeline"] = insert_pipeline_filter_after(opts["pipeline"], METRICS_FILTER, BLOB_FILTER)
+
+    @staticmethod
+    def configure_probes(name, opts, options):
+        """``{"warmup_paths": str, "stall_timeout": float, "storage_grace": float}`` from the
+        options of the same names (plonedeploy.runtime.probes; used with metrics-address);
+        raises ``zc.buildout.UserError`` naming the option and its allowed values."""
+        paths = opts.setdefault("warmup-paths").split()
+        if paths == ["off"]:
+            paths = []
+        bad = [p for p in paths if not p.startswith("/")]
+        if bad:
+            fail(name, "warmup-paths", opts["warmup-paths"], "URL paths starting with /, or off")
+        probes = {"warmup_paths": " ".join(paths)}
+        for option in ("stall-timeout", "storage-grace"):
+            value = opts.setdefault(option).strip()
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = 0.0
+            if not 0 < seconds < float("inf"):
+                fail(name, option, value, "a number of seconds > 0")
+            options[option] = value
+            probes[option.replace("-", "_")] = seconds
+        return probes
 
     def configure_mod_wsgi(self, buildout, name, options):
         """``mod-wsgi-express`` (must exist) and ``run-as``; the part's own Chameleon cache.
@@ -383,6 +408,7 @@ class Recipe(Zope2InstanceRecipe):
             "threads": self.threads,
             "blob_sendfile": self.blob_sendfile,
             "metrics_address": self.metrics_address,
+            **self.probes,
             "hello_app": False,
             **self.mod_wsgi_context(self.port),
         }

@@ -157,6 +157,17 @@ INSTANCE = (
            "client; adds `prometheus-client` to `eggs`. A part made with `<= instance` inherits it: "
            "set it per client ([operations.md, Metrics](operations.md#metrics))",
            "unset (buildout.cfg: `127.0.0.1:8071`, `:8072`, `:8073`)"),
+    Option("warmup-paths", "/Plone /Plone/++api++ /Plone/@@search",
+           "URL paths starting with `/`, separated by white space, or `off`",
+           "with `metrics-address`: rendered once each in the client's process (the page, its JSON, "
+           "the search page) before `/readyz` says ready, so that HAProxy sends no visitor to empty "
+           "caches and uncompiled templates ([operations.md, Probes](operations.md#probes))"),
+    Option("stall-timeout", "60", "seconds > 0",
+           "with `metrics-address`: `/readyz` says not ready while every thread has held its request "
+           "longer than this (a client whose threads are all stuck), so HAProxy takes it out"),
+    Option("storage-grace", "30", "seconds > 0",
+           "with `metrics-address`: `/readyz` says not ready once the ZEO connection has been down "
+           "this long; a shorter ZEO restart takes no client out of the pool"),
     Option("hello-address", "", _HOST_PORT + ", not `http-address`",
            "also write `etc/hello.ini`: the same server with the same settings on this address, "
            "serving the hello-world app `egg:plonedeploy.runtime#hello` instead of Zope (run as "
@@ -216,8 +227,11 @@ HAPROXY = (
     Option("stats-bind", "127.0.0.1:8404", _HOST_PORT, "stats page `/stats`, CSV at `/stats;csv`, "
            "Prometheus at `/metrics`"),
     Option("balance", "leastconn", BALANCE_ALGORITHMS, "HAProxy's `balance` algorithm"),
-    Option("health-check", "/Plone/@@ok", "a path starting with `/`, without spaces",
-           "HTTP check path (plain TCP probes make pyruvate log `Incomplete request`)"),
+    Option("health-check", rules.HEALTH_CHECK, "a path starting with `/`, without spaces",
+           "HTTP check path: `/readyz`, `/livez` or `/startupz` are asked on each client's "
+           "`metrics-address` (which every backend must then have), any other path on its "
+           "`http-address` through a Zope thread, e.g. `/Plone/@@ok` (plain TCP probes make pyruvate "
+           "log `Incomplete request`; [operations.md, Probes](operations.md#probes))"),
     Option("timeout-queue", "60", _SECONDS, "how long a request may wait for a free server slot (then 503)"),
     Option("max-body-size", str(edge.SPOOLING_BODY_CAP), _BYTES,
            "largest request body: larger → 413 at once; chunked request bodies → 411. Checked with "

@@ -12,6 +12,35 @@ Errors are returned as message strings; the recipes turn them into
 #: Jinja2 and psutil the client has no use for.
 RUNTIME_EGG = "plonedeploy.runtime"
 
+#: The probes each ZEO client answers on its metrics-address (plonedeploy.runtime.probes,
+#: whose LIVE/READY/STARTUP tests/test_probes.py compares with these). A health check on
+#: one of them goes to that address (HAProxy's ``check addr .. port ..``), any other path
+#: to the client's http-address.
+PROBE_PATHS = ("/livez", "/readyz", "/startupz")
+#: HAProxy's health check of the clients and what the rolling restarts wait for: ready
+#: (warm, storage connected, threads not stuck), answered off the Zope threads.
+HEALTH_CHECK = "/readyz"
+#: The health check of clients without a metrics address, so without probes: the load
+#: tools' extra clients (A/B slots, -off clients, the matrix's), whose stack's own clients
+#: hold the metrics ports meanwhile. Answered by a Zope thread: busy threads delay it.
+ZOPE_HEALTH_CHECK = "/Plone/@@ok"
+
+
+def check_target(health_check, name, metrics_address):
+    """``{"check_addr": host, "check_port": int}`` for HAProxy's server line of client
+    ``name`` when ``health_check`` is a probe path (it is asked on the client's
+    ``metrics_address``, ``host:port``), ``{}`` for a Zope path (asked on the client's
+    http-address). Raises ValueError naming the client when a probe path is checked and
+    the client has no metrics address."""
+    if health_check not in PROBE_PATHS:
+        return {}
+    if not metrics_address:
+        raise ValueError(f"client {name} has no metrics address, where the health check {health_check} "
+                         "is answered: give it one (recipe: metrics-address; Ansible: metrics_port)")
+    host, _, port = str(metrics_address).rpartition(":")
+    return {"check_addr": host.strip("[]"), "check_port": int(port)}
+
+
 #: WSGI servers a ZEO client can run, mapped to the eggs the client needs for them (added
 #: to its ``eggs``). Each needs a ``templates/<name>.ini.in``. Servers without a
 #: PasteDeploy entry point usable with Zope run through a runner of the runtime

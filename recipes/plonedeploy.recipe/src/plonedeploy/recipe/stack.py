@@ -1005,7 +1005,7 @@ def restart_client(config, proc, timeout=rolling.TIMEOUT):
     rolling.RollingError from the balancer steps, StackError from the restart.
     """
     name = proc["name"]
-    health_url = config["clients"][name]["url"] + config["haproxy_context"]["health_check"]
+    health_url = health_url_of(config, name)
 
     def restart():
         stop_process(config, name)
@@ -1013,6 +1013,15 @@ def restart_client(config, proc, timeout=rolling.TIMEOUT):
 
     rolling.restart_client(config["haproxy_socket"], backend_of(config, name), name, restart, health_url,
                            timeout=timeout, say=lambda line: print(line, flush=True))
+
+
+def health_url_of(config, name):
+    """The URL of client ``name``'s health check as HAProxy asks it: its probe on the
+    metrics address for a probe path (rules.check_target), else the path on its own URL."""
+    path = config["haproxy_context"]["health_check"]
+    if path in rules.PROBE_PATHS:
+        return config["clients"][name]["metrics_url"].rsplit("/", 1)[0] + path
+    return config["clients"][name]["url"] + path
 
 
 def wait_up(config, timeout):
@@ -1028,10 +1037,24 @@ def wait_up(config, timeout):
             print("haproxy: all servers UP: " + ", ".join(all_clients(config)), flush=True)
             return
         time.sleep(1)
+    answers = {name: health_answer(config, name) for name in all_clients(config) if states.get(name) != "UP"}
     raise StackError(
         f"haproxy: servers not UP after {timeout} s: {states or 'stats not answering'}; "
-        "the health check needs the site: run 'make site' (bin/instance run scripts/create_site.py)"
+        f"their health checks answer: {answers}"
     )
+
+
+def health_answer(config, name, timeout=2.0):
+    """``"<status> <first line of the body>"`` of client ``name``'s health check now, or
+    the error (for messages: why HAProxy keeps a client out)."""
+    url = health_url_of(config, name)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return f"{url}: {response.status} {response.read(200).decode(errors='replace').strip()}"
+    except urllib.error.HTTPError as exc:
+        return f"{url}: {exc.code} {exc.read(200).decode(errors='replace').strip()}"
+    except OSError as exc:
+        return f"{url}: {exc}"
 
 
 def _check_names(names, known):
