@@ -282,6 +282,12 @@ BAD = [
      "(metrics_port, if set, another unique one)"),
     ({"monitoring_disk_used_percent": 120}, "0 < monitoring_disk_used_percent < 100"),
     ({"monitoring_conflicts_per_minute": 0}, "monitoring_conflicts_per_minute must be > 0"),
+    # the probes: their settings (the recipe's rules) and HAProxy's check on them
+    ({"zeoclient_warmup_paths": ["/Plone", "Plone/@@search"]},
+     "zeoclient_warmup_paths must be URL paths starting with / without spaces"),
+    ({"zeoclient_stall_timeout": 0}, "zeoclient_stall_timeout and zeoclient_storage_grace seconds > 0"),
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "max_request_body_size": 1073741824}]},
+     "haproxy_health_check /readyz: client c1 has no metrics address"),
     ({"zeoclient_max_conflict_retries": 9},
      "value of zeoclient_max_conflict_retries must be one of: 0, 1, 2, 3, 4, 5, 6, got: 9"),
     ({"monitoring_queue_for": "soon"}, "monitoring_queue_for a duration such as 1m"),

@@ -93,6 +93,32 @@ def threads_errors(clients):
     return errors
 
 
+def check_errors(servers, health_check):
+    """What rules.check_target refuses for ``servers`` (dicts with ``name`` and
+    ``metrics_address``, "" when none), as messages; [] when every check has its target."""
+    errors = []
+    for server in servers:
+        try:
+            rules.check_target(str(health_check), server["name"], server.get("metrics_address", ""))
+        except ValueError as exc:
+            errors.append(f"haproxy_health_check {health_check}: {exc}")
+    return errors
+
+
+def with_check(servers, health_check):
+    """``servers`` with rules.check_target's ``check_addr``/``check_port`` added to each
+    (and ``metrics_address`` removed): the template's server list. A server it refuses gets
+    none: :func:`check_errors` names it in validate.yml's last check."""
+    result = []
+    for server in servers:
+        try:
+            target = rules.check_target(str(health_check), server["name"], server.get("metrics_address", ""))
+        except ValueError:
+            target = {}
+        result.append(dict({k: v for k, v in server.items() if k != "metrics_address"}, **target))
+    return result
+
+
 def dsn_errors(dsn):
     try:
         storage.parse_dsn(str(dsn))
@@ -114,6 +140,8 @@ class FilterModule:
             "plonedeploy_san": lambda name: tls.san_entry(str(name)),
             "plonedeploy_threads_errors": threads_errors,
             "plonedeploy_client_threads": client_threads,
+            "plonedeploy_check_errors": check_errors,
+            "plonedeploy_with_check": with_check,
             "plonedeploy_fd_limit_needed": lambda maxconn, servers: rules.fd_limit_needed(int(maxconn), servers),
             "plonedeploy_ab_contract": rules.ab_contract,
             "plonedeploy_dsn_errors": dsn_errors,
