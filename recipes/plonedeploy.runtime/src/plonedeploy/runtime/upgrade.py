@@ -27,10 +27,12 @@ over, saying so. The hosts' clocks must agree to well within that timeout.
 
 Exit status (``EXIT_*``): 0 steps ran, or nothing was pending; 1 a step failed or a commit
 conflicted three times (that profile's transaction aborted, the profiles before it stay
-upgraded); 2 bad arguments; 3 another run holds the lock; 4 no Plone site at ``--site``.
+upgraded); 2 bad arguments; 3 another run holds the lock; 4 no Plone site at ``--site``;
+143 ended by SIGTERM, which, like Ctrl-C, frees the lock on the way out.
 """
 import argparse
 import os
+import signal
 import socket
 import sys
 import time
@@ -69,6 +71,7 @@ exit status:
   2  bad arguments
   3  another run holds the lock: wait for it, or after a crashed run for --lock-timeout
   4  no Plone site at --site
+  143  ended by SIGTERM (the lock is freed; Ctrl-C too, with a traceback)
 """
 
 
@@ -384,7 +387,12 @@ def run_in_zope(argv):
     from Zope2.Startup.run import configure_wsgi
 
     configure_wsgi(args.zope_conf)
+    import transaction
     import Zope2
+
+    # SIGTERM (a timeout, a process manager) ends the run as Ctrl-C does: through the
+    # finally that frees the lock, rather than leaving it held until it goes stale.
+    signal.signal(signal.SIGTERM, _terminated)
 
     app = makerequest(Zope2.app())
     app.REQUEST["PARENTS"] = [app]
@@ -394,7 +402,13 @@ def run_in_zope(argv):
         return upgrade_site(app, args.site, dry_run=args.dry_run, timeout=args.lock_timeout,
                             out=lambda line: print(line, flush=True))
     finally:
+        transaction.abort()
         app._p_jar.close()
+
+
+def _terminated(signum, frame):
+    """SIGTERM handler: exit with 128 + the signal's number, unwinding (finally clauses run)."""
+    sys.exit(128 + signum)
 
 
 if __name__ == "__main__":
