@@ -14,11 +14,12 @@ The build's ``[upgrade-site]`` part (zc.recipe.egg) writes ``bin/upgrade-site``,
 calls :func:`main` with the client's part directory; ``--help`` and bad arguments are
 answered there, without starting Zope.
 
-The lock: several hosts may run it at the same time (a deployment starts it on each), and a
-process manager's lock is per host, so the lock is kept in the ZODB: a
-``PersistentMapping`` in the site's annotations (``LOCK_KEY``) holding the holder (host,
-pid), a token and a heartbeat (seconds since the epoch). Taking it is a transaction of its
-own, committed before any step runs; two runs that take it at once write the same object,
+A run with nothing pending writes nothing. The lock: several hosts may run it at the same
+time (a deployment starts it on each), and a process manager's lock is per host, so the lock
+is kept in the ZODB: a ``PersistentMapping`` in the site's annotations (``LOCK_KEY``)
+holding the holder (host, pid), a token and a heartbeat (seconds since the epoch). Taking it
+is a transaction of its own, committed before any step runs (what is pending is read again
+after it); two runs that take it at once write the same object,
 and ZODB lets one commit and raises ConflictError in the other, which then reads the lock
 held and refuses (exit 3). The holder renews the heartbeat with every profile it commits;
 a lock whose heartbeat is older than ``--lock-timeout`` seconds (default
@@ -334,6 +335,13 @@ def upgrade_site(app, site_id, dry_run=False, timeout=DEFAULT_LOCK_TIMEOUT, out=
             out(f"(another run holds the lock: {holder})")
         transaction.abort()
         return EXIT_OK
+    # Nothing pending: done without a write (no lock taken, no transaction committed).
+    transaction.begin()
+    if not pending(site):
+        transaction.abort()
+        out("nothing pending")
+        return EXIT_OK
+    transaction.abort()
     token = uuid.uuid4().hex
     if not acquire(site, token, holder_text(), timeout, out, err):
         return EXIT_LOCKED
@@ -341,7 +349,7 @@ def upgrade_site(app, site_id, dry_run=False, timeout=DEFAULT_LOCK_TIMEOUT, out=
     reported = set()
     try:
         transaction.begin()
-        # Read after the lock's commit: a run that held it before has committed its work.
+        # Read again after the lock's commit: a run that held it before has committed its work.
         plan = pending(site)
         transaction.abort()
         if not plan:
