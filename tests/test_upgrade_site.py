@@ -6,14 +6,23 @@ temporary directory and put on the clients' path with ``PYTHONPATH``) is install
 release 1, then release 2 -- profile version 2, an upgrade step 1 -> 2 that counts its runs
 -- is "deployed" and two ``bin/upgrade-site`` start together.
 
+Run as root on a build with a service user (``make build`` as root), ``bin/instance run`` and
+``bin/upgrade-site`` drop to that user (plonedeploy.runtime.access.become, in the client's
+``bin/interpreter``): the step records the uid it ran as, and the test asserts it is the
+service user's. The releases and the step's log are therefore kept in a directory of the
+test's own that the service user can read (``addon_root``), not in ``tmp_path``.
+
 The add-on stays installed in the stack's site after the test (profile version 2, its
 registry record): without its code on the clients' path nothing reads either, and the next
 run of the test installs release 1 afresh.
 """
 import os
+import pathlib
+import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -77,13 +86,37 @@ def test_flat_keeps_the_order_of_nested_steps():
 
 # -- on the real stack ------------------------------------------------------------------------
 
-def install_release(number, tmp_path):
+@pytest.fixture
+def addon_root():
+    """A directory (0755, removed afterwards) for the add-on's releases and the step's log,
+    which the stack's service user can reach: not ``tmp_path``, under ``/tmp/pytest-of-root``
+    (0700), which every pytest session that makes a ``tmp_path`` chmods back to 0700 --
+    also another checkout's, at any time -- and so takes away the search permission (the
+    ACL's mask) that the client's script granted the service user on it."""
+    directory = tempfile.mkdtemp(prefix="plonedeploy-upgradetest-")
+    try:
+        os.chmod(directory, 0o755)
+        yield pathlib.Path(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def runs_as(stack):
+    """The uid ``bin/upgrade-site`` runs the steps as: the stack's service user's when root
+    runs the tests on a build with one (its client script drops to it), else ours."""
+    from loadtests.core import service_user
+
+    user = service_user(stack.config)
+    return pwd.getpwnam(user).pw_uid if user and os.geteuid() == 0 else os.geteuid()
+
+
+def install_release(number, root):
     """Install release ``number`` of the test add-on with pip (no index, no dependencies: it
-    has none) into ``tmp_path/release<number>``, from a copy of its source (pip builds in
+    has none) into ``root/release<number>``, from a copy of its source (pip builds in
     the source tree); returns that directory, for ``PYTHONPATH``."""
-    source = tmp_path / f"source{number}"
+    source = root / f"source{number}"
     shutil.copytree(os.path.join(ADDON, f"release{number}"), source)
-    target = tmp_path / f"release{number}"
+    target = root / f"release{number}"
     pip = os.path.join(ROOT, ".venv-buildout", "bin", "pip")
     run([pip, "install", "--quiet", "--no-deps", "--no-index", "--no-build-isolation", "--target", str(target),
          str(source)], timeout=120, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
@@ -101,8 +134,8 @@ def upgrade_runs(stack):
 
 
 @pytest.mark.integration
-def test_upgrade_step_runs_once_when_two_runs_start_together(stack, tmp_path):
-    release1, release2 = install_release(1, tmp_path), install_release(2, tmp_path)
+def test_upgrade_step_runs_once_when_two_runs_start_together(stack, addon_root):
+    release1, release2 = install_release(1, addon_root), install_release(2, addon_root)
     installed = run([os.path.join(ROOT, "bin", "instance"), "run", "tests/upgrade_addon/install.py"], timeout=300,
                     env={**os.environ, "PYTHONPATH": release1})
     assert "installed plonedeploy_upgradetest:default at version 1" in installed.stdout
@@ -110,7 +143,11 @@ def test_upgrade_step_runs_once_when_two_runs_start_together(stack, tmp_path):
 
     # The deploy: release 2 on the path. The step takes 3 s, so that a run that starts while
     # the other holds the lock meets it held rather than finding the work done.
-    log = tmp_path / "step.log"
+    # The step appends to its log as the user it runs as: the file is made here, that user's.
+    uid = runs_as(stack)
+    log = addon_root / "step.log"
+    log.touch()
+    os.chown(log, uid, pwd.getpwuid(uid).pw_gid)
     env = {**os.environ, "PYTHONPATH": release2, "PLONEDEPLOY_UPGRADETEST_LOG": str(log),
            "PLONEDEPLOY_UPGRADETEST_SECONDS": "3"}
     started = time.monotonic()
@@ -130,6 +167,8 @@ def test_upgrade_step_runs_once_when_two_runs_start_together(stack, tmp_path):
     assert refused or came_after, report
     # Executed once (the file, outside any transaction) and committed once (the record).
     assert log.read_text().count("ran pid") == 1, report
+    # ... as the service user, as bin/instance runs its commands (root: never as root).
+    assert f"uid {uid}" in log.read_text(), (uid, log.read_text())
     assert upgrade_runs(stack) == 1
     print(f"two runs together: {seconds:.1f} s, the other {'refused' if refused else 'found nothing pending'}",
           file=sys.stderr)

@@ -15,7 +15,7 @@ FAIL_VARIABLE = "PLONEDEPLOY_UPGRADETEST_FAIL"
 
 def count_run(setup_tool):
     """Add one to the registry record ``RECORD`` (transactional: counts the commits of this
-    step) and, when ``$PLONEDEPLOY_UPGRADETEST_LOG`` names a file, append ``"ran pid PID"``
+    step) and, when ``$PLONEDEPLOY_UPGRADETEST_LOG`` names a file, append ``"ran pid PID uid UID"``
     to it (outside the transaction: counts every execution, also one whose commit a
     conflict undid, which the record cannot show); then take ``$PLONEDEPLOY_UPGRADETEST_SECONDS``
     seconds (default 0). With ``$PLONEDEPLOY_UPGRADETEST_FAIL`` set it then raises
@@ -28,7 +28,7 @@ def count_run(setup_tool):
     path = os.environ.get(LOG_VARIABLE)
     if path:
         with open(path, "a", encoding="utf-8") as fp:
-            fp.write(f"ran pid {os.getpid()}\n")
+            fp.write(f"ran pid {os.getpid()} uid {os.getuid()}\n")
     time.sleep(float(os.environ.get(SECONDS_VARIABLE) or 0))
     if os.environ.get(FAIL_VARIABLE):
         raise RuntimeError(f"{FAIL_VARIABLE} is set: the test add-on's upgrade step fails")
