@@ -47,6 +47,7 @@ def test_help_names_exit_statuses_and_lock_timeout(capsys):
                    "4  no Plone site"):
         assert status in text
     assert f"(default {upgrade.DEFAULT_LOCK_TIMEOUT} s)" in text and "--dry-run" in text
+    assert "as root on a build with a\nservice user, it runs as that user" in text
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "1.5", "soon"])

@@ -13,6 +13,10 @@ kept (``bin/<client> run`` reduces it to 0 or 1) and whose arguments reach it un
 The build's ``[upgrade-site]`` part (zc.recipe.egg) writes ``bin/upgrade-site``, which
 calls :func:`main` with the client's part directory; ``--help`` and bad arguments are
 answered there, without starting Zope.
+Started as root on a build with a service user (the client part's ``service-user``, which
+``make build`` as root sets), the client's ``bin/interpreter`` drops to that user before
+anything else (plonedeploy.runtime.access.become), as ``bin/<client>`` does for each of its
+commands: the steps run, and write the event log and any blob, as the service user.
 
 A run with nothing pending writes nothing. The lock: several hosts may run it at the same
 time (a deployment starts it on each), and a process manager's lock is per host, so the lock
@@ -56,7 +60,8 @@ HELP_EPILOG = f"""\
 Runs the pending GenericSetup upgrade steps of the site: Plone's own profile first (its
 migration tool, as the @@plone-upgrade page), then every installed add-on profile with
 pending steps, each profile in a transaction of its own, in one ZEO client's Python (the
-ZEO server must be up; the clients may serve meanwhile). Prints one line per step it ran,
+ZEO server must be up; the clients may serve meanwhile). Started as root on a build with a
+service user, it runs as that user, as the client's own script does. Prints one line per step it ran,
 "ran: PROFILE SOURCE -> DEST: TITLE", or "nothing pending".
 
 The lock: kept in the ZODB (the site's annotation {LOCK_KEY!r}), so one run at a time
