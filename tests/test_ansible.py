@@ -707,6 +707,11 @@ def test_changed_build_rolls_the_clients_under_load(deployed):
     print(f"\nchanged build: {seconds:.0f} s, {done} requests, {len(failures)} failed")
     for name in before:  # the included tasks print their names only when they run
         assert f"Drain in HAProxy and wait for the sessions to end of {name}" in result.stdout, name
+    # bin/upgrade-site ran once, before the first client was drained, and found nothing
+    # pending (ok, not changed: the build changed no profile).
+    upgrade = re.search(r"TASK \[zeoclient : Run the site's pending upgrade steps[^\n]*\n(\w+): ", result.stdout)
+    assert upgrade and upgrade.group(1) == "ok", upgrade and upgrade.group(0)
+    assert upgrade.start() < result.stdout.index("Drain in HAProxy and wait for the sessions to end of")
     assert recap(result.stdout)["failed"] == 0
     assert all(after[name] != before[name] for name in before), (before, after)
     for name in before:

@@ -875,9 +875,9 @@ def test_relstorage_cfg_builds_nothing_of_zeo(tmp_path):
     installed.read(tmp_path / ".installed.cfg")
     assert installed["buildout"]["parts"].split() == [
         "postgresql", "instance", "client2", "uploads", "varnish", "haproxy", "stack", "logrotate",
-        "relstorage-tools"]
+        "upgrade-site", "relstorage-tools"]
     scripts = {path.name for path in (tmp_path / "bin").iterdir()}
-    assert {"postgresql", "stack", "zodbconvert", "zodbpack"} <= scripts
+    assert {"postgresql", "stack", "zodbconvert", "zodbpack", "upgrade-site"} <= scripts
     assert not scripts & {"zeoserver", "zeopack", "backup", "snapshotbackup", "restore", "snapshotrestore",
                           "repozo"}, scripts
     assert not (tmp_path / "parts" / "zeoserver").exists()
