@@ -59,6 +59,9 @@ backends = instance client2
 upload-backends = uploads
 bind = 127.0.0.1:18080
 stats-bind = 127.0.0.1:18404
+# BASE's clients have no metrics-address, so no probes: Zope's own path (the default
+# /readyz on the metrics addresses: test_metrics_filter_wired_per_client, test_probes.py)
+health-check = /Plone/@@ok
 
 [stack]
 recipe = plonedeploy.recipe:stack
@@ -636,8 +639,9 @@ def test_hello_address_writes_the_hello_ini_through_both_stages(tmp_path):
 
 def test_metrics_filter_wired_per_client(tmp_path):
     """metrics-address: [filter:metrics] after blobsendfile, prometheus-client on the
-    client's path, the endpoints in stack.json; without it (the other tests' BASE) none."""
-    result = buildout(tmp_path, METRICS)
+    client's path, the endpoints in stack.json; without it (the other tests' BASE) none.
+    With them HAProxy's default check, /readyz, is asked on each client's metrics address."""
+    result = buildout(tmp_path, METRICS + "[haproxy]\nhealth-check = /readyz\n")
     assert result.returncode == 0, result.stdout + result.stderr
     for part, port in (("instance", 18091), ("client2", 18092), ("uploads", 18093)):
         ini = _ini(tmp_path / "parts" / part / "etc" / "wsgi.ini")
@@ -649,6 +653,11 @@ def test_metrics_filter_wired_per_client(tmp_path):
     assert config["metrics"] == {p: f"http://127.0.0.1:{n}/metrics"
                                  for p, n in (("instance", 18091), ("client2", 18092), ("uploads", 18093))}
     assert config["haproxy_metrics_url"] == "http://127.0.0.1:18404/metrics"
+    haproxy_cfg = (tmp_path / "parts" / "haproxy" / "haproxy.cfg").read_text()
+    assert haproxy_cfg.count("option httpchk GET /readyz") == 2
+    for part, port, metrics in (("instance", 18081, 18091), ("client2", 18082, 18092), ("uploads", 18079, 18093)):
+        assert re.search(rf"server {part} 127\.0\.0\.1:{port} maxconn \d+ check addr 127\.0\.0\.1 port {metrics}\n",
+                         haproxy_cfg), part
 
 
 def test_no_metrics_filter_without_address(built):
