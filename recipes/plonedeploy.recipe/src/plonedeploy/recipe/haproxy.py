@@ -96,9 +96,17 @@ class Recipe:
                 f"[{name}] upload-backends = {opts['upload-backends']!r} names a part twice")
         self.upload_maxconn = parse_positive_int(
             name, opts.setdefault("upload-maxconn"), "upload-maxconn")
-        self.servers = [self.client(buildout, name, "backends", part) for part in names]
+        # Before the servers: where each is checked follows from it (rules.check_target).
+        self.health_check = opts.setdefault("health-check")
+        if not self.health_check.startswith("/") or any(c.isspace() for c in self.health_check):
+            raise zc.buildout.UserError(
+                f"[{name}] health-check = {self.health_check!r} is invalid: expected a path "
+                "starting with / and without spaces"
+            )
+        self.servers = [self.client(buildout, name, "backends", part, self.health_check) for part in names]
         self.write_lane = parse_switch(name, "write-lane", opts.setdefault("write-lane"))
-        self.upload_servers = [self.client(buildout, name, "upload-backends", part, self.upload_maxconn)
+        self.upload_servers = [self.client(buildout, name, "upload-backends", part, self.health_check,
+                                           self.upload_maxconn)
                                for part in upload_names]
         # Recorded as an option so that a change in any client part re-renders this one.
         options["servers"] = "\n".join(
@@ -113,17 +121,6 @@ class Recipe:
         self.balance = check_choice(
             name, "balance", opts.setdefault("balance"), BALANCE_ALGORITHMS
         )
-        self.health_check = opts.setdefault("health-check")
-        if not self.health_check.startswith("/") or any(c.isspace() for c in self.health_check):
-            raise zc.buildout.UserError(
-                f"[{name}] health-check = {self.health_check!r} is invalid: expected a path "
-                "starting with / and without spaces"
-            )
-        for server in self.servers + self.upload_servers:
-            try:
-                server.update(check_target(self.health_check, server["name"], server.pop("metrics_address")))
-            except ValueError as exc:
-                raise zc.buildout.UserError(f"[{name}] health-check = {self.health_check}: {exc}") from None
         self.timeout_queue = parse_positive_int(
             name, opts.setdefault("timeout-queue"), "timeout-queue"
         )
@@ -260,11 +257,14 @@ class Recipe:
         return value
 
     @staticmethod
-    def client(buildout, name, option, part, maxconn=None):
-        """``{name, host, port, maxconn, wsgi_server, max_body}`` of ZEO client part ``part``.
+    def client(buildout, name, option, part, health_check, maxconn=None):
+        """``{name, host, port, maxconn, wsgi_server, max_body}`` of ZEO client part ``part``,
+        and ``check_addr``/``check_port`` when ``health_check`` is asked on its metrics
+        address (rules.check_target).
 
         ``maxconn``: the client's ``threads`` (page lane) unless given (upload lane).
-        Raises ``zc.buildout.UserError`` if ``part`` is not a section or its options are bad.
+        Raises ``zc.buildout.UserError`` if ``part`` is not a section or its options are bad,
+        or the health check is a probe and the client has no metrics address.
         """
         if part not in buildout:
             raise zc.buildout.UserError(f"[{name}] {option} names {part!r}, which is not a section")
@@ -273,6 +273,10 @@ class Recipe:
         host, port = parse_http_address(part, client.get("http-address", ""))
         server = client.get("wsgi-server", "unknown")
         max_body = client.get("max-request-body-size") or str(edge.default_body_cap(server))
+        try:
+            target = check_target(health_check, part, client.get("metrics-address", "").strip())
+        except ValueError as exc:
+            raise zc.buildout.UserError(f"[{name}] health-check = {health_check}: {exc}") from None
         return {
             "name": part,
             "host": host,
@@ -280,8 +284,7 @@ class Recipe:
             "maxconn": maxconn or parse_positive_int(part, client.get("threads", "")),
             "wsgi_server": server,
             "max_body": parse_positive_int(part, max_body, "max-request-body-size", "a number of bytes"),
-            # Where the probes answer (rules.check_target); popped once the check is set.
-            "metrics_address": client.get("metrics-address", "").strip(),
+            **target,
         }
 
     def parse_tls(self, buildout, name, options):
