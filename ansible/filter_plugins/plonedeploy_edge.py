@@ -93,30 +93,27 @@ def threads_errors(clients):
     return errors
 
 
+def _check(server, health_check):
+    """``(rules.check_target's dict or {}, its refusal as a message or None)`` for ``server``
+    (a dict with ``name`` and ``metrics_address``, "" when none)."""
+    try:
+        return rules.check_target(str(health_check), server["name"], server.get("metrics_address", "")), None
+    except ValueError as exc:
+        return {}, f"haproxy_health_check {health_check}: {exc}"
+
+
 def check_errors(servers, health_check):
-    """What rules.check_target refuses for ``servers`` (dicts with ``name`` and
-    ``metrics_address``, "" when none), as messages; [] when every check has its target."""
-    errors = []
-    for server in servers:
-        try:
-            rules.check_target(str(health_check), server["name"], server.get("metrics_address", ""))
-        except ValueError as exc:
-            errors.append(f"haproxy_health_check {health_check}: {exc}")
-    return errors
+    """What rules.check_target refuses for ``servers``, as messages; [] when every check
+    has its target."""
+    return [error for error in (_check(server, health_check)[1] for server in servers) if error]
 
 
 def with_check(servers, health_check):
     """``servers`` with rules.check_target's ``check_addr``/``check_port`` added to each
     (and ``metrics_address`` removed): the template's server list. A server it refuses gets
     none: :func:`check_errors` names it in validate.yml's last check."""
-    result = []
-    for server in servers:
-        try:
-            target = rules.check_target(str(health_check), server["name"], server.get("metrics_address", ""))
-        except ValueError:
-            target = {}
-        result.append(dict({k: v for k, v in server.items() if k != "metrics_address"}, **target))
-    return result
+    return [dict({k: v for k, v in server.items() if k != "metrics_address"}, **_check(server, health_check)[0])
+            for server in servers]
 
 
 def dsn_errors(dsn):
