@@ -1,5 +1,6 @@
 """The probes of plonedeploy.runtime.probes without Zope (a fake clock, fake apps), and where
 the recipes point HAProxy's health check. The probes on the running stack: test_selfheal.py."""
+import http.server
 import json
 import threading
 import time
@@ -185,6 +186,57 @@ def test_warm_up_renders_each_path_in_process_and_goes_on_after_an_error():
     assert [(path, outcome) for path, outcome, _ in warmed] == [
         ("/Plone", "200 OK"), ("/boom", "RuntimeError: boom"), ("/Plone/++api++?expand=navigation", "200 OK")]
     assert health.started and health.ready()[0]
+
+
+def test_warm_threads_waits_for_the_server_then_reaches_every_worker_thread():
+    """The server binds 0.5 s after the call (as a client's server binds after the warm-up
+    started); the 3 requests of a round are in the server at the same time (each holds a
+    worker thread: a server with 3 threads gives each one), twice; Host names the server's
+    address."""
+    served, port, lock, inside = [], free_local_port(), threading.Lock(), [0, 0]  # now, most
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            with lock:
+                inside[0] += 1
+                inside[1] = max(inside)
+            served.append((self.path, self.headers["Host"]))
+            time.sleep(0.3)
+            with lock:
+                inside[0] -= 1
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    servers = []
+
+    def bind_later():
+        time.sleep(0.5)
+        servers.append(http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler))
+        servers[0].serve_forever(poll_interval=0.05)
+
+    threading.Thread(target=bind_later, daemon=True).start()
+    try:
+        results = probes.warm_threads("0.0.0.0", port, "/Plone", 3, wait=10)
+    finally:
+        while not servers:
+            time.sleep(0.05)
+        servers[0].shutdown()
+        servers[0].server_close()
+    assert [outcome for outcome, _ in results] == [200] * 6
+    assert all(seconds >= 0.3 for _, seconds in results)
+    assert inside[1] == 3, inside
+    assert served == [("/Plone", f"127.0.0.1:{port}")] * 6
+
+
+def test_warm_threads_gives_up_on_a_server_that_never_listens():
+    started = time.monotonic()
+    assert probes.warm_threads("127.0.0.1", free_local_port(), "/Plone", 2, wait=0.5) == []
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize("option, value, message", [

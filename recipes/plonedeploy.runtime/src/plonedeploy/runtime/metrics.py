@@ -353,7 +353,8 @@ def filter_factory(global_conf, address, threads="1", stall_timeout=str(probes.S
     (:mod:`plonedeploy.runtime.probes`); ``warmup_paths``: URL paths separated by white
     space, rendered once each in a thread of their own before ``/readyz`` says ready (empty:
     ready at once); ``warmup_host``: ``host:port`` the warm-up requests name (the client's
-    http-address). Raises ValueError naming the option when one is invalid.
+    http-address), where it then asks each of the ``threads`` worker threads once
+    (:func:`plonedeploy.runtime.probes.warm_threads`). Raises ValueError naming the option when one is invalid.
     """
     parse_address(address)  # fail at load time, before anything listens
     if not str(threads).strip().isdigit() or int(threads) < 1:
@@ -369,7 +370,7 @@ def filter_factory(global_conf, address, threads="1", stall_timeout=str(probes.S
         metrics, health = exporter(address, int(threads), stall, grace, len(paths))
         if paths and not health.warming:  # PasteDeploy may build the filter twice: warm once
             health.warming = True
-            threading.Thread(target=probes.warm_up, args=(app, paths, health, warm_host, warm_port),
+            threading.Thread(target=probes.warm_up, args=(app, paths, health, warm_host, warm_port, int(threads)),
                              name="warm-up", daemon=True).start()
         return Middleware(app, metrics, health)
 
