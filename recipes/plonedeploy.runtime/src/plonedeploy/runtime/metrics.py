@@ -46,6 +46,12 @@ Series (units in the names; all per client process):
   retries is what ended in an error answer (500) after the last retry.
   Both come from ZPublisher's ``IPubBeforeAbort`` event (``retry`` says whether Zope will
   publish the request again), subscribed when the filter is built.
+- ``plonedeploy_memory_restarts_total``: recycles by the memory watchdog, all time (read
+  from its state file at start: monotonic across the restarts it causes);
+  ``plonedeploy_memory_recycle_blocked{reason}``: 1 while RSS is above the limit and it
+  does not recycle (``backoff``: ``memory-limit-restarts`` per hour reached; ``no_peer``);
+  ``plonedeploy_memory_limit_bytes``. Only with ``memory_limit``
+  (:mod:`plonedeploy.runtime.watchdog`, docs/operations.md, "Memory watchdog").
 - ``process_*`` (resident memory, CPU seconds, open file descriptors) and
   ``python_gc_*``, ``python_info`` from prometheus-client's own collectors.
 
@@ -64,6 +70,12 @@ after ``blobsendfile``::
     warmup_host = 127.0.0.1:8081
     stall_timeout = 60
     storage_grace = 30
+    memory_limit = 1073741824
+    memory_limit_grace = 60
+    memory_limit_restarts = 3
+    memory_limit_peers = 127.0.0.1:8092
+    memory_state_file = /srv/plone/var/instance/memory-recycles
+    check_window = 9
 
     [pipeline:main]
     pipeline = blobsendfile metrics translogger egg:Zope#httpexceptions zope
@@ -72,7 +84,7 @@ import logging
 import threading
 import time
 
-from plonedeploy.runtime import probes
+from plonedeploy.runtime import probes, watchdog
 
 logger = logging.getLogger("plonedeploy.metrics")
 
@@ -206,6 +218,17 @@ class Metrics:
                                  ["class"], registry=registry)
         self.retries = Counter("zope_request_retries", "Requests published again after a transient error",
                                registry=registry)
+        # The memory watchdog (plonedeploy.runtime.watchdog); the counter starts from the
+        # recycles recorded on disk, so it never goes down across the restarts it causes.
+        self.memory_restarts = Counter("plonedeploy_memory_restarts",
+                                       "Recycles of this client by the memory watchdog (all time, from its state file)",
+                                       registry=registry)
+        self.memory_blocked = Gauge("plonedeploy_memory_recycle_blocked",
+                                    "1 while RSS is above memory-limit and the watchdog does not recycle: "
+                                    "backoff (memory-limit-restarts per hour reached) or no_peer",
+                                    ["reason"], registry=registry)
+        self.memory_limit = Gauge("plonedeploy_memory_limit_bytes",
+                                  "The memory watchdog's memory-limit (absent: off)", registry=registry)
 
     def count_abort(self, event):
         """Handler of ZPublisher's ``IPubBeforeAbort``: count a conflict by its class and a
@@ -344,8 +367,30 @@ def _seconds(option, value):
     return seconds
 
 
+def watchdog_settings(limit, grace, restarts, peers, state_file, check_window):
+    """The keyword arguments of :class:`~plonedeploy.runtime.watchdog.Watchdog` from the
+    filter's options, or None when ``limit`` is ``off``; ValueError naming a bad one."""
+    limit = str(limit).strip()
+    if limit.lower() in ("off", ""):
+        return None
+    if not limit.isdigit() or int(limit) < 1:
+        raise ValueError(f"metrics: memory_limit = {limit!r} is invalid: expected bytes >= 1 or off")
+    restarts = str(restarts).strip()
+    if not restarts.isdigit():
+        raise ValueError(f"metrics: memory_limit_restarts = {restarts!r} is invalid: expected a whole number >= 0")
+    peers = str(peers).split()
+    for peer in peers:
+        parse_address(peer)
+    return {"limit": int(limit), "grace": _seconds("memory_limit_grace", grace), "max_restarts": int(restarts),
+            "peers": peers, "state_file": str(state_file).strip() or None,
+            "check_window": _seconds("check_window", check_window)}
+
+
 def filter_factory(global_conf, address, threads="1", stall_timeout=str(probes.STALL_TIMEOUT),
-                   storage_grace=str(probes.STORAGE_GRACE), warmup_paths="", warmup_host="127.0.0.1:80"):
+                   storage_grace=str(probes.STORAGE_GRACE), warmup_paths="", warmup_host="127.0.0.1:80",
+                   memory_limit="off", memory_limit_grace=str(watchdog.GRACE),
+                   memory_limit_restarts=str(watchdog.MAX_RESTARTS), memory_limit_peers="",
+                   memory_state_file="", check_window=str(watchdog.CHECK_WINDOW)):
     """PasteDeploy ``paste.filter_factory`` (``use = egg:plonedeploy.runtime#metrics``).
 
     ``address``: ``host:port`` of the metrics and probes HTTP server (required);
@@ -365,9 +410,17 @@ def filter_factory(global_conf, address, threads="1", stall_timeout=str(probes.S
     if bad:
         raise ValueError(f"metrics: warmup_paths names {' '.join(bad)}: expected paths starting with /")
     warm_host, warm_port = parse_address(warmup_host)
+    memory = watchdog_settings(memory_limit, memory_limit_grace, memory_limit_restarts, memory_limit_peers,
+                               memory_state_file, check_window)
 
     def make_filter(app):
         metrics, health = exporter(address, int(threads), stall, grace, len(paths))
+        if memory is not None and getattr(health, "watchdog", None) is None:  # once per process
+            health.watchdog = watchdog.Watchdog(health, metrics=metrics, address=address, **memory)
+            watchdog.start(health.watchdog)
+            logger.info("memory watchdog: memory-limit %s bytes, grace %g s, at most %d recycles per hour, peers %s",
+                        memory["limit"], memory["grace"], memory["max_restarts"],
+                        " ".join(memory["peers"]) or "none")
         if paths and not health.warming:  # PasteDeploy may build the filter twice: warm once
             health.warming = True
             threading.Thread(target=probes.warm_up, args=(app, paths, health, warm_host, warm_port, int(threads)),

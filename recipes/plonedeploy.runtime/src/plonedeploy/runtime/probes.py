@@ -8,8 +8,9 @@ the client's process, so each answers in milliseconds while every Zope thread is
   wedged process does not answer: that is what the balancer's check timeout catches.
 - ``/startupz``: 200 once the warm-up is done (every path of ``warmup-paths`` rendered once
   in-process, then the first one asked from every worker thread of the server), 503 before.
-- ``/readyz``: 200 when started, the storage connected and the threads not stuck; else 503
-  with the reason on one line. The storage counts as disconnected only after
+- ``/readyz``: 200 when started, not being recycled by the memory watchdog
+  (:mod:`plonedeploy.runtime.watchdog`: ``recycling: ...``), the storage connected and the
+  threads not stuck; else 503 with the reason on one line. The storage counts as disconnected only after
   ``storage_grace`` seconds without a connection (a ZEO restart takes a few seconds and
   reads keep being answered from the object and ZEO caches: taking every client out for it
   would turn a blip into an outage). Stuck: every worker thread has held its request longer
@@ -74,6 +75,8 @@ class Health:
         self.warmup_total = warmup_paths
         self.warmed = []           # (path, status line or error, seconds)
         self.started = warmup_paths == 0
+        self.draining = None       # the memory watchdog's "recycling: ..." (plonedeploy.runtime.watchdog)
+        self.watchdog = None       # that watchdog, once the metrics filter started it
         self.warming = False       # a warm-up thread was started
         self._requests = {}        # token -> monotonic start
         self._down_since = None    # monotonic time the storage was first seen disconnected
@@ -89,6 +92,11 @@ class Health:
     def end(self, token):
         with self._lock:
             self._requests.pop(token, None)
+
+    def in_flight(self):
+        """Requests in the application now."""
+        with self._lock:
+            return len(self._requests)
 
     def stuck(self):
         """Requests in the application for longer than ``stall_timeout`` seconds now."""
@@ -124,6 +132,9 @@ class Health:
         """``(True, "ready")`` or ``(False, reason)``: the answer of ``/readyz``."""
         if not self.started:
             return False, f"warming up: {len(self.warmed)} of {self.warmup_total} paths rendered"
+        draining = self.draining
+        if draining:
+            return False, draining
         down = self.storage_down_for()
         if down > self.storage_grace:
             return False, f"storage disconnected for {down:.0f} s (storage-grace {self.storage_grace:g} s)"
