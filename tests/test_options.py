@@ -132,13 +132,13 @@ def test_insert_pool_size_needs_main_db():
         options.insert_pool_size("<zodb_db other>\n</zodb_db>\n", 2)
 
 
-def _render_stage_one(server, blob_sendfile=True, metrics_address=None, hello_port=None):
+def _render_stage_one(server, blob_sendfile=True, metrics_address=None, hello_port=None, **memory):
     port = hello_port or 8081
     context = {"part": "p", "server": server, "host": "127.0.0.1", "port": port,
                "http_address": f"127.0.0.1:{port}", "threads": 3, "blob_sendfile": blob_sendfile,
                "metrics_address": metrics_address, "hello_app": hello_port is not None,
                "warmup_paths": "/Plone /Plone/search?SearchableText=%", "stall_timeout": 60.0,
-               "storage_grace": 30.0}
+               "storage_grace": 30.0, **memory}
     if server == "mod_wsgi":  # instance.Recipe.mod_wsgi_context: the server root is per port
         context.update(mod_wsgi_express=rules.MOD_WSGI_EXPRESS, run_as="www-data",
                        server_root=f"/b/var/p/mod_wsgi-{port}", writable="/b/var/p/chameleon",
@@ -319,6 +319,18 @@ def test_template_defines_metrics_filter_only_with_address(server):
     off = configparser.ConfigParser(interpolation=None)
     off.read_string(_render_stage_one(server))
     assert set(off.sections()) == set(on.sections()) - {"filter:metrics"}
+    # The memory watchdog's settings only with a limit (plonedeploy.runtime.watchdog).
+    watched = configparser.ConfigParser(interpolation=None)
+    watched.read_string(_render_stage_one(
+        server, metrics_address="127.0.0.1:8091", memory_limit=1073741824, memory_limit_grace="60",
+        memory_limit_restarts="3", memory_limit_peers="127.0.0.1:8092", memory_state_file="/srv/var/instance/m%",
+        check_window=9))
+    assert {k: v for k, v in watched["filter:metrics"].items() if k not in on["filter:metrics"]} == {
+        "memory_limit": "1073741824", "memory_limit_grace": "60", "memory_limit_restarts": "3",
+        "memory_limit_peers": "127.0.0.1:8092", "memory_state_file": "/srv/var/instance/m%%", "check_window": "9"}
+    off_limit = configparser.ConfigParser(interpolation=None)
+    off_limit.read_string(_render_stage_one(server, metrics_address="127.0.0.1:8091", memory_limit="off"))
+    assert dict(off_limit["filter:metrics"]) == dict(on["filter:metrics"])
 
 
 def test_metrics_filter_goes_after_blob_filter():

@@ -20,6 +20,7 @@ import pytest
 
 from conftest import ROOT, develop_eggs, setup_budget, stop_group
 from loadtests.extrabuild import BUILDOUT, checkout_header
+from plonedeploy.recipe import rules
 from plonedeploy.recipe.options import SERVERS, TEMPLATES_DIRECTORY, render_template
 
 pytestmark = pytest.mark.buildout
@@ -433,6 +434,17 @@ blob-storage = ${buildout:directory}/var/blobstorage
 
 
 BAD = [
+    ("[instance]\nmemory-limit = lots\n",
+     "[instance] memory-limit = 'lots' is invalid: expected a size in bytes such as 512MB, 1GB or 65536"),
+    ("[instance]\nmemory-limit-grace = 0\n",
+     "[instance] memory-limit-grace = '0' is invalid: expected a number of seconds > 0"),
+    ("[instance]\nmemory-limit-restarts = -1\n",
+     "[instance] memory-limit-restarts = '-1' is invalid: expected a whole number >= 0 (recycles per hour)"),
+    ("[instance]\nmemory-limit-peers = 8072\n", "[instance] memory-limit-peers = '8072' is invalid"),
+    ("[instance]\nmetrics-address = 127.0.0.1:18091\nmemory-limit-peers = 127.0.0.1:18091\n"
+     "[client2]\nmetrics-address = 127.0.0.1:18092\n[uploads]\nmetrics-address = 127.0.0.1:18093\n",
+     "[instance] memory-limit-peers = '127.0.0.1:18091' is invalid: expected the other clients' metrics "
+     "addresses, not this client's own (127.0.0.1:18091)"),
     ("[stack]\nservice-user = no-such-user-pd\n",
      "[stack] service-user = 'no-such-user-pd' is invalid: expected an existing system user (make demo "
      "creates 'plonedeploy'"),
@@ -658,6 +670,27 @@ def test_metrics_filter_wired_per_client(tmp_path):
     for part, port, metrics in (("instance", 18081, 18091), ("client2", 18082, 18092), ("uploads", 18079, 18093)):
         assert re.search(rf"server {part} 127\.0\.0\.1:{port} maxconn \d+ check addr 127\.0\.0\.1 port {metrics}\n",
                          haproxy_cfg), part
+
+
+def test_memory_watchdog_wired_per_client(tmp_path):
+    """memory-limit and its peers in [filter:metrics]; the default limit is the rule of
+    rules.default_memory_limit over host-memory and clients-per-host; off turns it off."""
+    result = buildout(tmp_path, "[instance]\nmetrics-address = 127.0.0.1:18091\n"
+                                "memory-limit-peers = 127.0.0.1:18092\nhost-memory = 4GB\nclients-per-host = 2\n"
+                                "[client2]\nmetrics-address = 127.0.0.1:18092\nmemory-limit-peers = 127.0.0.1:18091\n"
+                                "memory-limit = 900MB\nmemory-limit-restarts = 1\n"
+                                "[uploads]\nmetrics-address = 127.0.0.1:18093\nmemory-limit-peers =\n"
+                                "memory-limit = off\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    instance = _ini(tmp_path / "parts" / "instance" / "etc" / "wsgi.ini")["filter:metrics"]
+    assert instance["memory_limit"] == str(rules.default_memory_limit(4 * 1024 ** 3, 2)[0]) == str(1152 * 1048576)
+    assert instance["memory_limit_peers"] == "127.0.0.1:18092"
+    assert (instance["memory_limit_grace"], instance["memory_limit_restarts"], instance["check_window"]) == \
+        ("60", "3", "9")
+    assert instance["memory_state_file"] == str(tmp_path / "var" / "instance" / "memory-recycles")
+    client2 = _ini(tmp_path / "parts" / "client2" / "etc" / "wsgi.ini")["filter:metrics"]
+    assert (client2["memory_limit"], client2["memory_limit_restarts"]) == (str(900 * 1048576), "1")
+    assert _ini(tmp_path / "parts" / "uploads" / "etc" / "wsgi.ini")["filter:metrics"]["memory_limit"] == "off"
 
 
 def test_no_metrics_filter_without_address(built):

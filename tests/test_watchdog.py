@@ -305,3 +305,20 @@ def test_filter_settings_off_and_on():
     assert metrics.watchdog_settings("1073741824", "30", "2", "127.0.0.1:8072  10.0.0.2:8071", "/x", "9") == {
         "limit": 1073741824, "grace": 30.0, "max_restarts": 2, "peers": ["127.0.0.1:8072", "10.0.0.2:8071"],
         "state_file": "/x", "check_window": 9.0}
+
+
+def test_the_default_memory_limit_rule():
+    from plonedeploy.recipe import rules
+
+    GiB = 1024 * MiB
+    # 75 % of what the host has beyond 1 GiB, split evenly, in whole MiB
+    assert rules.default_memory_limit(16 * GiB, 3)[0] == 3840 * MiB
+    assert rules.default_memory_limit(4 * GiB, 2)[0] == 1152 * MiB
+    limit, reason = rules.default_memory_limit(2 * GiB, 3)
+    assert limit == rules.MEMORY_LIMIT_FLOOR == 512 * MiB and "below the floor of 512 MiB" in reason
+    assert rules.default_memory_limit(512 * MiB, 1)[0] == 512 * MiB   # less than the reserve: the floor
+    with pytest.raises(ValueError):
+        rules.default_memory_limit(16 * GiB, 0)
+    # the watchdog's default check window is HAProxy's fall x inter + 3 s of haproxy.cfg.j2
+    assert rules.recycle_check_window() == watchdog.CHECK_WINDOW == 9
+    assert (str(watchdog.GRACE), str(watchdog.MAX_RESTARTS)) == ("60.0", rules.MEMORY_LIMIT_RESTARTS)

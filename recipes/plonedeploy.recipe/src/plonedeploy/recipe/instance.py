@@ -22,6 +22,11 @@ each; docs/recipe.md's table is generated from it). The reasons behind them:
 - ``storage = relstorage`` forces ``zeo-client`` off (the stock recipe refuses both), so a
   part made with ``<= instance`` switches by this one option; ``relstorage-dsn`` must not
   hold a password because zope.conf is world-readable (``options.parse_dsn``).
+- ``memory-limit`` (with ``metrics-address``; ``configure_memory_watchdog``): the memory
+  watchdog in the metrics filter (plonedeploy.runtime.watchdog); its default is
+  ``rules.default_memory_limit`` over ``host-memory`` and ``clients-per-host``
+  (docs/tuning.md, "Memory limit"); recycles are recorded in ``<client home>/memory-recycles``
+  for the backoff (docs/operations.md, "Memory watchdog").
 
 - ``wsgi-server = mod_wsgi`` (``configure_mod_wsgi``): ``mod-wsgi-express`` must exist at
   build time (scripts/install-system.sh builds it against the system Python); ``run-as``
@@ -61,7 +66,7 @@ from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
 
 from plonedeploy.recipe.edge import default_body_cap
 from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
-from plonedeploy.recipe.rules import CONFLICT_RETRIES, MOD_WSGI_EXPRESS
+from plonedeploy.recipe.rules import CONFLICT_RETRIES, MOD_WSGI_EXPRESS, default_memory_limit, recycle_check_window
 from plonedeploy.recipe.stack import check_service_user, client_layout
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
@@ -115,6 +120,15 @@ def _is_instance_part(buildout, part):
             return False
         part = macros[-1]  # the last macro's options win, as in zc.buildout
     return False
+
+
+def mem_total():
+    """Bytes of RAM of this host (``MemTotal`` of /proc/meminfo)."""
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise zc.buildout.UserError("cannot read MemTotal from /proc/meminfo: set host-memory or memory-limit")
 
 
 class Recipe(Zope2InstanceRecipe):
@@ -178,6 +192,7 @@ class Recipe(Zope2InstanceRecipe):
                 "set metrics-address = host:port or remove it from pipeline"
             )
         self.probes = self.configure_probes(name, opts, options)
+        self.probes.update(self.configure_memory_watchdog(buildout, name, options))
         self.hello_address = None
         if opts.get("hello-address", "").strip():
             hello = parse_http_address(name, opts["hello-address"], "hello-address")
@@ -277,6 +292,57 @@ class Recipe(Zope2InstanceRecipe):
             options[option] = value
             probes[option.replace("-", "_")] = seconds
         return probes
+
+    def configure_memory_watchdog(self, buildout, name, options):
+        """The memory watchdog's filter settings (plonedeploy.runtime.watchdog) from
+        ``memory-limit``, ``host-memory``, ``memory-limit-grace``, ``memory-limit-restarts``
+        and ``memory-limit-peers``: ``{"memory_limit": bytes or "off", ...}``. The default
+        limit is ``rules.default_memory_limit`` (docs/tuning.md). Without ``metrics-address``
+        there is no watchdog (it runs in the metrics filter): ``memory_limit`` is "off".
+        Raises ``zc.buildout.UserError`` naming the option and its allowed values."""
+        opts = DeclaredOptions(name, options, INSTANCE)
+        grace = opts.setdefault("memory-limit-grace").strip()
+        try:
+            seconds = float(grace)
+        except ValueError:
+            seconds = 0.0
+        if not 0 < seconds < float("inf"):
+            fail(name, "memory-limit-grace", grace, "a number of seconds > 0")
+        restarts = opts.setdefault("memory-limit-restarts").strip()
+        if not restarts.isdigit():
+            fail(name, "memory-limit-restarts", restarts, "a whole number >= 0 (recycles per hour)")
+        peers = []
+        for peer in opts.setdefault("memory-limit-peers").split():
+            peer_host, peer_port = parse_http_address(name, peer, "memory-limit-peers")
+            peers.append(f"{peer_host}:{peer_port}")
+        if self.metrics_address and self.metrics_address in peers:
+            fail(name, "memory-limit-peers", opts["memory-limit-peers"],
+                 f"the other clients' metrics addresses, not this client's own ({self.metrics_address})")
+        limit = opts.get("memory-limit", "").strip()
+        if limit.lower() == "off":
+            limit = "off"
+        elif limit:
+            limit = parse_byte_size(name, "memory-limit", limit)
+        else:
+            host_memory = opts.get("host-memory", "").strip()
+            host_memory = (parse_byte_size(name, "host-memory", host_memory) if host_memory
+                           else mem_total())
+            clients = opts.get("clients-per-host", "").strip()
+            clients = (parse_positive_int(name, clients, "clients-per-host") if clients
+                       else sum(1 for part in buildout["buildout"]["parts"].split()
+                                if part == name or _is_instance_part(buildout, part)))
+            limit, reason = default_memory_limit(host_memory, clients)
+            if self.metrics_address:
+                logger.info("[%s] memory-limit -> %s MiB: %s", name, limit // 1048576, reason)
+        options["memory-limit"] = str(limit)
+        options["memory-limit-grace"], options["memory-limit-restarts"] = grace, restarts
+        options["memory-limit-peers"] = " ".join(peers)
+        home = options.get("client-home") or os.path.join(
+            options.get("var") or os.path.join(buildout["buildout"]["directory"], "var"), name)
+        return {"memory_limit": limit if self.metrics_address else "off", "memory_limit_grace": grace,
+                "memory_limit_restarts": restarts, "memory_limit_peers": " ".join(peers),
+                "memory_state_file": os.path.join(home, "memory-recycles"),
+                "check_window": recycle_check_window()}
 
     def configure_mod_wsgi(self, buildout, name, options):
         """``mod-wsgi-express`` (must exist) and ``run-as``; the part's own Chameleon cache.

@@ -137,7 +137,7 @@ INSTANCE = (
            "only with `threads = auto`: cores of the host that runs the clients",
            "CPUs `bin/buildout` may run on"),
     Option("clients-per-host", None, _POSITIVE,
-           "only with `threads = auto`: ZEO clients on that host",
+           "with `threads = auto` and for the default `memory-limit`: ZEO clients on that host",
            "`plonedeploy.recipe:instance` parts in `parts`"),
     Option("zodb-cache-memory", "", "bytes such as `512MB`, `1GB`, `65536` (KB/MB/GB: powers of 1024)",
            "memory budget of the client's ZODB object caches together: sets `zodb-cache-size-bytes` "
@@ -168,6 +168,24 @@ INSTANCE = (
     Option("storage-grace", "30", "seconds > 0",
            "with `metrics-address`: `/readyz` says not ready once the ZEO connection has been down "
            "this long; a shorter ZEO restart takes no client out of the pool"),
+    Option("memory-limit", None, "bytes such as `1GB`, `900MB`, `65536` (KB/MB/GB: powers of 1024), or `off`",
+           "with `metrics-address`: the memory watchdog recycles the client (drained through `/readyz`, "
+           "then SIGTERM to itself; supervisord starts it again) once its RSS has stayed above this for "
+           "`memory-limit-grace` ([operations.md, Memory watchdog](operations.md#memory-watchdog))",
+           "the rule of [tuning.md](tuning.md#memory-limit): 75 % of `host-memory` beyond 1 GiB, "
+           "split over `clients-per-host`, at least 512 MiB"),
+    Option("host-memory", None, "bytes such as `16GB`",
+           "for the default `memory-limit`: RAM of the host that runs the clients",
+           "`MemTotal` of the host `bin/buildout` runs on"),
+    Option("memory-limit-grace", rules.MEMORY_LIMIT_GRACE, "seconds > 0",
+           "seconds RSS must stay above `memory-limit` without a break before the client is recycled"),
+    Option("memory-limit-restarts", rules.MEMORY_LIMIT_RESTARTS, "a whole number >= 0",
+           "at most this many recycles per hour; then the client serves on, logs it and sets "
+           "`plonedeploy_memory_recycle_blocked{reason=\"backoff\"}` (the alert); `0`: only that"),
+    Option("memory-limit-peers", "", "`host:port` values separated by white space, not this client's own `metrics-address`",
+           "the metrics addresses of the other clients of the same HAProxy backend: the watchdog recycles "
+           "only while every one of them answers `/readyz` 200 (never the last one, one at a time); "
+           "empty: it never recycles, only logs and sets `reason=\"no_peer\"`", "empty"),
     Option("hello-address", "", _HOST_PORT + ", not `http-address`",
            "also write `etc/hello.ini`: the same server with the same settings on this address, "
            "serving the hello-world app `egg:plonedeploy.runtime#hello` instead of Zope (run as "

@@ -117,6 +117,52 @@ def auto_threads(server, cores, clients):
                              f"one core (GIL); {DEFAULT_THREADS} threads keep it busy while a request waits on ZEO")
 
 
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+#: The ``memory-limit`` rule (docs/tuning.md, "Memory limit"): what the rest of a client host
+#: keeps (ZEO server, HAProxy, varnish, the kernel and its page cache of Data.fs and blobs),
+#: the share of the remainder the clients' limits add up to (the rest is headroom for the
+#: growth during ``memory-limit-grace`` and for one spike), and the floor: 2x the 184-256 MiB
+#: peak RSS a client of the demo site reaches (docs/performance.md), since a limit below a
+#: client's working size only recycles it into the backoff.
+MEMORY_RESERVE = 1 * GiB
+MEMORY_SHARE = 0.75
+MEMORY_LIMIT_FLOOR = 512 * MiB
+#: Defaults of memory-limit-grace (seconds) and memory-limit-restarts (per hour).
+MEMORY_LIMIT_GRACE = "60"
+MEMORY_LIMIT_RESTARTS = "3"
+#: HAProxy's health-check timing of the ZEO clients (haproxy/haproxy.cfg.j2's default-server).
+CHECK_INTER, CHECK_FALL, CHECK_RISE = 2, 3, 2
+
+
+def default_memory_limit(host_memory, clients):
+    """The ``memory-limit`` rule: ``(bytes, reason)`` for one ZEO client.
+
+    ``host_memory``: bytes of RAM of the host that runs the clients; ``clients``: ZEO
+    clients on that host. The clients' limits together are :data:`MEMORY_SHARE` of what the
+    host has beyond :data:`MEMORY_RESERVE`, split evenly, rounded down to MiB, at least
+    :data:`MEMORY_LIMIT_FLOOR`. ``reason`` is one line for the build log.
+    """
+    if host_memory < 1 or clients < 1:
+        raise ValueError(f"default_memory_limit({host_memory!r}, {clients!r}): expected positive numbers")
+    share = int((host_memory - MEMORY_RESERVE) * MEMORY_SHARE / clients) // MiB * MiB
+    if share < MEMORY_LIMIT_FLOOR:
+        return MEMORY_LIMIT_FLOOR, (f"{clients} ZEO client(s) on {host_memory // MiB} MiB: "
+                                    f"{MEMORY_SHARE:.0%} of the memory beyond {MEMORY_RESERVE // MiB} MiB "
+                                    f"is {max(share, 0) // MiB} MiB each, below the floor of "
+                                    f"{MEMORY_LIMIT_FLOOR // MiB} MiB: the floor (too many clients for this host?)")
+    return share, (f"{clients} ZEO client(s) on {host_memory // MiB} MiB: {MEMORY_SHARE:.0%} of the memory "
+                   f"beyond {MEMORY_RESERVE // MiB} MiB (ZEO, HAProxy, varnish, the page cache), split evenly")
+
+
+def recycle_check_window(inter=CHECK_INTER, fall=CHECK_FALL, margin=3):
+    """Seconds the memory watchdog waits, after ``/readyz`` says ``recycling``, before it
+    may end the client: HAProxy's ``fall`` failed checks ``inter`` seconds apart (the first
+    may come a whole ``inter`` late; the next ones come faster, ``fastinter``) and a margin
+    for a check that was under way. 3 x 2 s + 3 s = 9 s."""
+    return fall * inter + margin
+
+
 def threads_error(server, threads):
     """Why ``threads`` (an int >= 1) cannot serve on ``server``, or None when it can."""
     if server in SINGLE_THREADED and threads != 1:
