@@ -44,7 +44,7 @@ def test_promtool_check_rules(rules):
     result = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True,
                             timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 8 rules found" in result.stdout, result.stdout
+    assert "SUCCESS: 9 rules found" in result.stdout, result.stdout
 
 
 # Synthetic series, one sample per minute ("a+bxN": a, a+b, ... N+1 samples); each alert is
@@ -108,6 +108,12 @@ tests:
         values: '864000x30'
       - series: 'probe_ssl_earliest_cert_expiry{{job="blackbox",instance="https://blip.example.org/Plone/@@ok"}}'
         values: '5184000x30'
+      # the memory watchdog: one client in its backoff from minute 2 on; the upload lane's
+      # client (no peer) above its limit for one minute only
+      - series: 'plonedeploy_memory_recycle_blocked{{job="zeoclients",instance="127.0.0.1:8091",reason="backoff"}}'
+        values: '0 0 1x10'
+      - series: 'plonedeploy_memory_recycle_blocked{{job="zeoclients",instance="127.0.0.1:8093",reason="no_peer"}}'
+        values: '0 0 1 0x10'
     alert_rule_test:
       - {{eval_time: 30s, alertname: HAProxyServerDown, exp_alerts: []}}
       - eval_time: 2m
@@ -148,6 +154,12 @@ tests:
                          class: Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool}}
             exp_annotations:
               summary: "30.0 ConflictErrors a minute on 127.0.0.1:8091, class Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool"
+      - {{eval_time: 3m, alertname: ZopeClientMemoryNotRecycled, exp_alerts: []}}
+      - eval_time: 5m
+        alertname: ZopeClientMemoryNotRecycled
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: zeoclients, instance: "127.0.0.1:8091", reason: backoff}}
+            exp_annotations: {{summary: "127.0.0.1:8091 stays above its memory-limit and is not recycled (backoff)"}}
       # down from 2m: pending at 2m, firing from 3m (monitoring_site_down_for 1m), resolved at
       # 6m; the blip (down at 2m only) never fires
       - {{eval_time: 2m, alertname: SiteDown, exp_alerts: []}}

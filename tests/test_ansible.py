@@ -286,6 +286,13 @@ BAD = [
     ({"zeoclient_warmup_paths": ["/Plone", "Plone/@@search"]},
      "zeoclient_warmup_paths must be URL paths starting with / without spaces"),
     ({"zeoclient_stall_timeout": 0}, "zeoclient_stall_timeout and zeoclient_storage_grace seconds > 0"),
+    # the memory watchdog (the recipe's memory-limit rules)
+    ({"zeoclient_memory_limit": "lots"},
+     "zeoclient_memory_limit and each client's memory_limit must be empty (the recipe's rule), off, or bytes"),
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "metrics_port": 18091, "wsgi_server": "waitress",
+                             "memory_limit": "0"}]},
+     "zeoclient_memory_limit and each client's memory_limit must be empty (the recipe's rule), off, or bytes"),
+    ({"zeoclient_memory_limit_grace": 0}, "zeoclient_memory_limit_grace seconds > 0 (got 0)"),
     ({"zeoclient_clients": [{"name": "c1", "port": 18081, "wsgi_server": "waitress",
                              "max_request_body_size": 1073741824}]},
      "haproxy_health_check /readyz: client c1 has no metrics address"),
