@@ -322,3 +322,22 @@ def test_the_default_memory_limit_rule():
     # the watchdog's default check window is HAProxy's fall x inter + 3 s of haproxy.cfg.j2
     assert rules.recycle_check_window() == watchdog.CHECK_WINDOW == 9
     assert (str(watchdog.GRACE), str(watchdog.MAX_RESTARTS)) == ("60.0", rules.MEMORY_LIMIT_RESTARTS)
+
+
+def test_ask_readyz_of_a_real_probe_server():
+    """The peer asker against a probe server of this process: 200 ready, 503 with the
+    watchdog's text, and no answer from a closed port."""
+    from loadtests.core import free_local_port
+
+    health = probes.Health(1)
+    port = free_local_port()
+    server = probes.serve("127.0.0.1", port, probes.probe_app(health, lambda e, s: []))
+    try:
+        assert watchdog.ask_readyz(f"127.0.0.1:{port}") == (200, "ready")
+        health.draining = "recycling: RSS 300 MiB above memory-limit 200 MiB for 60 s"
+        assert watchdog.ask_readyz(f"127.0.0.1:{port}") == (503, health.draining)
+    finally:
+        server.shutdown()
+        server.server_close()
+    status, text = watchdog.ask_readyz(f"127.0.0.1:{port}", timeout=1)
+    assert status is None and text.startswith("no answer: ")

@@ -73,8 +73,11 @@ def rss():
 def ask_readyz(address, timeout=PEER_TIMEOUT):
     """``(status, text)`` of ``GET http://address/readyz``; ``(None, reason)`` when it does
     not answer."""
+    host, _, port = address.rpartition(":")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address in a URL
     try:
-        with urllib.request.urlopen(f"http://{address}/readyz", timeout=timeout) as response:
+        with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=timeout) as response:
             return response.status, response.read(200).decode(errors="replace").strip()
     except urllib.error.HTTPError as error:
         return error.code, error.read(200).decode(errors="replace").strip()
