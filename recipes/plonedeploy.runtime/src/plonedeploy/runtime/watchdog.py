@@ -18,8 +18,8 @@ A thread of the client (started by the ``metrics`` filter next to the probes) ca
   other peer not ready makes it withdraw too.
 - Drain: it waits ``check_window`` seconds (HAProxy's ``fall x inter`` + margin: its
   checks have seen the 503 and it sends nothing new), then until no request is in the
-  application (:meth:`Health.in_flight`), at most ``drain_timeout`` seconds; the peers
-  must still be ready, else it withdraws.
+  application (:meth:`Health.in_flight`), at most ``drain_timeout`` seconds; at every look
+  the peers must still answer 200, else it withdraws.
 - Recycle: the time is appended to ``state_file``, the counter incremented, a log line
   written, and ``kill(getpid(), SIGTERM)``: the server shuts down, supervisord starts it
   again (``autorestart``), the warm-up makes it ready.
@@ -245,15 +245,18 @@ class Watchdog:
         logger.info("memory watchdog: %s", self.recycling)
 
     def _drain(self, now):
+        # Every look: a peer that stopped being ready (it crashed, or an operator's rolling
+        # restart took it, which its /readyz does not show until it stops) puts this client
+        # back at once, not only at the end of the drain.
+        ok, why = self.peers_ready(claiming=False)  # strict: every peer answers 200 now
+        if not ok:
+            self.withdraw(why)
+            return
         waited = now - self.since
         if waited < CLAIM_DELAY + self.check_window:
             return
         busy = self.health.in_flight()
         if busy and waited < CLAIM_DELAY + self.check_window + self.drain_timeout:
-            return
-        ok, why = self.peers_ready(claiming=False)  # strict: every peer answers 200 now
-        if not ok:
-            self.withdraw(why)
             return
         if busy:
             logger.warning("memory watchdog: %d requests still in the application after %.0f s; recycling anyway",
