@@ -93,6 +93,20 @@ except KeyError:
     notify(PubBeforeAbort(None, sys.exc_info(), False))
 print("#---")
 print(generate_latest(conflicts).decode(), end="")
+
+# The memory watchdog's instruments: a process started after two recorded recycles, above
+# its limit with no peer.
+import tempfile
+from plonedeploy.runtime import probes, watchdog
+state = tempfile.NamedTemporaryFile("w", suffix=".recycles", delete=False)
+state.write("1800000000.0\n1800000100.0\n")
+state.close()
+memory = CollectorRegistry()
+dog = watchdog.Watchdog(probes.Health(1), 1024, grace=0, state_file=state.name, metrics=Metrics(memory),
+                        read_rss=lambda: 4096, clock=lambda: 0.0, wall=lambda: 1800000200.0)
+dog.tick()
+print("#---")
+print(generate_latest(memory).decode(), end="")
 '''
 
 
@@ -145,3 +159,13 @@ def test_conflicts_by_class_and_retries_from_zpublisher_events(output):
     assert value(counted, "zodb_conflicts_total", **{"class": "persistent.mapping.PersistentMapping"}) == 2
     assert value(counted, "zope_request_retries_total") == 1
     assert sum(v for (name, _), v in counted.items() if name == "zodb_conflicts_total") == 2
+
+
+def test_memory_watchdog_instruments(output):
+    """plonedeploy_memory_restarts_total starts from the recycles recorded on disk (it never
+    goes down across the restarts the watchdog causes); the blocked gauge by reason."""
+    memory = parse(output[5])
+    assert value(memory, "plonedeploy_memory_restarts_total") == 2
+    assert value(memory, "plonedeploy_memory_limit_bytes") == 1024
+    assert value(memory, "plonedeploy_memory_recycle_blocked", reason="backoff") == 0
+    assert value(memory, "plonedeploy_memory_recycle_blocked", reason="no_peer") == 1
