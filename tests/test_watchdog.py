@@ -190,7 +190,7 @@ def test_a_peer_that_goes_away_while_draining_puts_it_back(tmp_path):
 
 def test_two_claims_at_once_the_first_address_wins(tmp_path):
     """Both clients saw the other ready and claimed: each sees the other 'recycling' at its
-    second look, 1 s later; the one whose address sorts first goes on, the other withdraws."""
+    second look, CLAIM_DELAY (0.5 s) later; the one whose address sorts first goes on, the other withdraws."""
     a_world, b_world = World(), World()
     a, a_health = make(a_world, None, grace=0, address="127.0.0.1:8071",
                        peers=("127.0.0.1:8072",))
@@ -202,7 +202,7 @@ def test_two_claims_at_once_the_first_address_wins(tmp_path):
     a_world.peers["127.0.0.1:8072"] = (503, b_health.ready()[1])
     b_world.peers["127.0.0.1:8071"] = (503, a_health.ready()[1])
     for world in (a_world, b_world):
-        world.advance(1)
+        world.advance(watchdog.CLAIM_DELAY)
     a.tick(), b.tick()
     assert a.state == watchdog.DRAINING and b.state == watchdog.IDLE and b_health.ready() == (True, "ready")
     # The final look of the winner is strict: the loser must be ready again.
@@ -341,3 +341,45 @@ def test_ask_readyz_of_a_real_probe_server():
         server.server_close()
     status, text = watchdog.ask_readyz(f"127.0.0.1:{port}", timeout=1)
     assert status is None and text.startswith("no answer: ")
+
+
+def test_looks_come_faster_after_a_claim_and_while_draining():
+    world = World()
+    dog, _ = make(world, None, grace=0)
+    assert dog.next_tick() == watchdog.INTERVAL == 5
+    world.rss = 300 * MiB
+    dog.tick()
+    assert dog.state == watchdog.CLAIMED and dog.next_tick() == watchdog.CLAIM_DELAY == 0.5
+    world.advance(0.5)
+    dog.tick()
+    assert dog.state == watchdog.DRAINING and dog.next_tick() == watchdog.DRAIN_INTERVAL == 1
+
+
+def test_a_slow_peer_answer_means_no_claim_this_tick():
+    """Asking the peers took longer than half the claim delay: another client may have
+    claimed meanwhile unseen, so it looks again at the next tick instead of claiming."""
+    world = World()
+    dog, health = make(world, None, grace=0)
+    world.rss = 300 * MiB
+    slow = world.ask
+
+    def ask(peer):
+        world.now += 0.4
+        return slow(peer)
+
+    dog.ask = ask
+    dog.tick()
+    assert dog.state == watchdog.IDLE and health.ready() == (True, "ready")
+    dog.ask = slow
+    dog.tick()
+    assert dog.state == watchdog.CLAIMED
+
+
+def test_waiting_for_a_peer_is_logged_once_per_reason(caplog):
+    caplog.set_level("INFO", logger="plonedeploy.watchdog")
+    world = World()
+    dog, _ = make(world, None, grace=0)
+    world.peers["127.0.0.1:8072"] = (503, "warming up: 1 of 3 paths rendered")
+    world.rss = 300 * MiB
+    run(dog, world, 60)
+    assert caplog.text.count("waiting: peer 127.0.0.1:8072") == 1

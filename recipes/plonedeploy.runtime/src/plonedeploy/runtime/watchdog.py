@@ -46,9 +46,12 @@ GRACE = 60.0
 MAX_RESTARTS = 3
 #: The backoff counts the recycles of this many seconds.
 WINDOW = 3600.0
-#: Seconds between the claim and the second look at the peers: below HAProxy's ``inter``
-#: (2 s), so that two clients claiming at once are never both seen by ``fall`` checks.
-CLAIM_DELAY = 1.0
+#: Seconds between the claim and the second look at the peers. A claim that loses is seen
+#: by at most two of HAProxy's checks (``inter`` 2 s, then ``fastinter`` 0.5 s after a
+#: failed one), fewer than ``fall`` (3): two clients claiming at once never both go DOWN.
+CLAIM_DELAY = 0.5
+#: Seconds between two looks while draining (the peers are asked at each).
+DRAIN_INTERVAL = 1.0
 #: Default seconds HAProxy needs to see the 503 (rules.recycle_check_window: fall 3 x inter 2 s + 3 s).
 CHECK_WINDOW = 9.0
 #: Longest wait for the requests in the application to finish: HAProxy's ``timeout server``.
@@ -139,6 +142,7 @@ class Watchdog:
         self.blocked = None        # "backoff", "no_peer" or None
         self.over_since = None     # monotonic time RSS was first seen above the limit
         self.since = None          # monotonic time of the claim
+        self.waiting = None        # why it last waited for a peer (logged once per reason)
         self.recycles = read_recycles(state_file)
         if metrics is not None:
             metrics.memory_limit.set(self.limit)
@@ -238,8 +242,15 @@ class Watchdog:
         self._unblock()
         ok, why = self.peers_ready(claiming=False)
         if not ok:
-            logger.info("memory watchdog: %s; waiting: %s", text, why)
+            if why != self.waiting:
+                logger.info("memory watchdog: %s; waiting: %s", text, why)
+            self.waiting = why
             return
+        if self.clock() - now > CLAIM_DELAY / 2:
+            # A slow peer: another client may have claimed since the first answers; a claim
+            # now might not be seen by its second look. Look again at the next tick.
+            return
+        self.waiting = None
         self.state, self.since = CLAIMED, now
         self.recycling = f"recycling: {text}"
         logger.info("memory watchdog: %s", self.recycling)
@@ -280,10 +291,16 @@ class Watchdog:
         if self.metrics is not None:
             self.metrics.memory_restarts.inc()
 
+    def next_tick(self, interval=INTERVAL):
+        """Seconds until the next look: ``interval``, ``CLAIM_DELAY`` after a claim, and
+        ``DRAIN_INTERVAL`` while draining."""
+        return {CLAIMED: min(interval, CLAIM_DELAY), DRAINING: min(interval, DRAIN_INTERVAL)}.get(self.state, interval)
+
     def run(self, stop=None, interval=INTERVAL):
-        """Tick every ``interval`` seconds until ``stop`` (a threading.Event) is set."""
+        """Tick every ``interval`` seconds (:meth:`next_tick`) until ``stop`` (a
+        threading.Event) is set."""
         stop = stop or threading.Event()
-        while not stop.wait(interval):
+        while not stop.wait(self.next_tick(interval)):
             try:
                 self.tick()
             except Exception:  # the watchdog must never take the client down by accident
