@@ -86,7 +86,9 @@ backend b
     timeout check 5s
     # live: 20 failed checks before DOWN, so that a busy machine does not make it flap.
     server live 127.0.0.1:{app.server_address[1]} check inter 200ms fall 20
-    server dead 127.0.0.1:{dead} check inter 200ms
+    # dead: in MAINT (disabled) but for the tests that need it DOWN: drain waits while a
+    # peer is DOWN (never the last one in service)
+    server dead 127.0.0.1:{dead} check inter 200ms disabled
 # As the kit's write lane: the same servers under the same names, tracking b's.
 backend w
     balance source
@@ -248,10 +250,47 @@ def test_leaving_maint_counts_as_up_before_any_check(balancer):
     into rotation as healthy, even a dead one (``UP``, then ``UP 1/3`` ... until its checks
     fail), so a wait for UP alone does not prove the client serves."""
     sock = balancer["socket"]
-    assert rolling.server_stats(sock, "b", "dead")["status"] == "DOWN"
-    rolling.runtime_api(sock, "set server b/dead state maint")
+    try:
+        _dead_down(sock)
+        rolling.runtime_api(sock, "set server b/dead state maint")
+        rolling.runtime_api(sock, "set server b/dead state ready")
+        assert rolling.server_stats(sock, "b", "dead")["status"].startswith("UP")
+    finally:
+        rolling.runtime_api(sock, "set server b/dead state maint")
+
+
+def _dead_down(sock):
+    """Take b/dead out of MAINT and wait (at most 15 s) until its checks made it DOWN."""
     rolling.runtime_api(sock, "set server b/dead state ready")
-    assert rolling.server_stats(sock, "b", "dead")["status"].startswith("UP")
+    deadline = time.monotonic() + 15
+    while rolling.server_stats(sock, "b", "dead")["status"] != "DOWN":
+        assert time.monotonic() < deadline, rolling.server_stats(sock, "b", "dead")["status"]
+        time.sleep(0.05)
+
+
+@requires_haproxy
+def test_drain_waits_while_a_peer_is_down_and_leaves_the_server_as_it_was(balancer):
+    """Never the last one in service: with b/dead DOWN (as a client its memory watchdog
+    drained), draining b/live waits for it, and after --timeout fails naming it, with
+    b/live still UP; with b/dead in MAINT (an operator's) the drain goes ahead."""
+    sock = balancer["socket"]
+    try:
+        _dead_down(sock)
+        started = time.monotonic()
+        drained = cli("drain", "--socket", sock, "--backend", "b", "--server", "live", "--timeout", "1")
+        assert drained.returncode == 1
+        assert time.monotonic() - started >= 1.0
+        assert re.match(r"rolling\.py drain: b/live: not drained: dead DOWN 1 s after asking; ", drained.stderr.strip()), \
+            drained.stderr
+        assert rolling.server_stats(sock, "b", "live")["status"] == "UP"
+    finally:
+        rolling.runtime_api(sock, "set server b/dead state maint")
+    drained = cli("drain", "--socket", sock, "--backend", "b", "--server", "live", "--timeout", "5")
+    try:
+        assert drained.returncode == 0, drained.stderr
+        assert json.loads(drained.stdout)["after"] == "MAINT"
+    finally:
+        cli("enable", "--socket", sock, "--backend", "b", "--server", "live")
 
 
 @requires_haproxy

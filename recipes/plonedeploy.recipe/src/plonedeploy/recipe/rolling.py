@@ -4,7 +4,9 @@ their order, their rules and their timeouts, for both deploy paths.
 
 The steps, in this order (:data:`STEPS`, :func:`restart_client`):
 
-1. ``drain`` (on each balancer): ``set server B/N state drain`` over HAProxy's runtime API
+1. ``drain`` (on each balancer): wait until every other server of B is UP (or in an
+   operator's MAINT): never the last one in service while a peer is DOWN, e.g. recycled by
+   its memory watchdog; then ``set server B/N state drain`` over HAProxy's runtime API
    (no new requests; in-flight ones finish), wait until the server has no session and no
    queued request, then ``set server B/N state maint``; the same in every other backend
    that has a server of that name (:func:`backends_of`: the write lane's ``writes``, whose
@@ -146,19 +148,39 @@ def _wait(condition, timeout, failure):
         time.sleep(POLL_INTERVAL)
 
 
+def _peers_in_service(socket_path, backend, server, waiting):
+    """True when every other server of ``backend`` is ``UP`` (or in MAINT, an operator's);
+    else False, with ``waiting["text"]`` naming the others and their status."""
+    others = {row["svname"]: row["status"] for row in _stat_rows(socket_path)
+              if row["pxname"] == backend and row["svname"] not in (server, "FRONTEND", "BACKEND")}
+    out = {name: status for name, status in others.items() if status != "UP" and not status.startswith("MAINT")}
+    waiting["text"] = ", ".join(f"{name} {status}" for name, status in sorted(out.items()))
+    return not out
+
+
 def drain(socket_path, backend, server, timeout=TIMEOUT):
     """Step 1: take ``backend/server`` out of HAProxy's rotation without cutting a request,
     in ``backend`` and in every other backend that has the server (:func:`backends_of`):
-    state drain, wait (at most ``timeout`` seconds) until it holds no session and has no
-    queued request in any of them, then state maint. Where it is in MAINT already it only
-    gets the wait.
+    first wait (at most ``timeout`` seconds) until every other server of ``backend`` is UP
+    (or in MAINT: an operator's), so that a client is never taken out while a peer is DOWN
+    (a memory watchdog's recycle, docs/operations.md); then state drain, wait (at most
+    ``timeout`` seconds) until it holds no session and has no queued request in any of
+    them, then state maint. Where it is in MAINT already it only gets the wait.
 
     Returns ``(status before, status after)`` in ``backend`` (``after`` is ``MAINT``).
-    Raises RollingError as :func:`server_stats`, and when sessions remain after ``timeout``
+    Raises RollingError as :func:`server_stats`, when a peer stays DOWN for ``timeout``
+    seconds (the server is then left as it was), and when sessions remain after ``timeout``
     seconds; the server is then put back in service (state ready) in each backend where it
     was not in DRAIN or MAINT before.
     """
     backends = backends_of(socket_path, backend, server)
+    # Never the last one in service: a peer DOWN (e.g. drained by its memory watchdog, whose
+    # /readyz says "recycling") comes back first. MAINT is an operator's choice: not waited for.
+    waiting = {}
+    _wait(lambda: _peers_in_service(socket_path, backend, server, waiting), timeout,
+          lambda: f"{backend}/{server}: not drained: {waiting['text']} {timeout:g} s after asking; "
+                  f"taking it out would leave the backend without them (put a dead server in "
+                  f"MAINT by hand: set server {backend}/<name> state maint)")
     before = {name: server_stats(socket_path, name, server)["status"] for name in backends}
     for name in backends:
         if not before[name].startswith("MAINT"):
