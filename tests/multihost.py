@@ -34,7 +34,11 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
    tunnel to lb1's localhost): both servers answer, no failure, every request HAProxy logs
    comes from 10.231.0.5, which is served on the plain port while others get 301;
    alerts: Alertmanager on lb1 sends to a webhook receiver this script runs on the control
-   host (10.231.0.1:15580); with every ZEO client of app1 stopped, the blackbox exporter's
+   host (10.231.0.1:15580); self-healing (issue 28): lb1's HAProxy checks ``/readyz`` on each
+   client's metrics port over the namespace network (all L7OK, each answers 200 to lb1),
+   client2's memory watchdog (``memory_limit: 64MB``, 1 recycle per hour in the inventory)
+   recycled it once, drained, then its backoff holds it and ZopeClientMemoryNotRecycled
+   reaches the receiver; with every ZEO client of app1 stopped, the blackbox exporter's
    probe of https://10.231.0.4/Plone/@@ok fails and "SiteDown" must reach the receiver
    within 180 s; after the clients are started again, its resolution within 300 s;
    ACME: Debian's pebble runs in a sixth namespace ``pdmh-acme`` (10.231.0.8, no sshd; its
@@ -81,7 +85,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src"))  # run as a script, not by pytest
 sys.path.insert(0, os.path.join(ROOT, "recipes", "plonedeploy.runtime", "src"))  # the recipe imports it
-from plonedeploy.recipe import rules  # noqa: E402  (after the path above)
+from plonedeploy.recipe import rolling, rules  # noqa: E402  (after the path above)
 
 ANSIBLE = os.path.join(ROOT, "ansible")
 WORK = "/tmp/pdmh"
@@ -602,6 +606,8 @@ def verify():
         check(label, passed, detail)
     for label, passed, detail in service_user_checks() + exposure_checks():
         check(label, passed, detail)
+    for label, passed, detail in selfheal_checks():
+        check(label, passed, detail)
     for label, passed, detail in alert_test():
         check(label, passed, detail)
     for name in (STORAGES[STORAGE][0], "app1"):
@@ -963,6 +969,88 @@ class WebhookReceiver:
 
 #: Started by main() once the bridge exists.
 RECEIVER = None
+
+
+#: The metrics (and probes) port of each ZEO client on app1 (group_vars/zeoclients.yml).
+METRICS_PORTS = {"client1": 8091, "client2": 8092, "client3": 8094, "uploads": 8093}
+
+
+def _from_lb1(url):
+    """``(status, body)`` of a GET of ``url`` from lb1's namespace (app1's firewall lets the
+    balancer reach the metrics ports, not this control host)."""
+    out = in_ns("pdmh-lb", "curl", "-s", "--max-time", "10", "-w", "\n%{http_code}", url, check=False, capture=True)
+    body, _, status = out.rpartition("\n")
+    return int(status) if status.isdigit() else None, body
+
+
+def selfheal_checks(wait=300):
+    """Issue 28 across hosts. Probes: lb1's HAProxy checks ``/readyz`` on each client's
+    metrics port on 10.231.0.3 (``check addr ... port ...``) and every check passes (L7OK);
+    each client answers ``/readyz`` 200 to lb1. Memory watchdog: client2 (``memory_limit:
+    64MB`` in the inventory, grace 20 s, 1 recycle per hour) was recycled once by its
+    watchdog (its state file has one time) and is then held by the backoff
+    (``plonedeploy_memory_recycle_blocked{reason="backoff"} 1``,
+    ``plonedeploy_memory_restarts_total 1``); client1's peers are the other page clients'
+    addresses; the alert ZopeClientMemoryNotRecycled reached the webhook. Waits at most
+    ``wait`` seconds for the recycle, the backoff and the alert. Returns ``[(label, passed,
+    detail)]``."""
+    out = []
+    config = open(f"{WORK}/lb1/haproxy/haproxy.cfg", encoding="utf-8").read()
+    lines = {name: f" check addr 10.231.0.3 port {port}" in config for name, port in METRICS_PORTS.items()}
+    socket_path = re.search(r"^\s*stats socket (\S+)", config, re.MULTILINE).group(1)
+    checks = {}
+    for _ in range(30):  # a check under way after the deploy's restarts: look again
+        checks = {name: rolling.server_stats(socket_path, "uploads" if name == "uploads" else "zeoclients",
+                                             name)["check_status"] for name in METRICS_PORTS}
+        if set(checks.values()) == {"L7OK"}:
+            break
+        time.sleep(2)
+    out.append(("probes: lb1's HAProxy checks GET /readyz on each client's metrics port on 10.231.0.3, all L7OK",
+                config.count("option httpchk GET /readyz") >= 2 and all(lines.values())
+                and set(checks) == set(METRICS_PORTS) and set(checks.values()) == {"L7OK"},
+                {"check addr/port": lines, "check_status": checks}))
+    answers = {name: _from_lb1(f"http://10.231.0.3:{port}/readyz") for name, port in METRICS_PORTS.items()}
+    out.append(("probes: every client answers /readyz 200 ready to lb1",
+                all(answer == (200, "ready") for answer in answers.values()), answers))
+
+    def ini(name):
+        return open(f"{WORK}/app1/zeoclient/parts/{name}/etc/wsgi.ini", encoding="utf-8").read()
+
+    def setting(text, key):
+        found = re.search(rf"^{key} = (.*)$", text, re.MULTILINE)
+        return found.group(1).strip() if found else None
+
+    peers = setting(ini("client1"), "memory_limit_peers")
+    out.append(("watchdog: client1's peers are client2's and client3's metrics addresses (not uploads')",
+                sorted((peers or "").split()) == ["10.231.0.3:8092", "10.231.0.3:8094"], peers))
+    state_file = setting(ini("client2"), "memory_state_file")
+    deadline, recycles, series = time.monotonic() + wait, [], {}
+    while True:
+        recycles = open(state_file).read().split() if state_file and os.path.exists(state_file) else []
+        status, text = _from_lb1("http://10.231.0.3:8092/metrics")
+        series = {name: float(value) for name, value in re.findall(
+            r'^(plonedeploy_memory_(?:restarts_total|recycle_blocked\{reason="backoff"\}|limit_bytes)) (\S+)$',
+            text or "", re.MULTILINE)}
+        if (len(recycles) == 1 and series.get('plonedeploy_memory_recycle_blocked{reason="backoff"}') == 1) \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(5)
+    out.append(("watchdog: client2 (memory_limit 64MB, 1 per hour) recycled once by itself, then held by the backoff",
+                len(recycles) == 1 and series.get("plonedeploy_memory_restarts_total") == 1
+                and series.get('plonedeploy_memory_recycle_blocked{reason="backoff"}') == 1
+                and series.get("plonedeploy_memory_limit_bytes") == 64 * 1024 * 1024,
+                {"state file": state_file, "recycles": recycles, "metrics": series}))
+
+    def alerted():
+        return any(a.get("labels", {}).get("alertname") == "ZopeClientMemoryNotRecycled"
+                   and a.get("labels", {}).get("reason") == "backoff" and a.get("status") == "firing"
+                   for _, payload in list(RECEIVER.received) for a in payload.get("alerts", []))
+
+    while not alerted() and time.monotonic() < deadline + 180:  # Prometheus' for: 2m after the backoff
+        time.sleep(5)
+    out.append(("watchdog: ZopeClientMemoryNotRecycled (reason backoff) reached the webhook", alerted(),
+                sorted({a.get("labels", {}).get("alertname") for _, p in RECEIVER.received for a in p.get("alerts", [])})))
+    return out
 
 
 def alert_test():
