@@ -980,7 +980,7 @@ def _from_lb1(url):
     balancer reach the metrics ports, not this control host)."""
     out = in_ns("pdmh-lb", "curl", "-s", "--max-time", "10", "-w", "\n%{http_code}", url, check=False, capture=True)
     body, _, status = out.rpartition("\n")
-    return int(status) if status.isdigit() else None, body
+    return int(status) if status.isdigit() else None, body.strip()
 
 
 def selfheal_checks(wait=300):
