@@ -318,6 +318,11 @@ def measure(args, config, directory, label="", balancer=None, extra_procs=None):
     # With remote workers only the master runs here: the cores its one process can use.
     processes = 1 if args.remote_workers else cores if args.processes == -1 else args.processes
     warnings = saturation_warnings(own / wall, busy / (wall * cores), cores, processes)
+    if per_server.get("missing_final_reports"):
+        # The locustfile's master waited for every worker's last report and one did not
+        # come: Locust's per-server counts then miss that worker's last requests.
+        warnings.append(f"{per_server['missing_final_reports']} Locust worker(s) sent no last stats report: "
+                        "Locust's counts miss their last requests (HAProxy's do not)")
     for text in warnings:
         print(f"  {label}warning: {text}", flush=True)
 

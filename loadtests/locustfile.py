@@ -25,7 +25,10 @@ Options added to Locust's own (``locust -f loadtests/locustfile.py --help``):
     (written when the run time is up), it includes requests that finish while the users
     stop, so it matches HAProxy's counters. With ``--processes`` (or ``--master`` and
     ``--worker``s) every worker sends its part with each stats report and the master
-    merges and writes it.
+    merges and writes it; when the run time is up the master asks every worker to stop
+    its users and send a last report, and waits for all of them (at most ``--stop-timeout``
+    + 10 s) before it quits. ``"missing_final_reports"`` counts the workers whose last
+    report did not come (0 when the counts are complete).
 ``--warmup S`` (seconds, default 0)
     Requests that finish in the first S seconds after the test started are left out of
     ``--per-server-stats`` (only counted in ``"warmup_requests": {server: count}``);
@@ -42,13 +45,14 @@ Use the host ``http://127.0.0.1:8080`` (HAProxy) or a client directly (``:8081``
 traffic must stay on this machine.
 """
 import json
+import logging
 import os
 import sys
 import time
 
 import gevent
 from locust import FastHttpUser, constant, events, task
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 from locust.stats import RequestStats, StatsEntry
 
 # Locust puts only this file's folder on sys.path; the shared parser is in the package.
@@ -157,6 +161,7 @@ class PerServerStats:
         self.warm_at = time.time() + warmup_s  # epoch seconds: end of the warm-up
         self.warmup_requests = {}
         self.windows = {}  # window index -> {server: RequestStats}
+        self.missing_final_reports = 0  # workers (master side) whose last report did not come
 
     def record(self, request_type, name, response_time, response_length, response, exception):
         server = "-"
@@ -225,6 +230,7 @@ class PerServerStats:
             "server_totals": {server: self._server_total(stats)
                               for server, stats in sorted(self.by_server.items())},
             "total": self._entries(self.total),
+            "missing_final_reports": self.missing_final_reports,
         }
 
 
@@ -268,6 +274,7 @@ def _configure(environment, **_kwargs):
         cls.weight = weights.get(name, 0)
     if isinstance(environment.runner, WorkerRunner):
         environment.runner.register_message("plonedeploy_warm_at", _on_warm_at)
+        environment.runner.register_message(STOP_AND_REPORT, _stop_and_report)
     # Locust refuses weight 0; a shape left out is simply not a user class of this run.
     environment.user_classes[:] = [c for c in environment.user_classes if c.weight > 0]
 
@@ -317,6 +324,59 @@ def _send_per_server(client_id, data, **_kwargs):
 def _receive_per_server(client_id, data, **_kwargs):
     if "per_server" in data:
         _per_server.merge(data["per_server"])
+    if data.get(FINAL_REPORT):
+        _awaiting_final.discard(client_id)
+
+
+# The last report of each worker. Locust's own end of a run (MasterRunner.quit) sends
+# "quit" to the workers, sleeps a fixed 0.5 s "for the final stats report" and then kills
+# the greenlet that receives messages; a worker sends that report only after its users
+# have finished the request they were in (--stop-timeout), which on a busy machine (a
+# 5 MiB blob at load average 4-11) takes longer: the report then arrived at a dead
+# listener and every request since the worker's previous report (up to
+# WORKER_REPORT_INTERVAL, 3 s, plus the stop) was missing from --per-server-stats (and
+# from Locust's own stats) while HAProxy had counted it (7 against 24 on one server).
+# So before Locust's quit, the master asks every worker to stop its users and report,
+# and waits until each one has.
+STOP_AND_REPORT = "plonedeploy_stop_and_report"
+FINAL_REPORT = "plonedeploy_final"
+#: Seconds the master waits for the last reports beyond --stop-timeout (the users' stop).
+FINAL_REPORT_GRACE_S = 10.0
+_awaiting_final = set()  # master: workers whose last report has not come yet
+_written = []  # [True] once --per-server-stats is written (quitting)
+
+
+def _stop_and_report(environment, msg, **_kwargs):
+    """Worker: stop the users (each finishes its request, recorded as usual), then send a
+    stats report marked as the last: Locust's own ``report_to_master`` payload (its
+    stats, our per-server part, the user count), through its ordinary "stats" message."""
+    runner = environment.runner
+    runner.stop()
+    data = {}
+    environment.events.report_to_master.fire(client_id=runner.client_id, data=data)
+    data[FINAL_REPORT] = True
+    runner.send_message("stats", data)
+
+
+@events.test_stopping.add_listener
+def _collect_final_reports(environment, **_kwargs):
+    runner = environment.runner
+    # Only the master has workers' reports to wait for; and not when the stats were
+    # written already (SIGTERM: Locust fires quitting before it stops the runner).
+    if not isinstance(runner, MasterRunner) or _written:
+        return
+    _awaiting_final.clear()
+    _awaiting_final.update(c.id for c in runner.clients.all if c.state != STATE_MISSING)
+    runner.send_message(STOP_AND_REPORT)
+    deadline = time.monotonic() + (environment.stop_timeout or 0) + FINAL_REPORT_GRACE_S
+    # A worker that quit or went missing meanwhile will not report: stop waiting for it.
+    while time.monotonic() < deadline and any(
+            c in runner.clients and runner.clients[c].state != STATE_MISSING for c in _awaiting_final):
+        gevent.sleep(0.05)
+    _per_server.missing_final_reports = len(_awaiting_final)
+    if _awaiting_final:
+        logging.warning("no last stats report from %d worker(s) (%s): --per-server-stats misses their last "
+                        "requests", len(_awaiting_final), ", ".join(sorted(_awaiting_final)))
 
 
 @events.quitting.add_listener
@@ -325,3 +385,4 @@ def _write_per_server(environment, **_kwargs):
     if path and not isinstance(environment.runner, WorkerRunner):  # the master or a lone process writes
         with open(path, "w", encoding="utf-8") as fp:
             json.dump(_per_server.as_dict(), fp, indent=2, sort_keys=True)
+        _written[:] = [True]
