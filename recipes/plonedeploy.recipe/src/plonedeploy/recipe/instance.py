@@ -122,6 +122,30 @@ def _is_instance_part(buildout, part):
     return False
 
 
+def clients_per_host(buildout, name, opts):
+    """ZEO clients on the host, for ``threads = auto`` and the default ``memory-limit``:
+    ``clients-per-host`` when set, else the ``plonedeploy.recipe:instance`` parts of the
+    buildout (``name``'s included). Raises ``zc.buildout.UserError`` for a bad value."""
+    clients = opts.get("clients-per-host", "").strip()
+    if clients:
+        return parse_positive_int(name, clients, "clients-per-host")
+    return sum(1 for part in buildout["buildout"]["parts"].split()
+               if part == name or _is_instance_part(buildout, part))
+
+
+def positive_seconds(name, opts, option):
+    """``(text, seconds)`` of ``option`` (its default set when absent): a number of seconds
+    > 0; raises ``zc.buildout.UserError`` naming the option otherwise."""
+    value = opts.setdefault(option).strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        fail(name, option, value, "a number of seconds > 0")
+    return value, seconds
+
+
 def mem_total():
     """Bytes of RAM of this host (``MemTotal`` of /proc/meminfo)."""
     with open("/proc/meminfo") as meminfo:
@@ -282,15 +306,7 @@ class Recipe(Zope2InstanceRecipe):
             fail(name, "warmup-paths", opts["warmup-paths"], "URL paths starting with /, or off")
         probes = {"warmup_paths": " ".join(paths)}
         for option in ("stall-timeout", "storage-grace"):
-            value = opts.setdefault(option).strip()
-            try:
-                seconds = float(value)
-            except ValueError:
-                seconds = 0.0
-            if not 0 < seconds < float("inf"):
-                fail(name, option, value, "a number of seconds > 0")
-            options[option] = value
-            probes[option.replace("-", "_")] = seconds
+            options[option], probes[option.replace("-", "_")] = positive_seconds(name, opts, option)
         return probes
 
     def configure_memory_watchdog(self, buildout, name, options):
@@ -301,13 +317,7 @@ class Recipe(Zope2InstanceRecipe):
         there is no watchdog (it runs in the metrics filter): ``memory_limit`` is "off".
         Raises ``zc.buildout.UserError`` naming the option and its allowed values."""
         opts = DeclaredOptions(name, options, INSTANCE)
-        grace = opts.setdefault("memory-limit-grace").strip()
-        try:
-            seconds = float(grace)
-        except ValueError:
-            seconds = 0.0
-        if not 0 < seconds < float("inf"):
-            fail(name, "memory-limit-grace", grace, "a number of seconds > 0")
+        grace, _ = positive_seconds(name, opts, "memory-limit-grace")
         restarts = opts.setdefault("memory-limit-restarts").strip()
         if not restarts.isdigit():
             fail(name, "memory-limit-restarts", restarts, "a whole number >= 0 (recycles per hour)")
@@ -327,11 +337,7 @@ class Recipe(Zope2InstanceRecipe):
             host_memory = opts.get("host-memory", "").strip()
             host_memory = (parse_byte_size(name, "host-memory", host_memory) if host_memory
                            else mem_total())
-            clients = opts.get("clients-per-host", "").strip()
-            clients = (parse_positive_int(name, clients, "clients-per-host") if clients
-                       else sum(1 for part in buildout["buildout"]["parts"].split()
-                                if part == name or _is_instance_part(buildout, part)))
-            limit, reason = default_memory_limit(host_memory, clients)
+            limit, reason = default_memory_limit(host_memory, clients_per_host(buildout, name, opts))
             if self.metrics_address:
                 logger.info("[%s] memory-limit -> %s MiB: %s", name, limit // 1048576, reason)
         options["memory-limit"] = str(limit)
@@ -438,13 +444,7 @@ class Recipe(Zope2InstanceRecipe):
         cores = opts.get("cpu-cores", "").strip()
         cores = (parse_positive_int(name, cores, "cpu-cores") if cores
                  else len(os.sched_getaffinity(0)))
-        clients = opts.get("clients-per-host", "").strip()
-        if clients:
-            clients = parse_positive_int(name, clients, "clients-per-host")
-        else:
-            clients = sum(1 for part in buildout["buildout"]["parts"].split()
-                          if part == name or _is_instance_part(buildout, part))
-        threads, reason = auto_threads(self.server, cores, clients)
+        threads, reason = auto_threads(self.server, cores, clients_per_host(buildout, name, opts))
         logger.info("[%s] threads = auto -> %s: %s", name, threads, reason)
         return str(threads)
 
