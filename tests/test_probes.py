@@ -282,6 +282,12 @@ def test_haproxy_recipe_checks_each_client_on_its_metrics_address(tmp_path):
     assert "option httpchk GET /readyz" in text
     assert "server instance 127.0.0.1:9901 maxconn 2 check addr 127.0.0.1 port 9911" in text
     assert "server uploads 127.0.0.1:9902 maxconn 8 check addr 127.0.0.1 port 9913" in text
+    # a stopped client out within inter x fall: each check bounded by 0.5 s and by a 1 s
+    # connect (the defaults' 5 s made a timed-out check last 1.5 s), in both checked backends
+    for backend in ("zeoclients", "uploads"):
+        section = text.split(f"\nbackend {backend}\n")[1].split("\nbackend ")[0]
+        settings = [line.split("#")[0].strip() for line in section.splitlines()]
+        assert "timeout connect 1s" in settings and "timeout check 500ms" in settings, (backend, section)
 
 
 def test_haproxy_recipe_refuses_a_probe_check_of_a_client_without_metrics(tmp_path):
