@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -306,6 +307,16 @@ class Stack:
         rows = haproxy_stats.fetch(self.stats_url)
         return {r["svname"]: r["status"] for r in rows if r["pxname"] == self.backend}
 
+
+
+def wait_for(condition, timeout, what):
+    """Poll ``condition()`` every 0.2 s; return the seconds it took (a float); fail the test
+    (AssertionError naming ``what``) after ``timeout`` seconds."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
+        time.sleep(0.2)
+    return time.monotonic() - started
 
 @pytest.fixture(scope="session")
 @setup_budget(600)  # bin/stack start + the site + wait-up: ~45 s quiet (README); its calls allow 300+600+180 s

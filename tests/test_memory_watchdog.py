@@ -15,10 +15,10 @@ import time
 import pytest
 import requests
 
-from conftest import ROOT, STACK, run
+from conftest import ROOT, STACK, run, wait_for
 from loadtests.core import require_wrk, run_wrk
 from test_metrics import parse, value
-from test_selfheal import all_up, states, wait_for
+from test_selfheal import all_up, states
 
 pytestmark = pytest.mark.integration
 

@@ -95,6 +95,65 @@ def test_storage_connected_asks_zeo_and_knows_nothing_of_other_storages():
     assert probes.storage_connected(lambda: None)() is None           # before Zope opened it
 
 
+class _ConnectionManager:
+    """RelStorage's ``connmanager.open_and_call`` as DatabasePing uses it: calls back with
+    a cursor whose ``execute`` succeeds, raises (a refused connection) or blocks (a hung
+    connect) as the test says. tests/test_relstorage.py pings a real PostgreSQL."""
+
+    def __init__(self):
+        self.mode, self.released, self.calls = "answer", threading.Event(), 0
+
+    def open_and_call(self, callback):
+        self.calls += 1
+        if self.mode == "refuse":
+            raise OSError("connection refused")
+        if self.mode == "hang":
+            self.released.wait(30)
+        executed = []
+        callback(None, type("Cursor", (), {"execute": lambda self, sql: executed.append(sql)})())
+        assert executed == ["SELECT 1"], executed
+
+
+def _until(condition, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within 5 s"
+        time.sleep(0.01)
+
+
+def test_database_ping_says_whether_relstorage_database_answers_without_waiting_on_it():
+    """Answering, refusing, hanging (False after 3 pings' time, the probe not waiting),
+    answering again; and storage_connected starts one ping per RelStorage storage."""
+    manager = _ConnectionManager()
+
+    class RelStorage:
+        _adapter = type("Adapter", (), {"connmanager": manager})()
+
+    class DB:
+        storage = RelStorage()
+
+    connected = probes.storage_connected(lambda: DB(), ping_interval=0.05)
+    _until(lambda: connected() is True)
+    assert connected() is True and manager.calls >= 1
+    manager.mode = "refuse"
+    _until(lambda: connected() is False)
+    manager.mode = "answer"
+    _until(lambda: connected() is True)
+    manager.mode = "hang"
+    _until(lambda: manager.calls and manager.mode == "hang" and connected() is False, timeout=2)
+    started = time.monotonic()
+    assert connected() is False
+    assert time.monotonic() - started < 0.05  # answered from the last ping, not by waiting
+    calls = manager.calls
+    time.sleep(0.2)
+    assert manager.calls == calls  # one hung connection, not one more every interval
+    manager.mode = "answer"
+    manager.released.set()
+    _until(lambda: connected() is True)
+    with pytest.raises(ValueError, match=r"ping interval = 0 is invalid: expected seconds > 0"):
+        probes.DatabasePing(manager, 0)
+
+
 def _get(url):
     try:
         with urllib.request.urlopen(url, timeout=5) as response:

@@ -39,7 +39,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import ROOT, port_taken, run, setup_budget, stop_group, while_loaded
+from conftest import ROOT, port_taken, run, setup_budget, stop_group, wait_for, while_loaded
 from loadtests.extrabuild import BUILDOUT, checkout_header
 
 pytestmark = pytest.mark.integration
@@ -62,6 +62,10 @@ CONFIG = checkout_header(os.path.join(ROOT, "relstorage.cfg"), [
 {ports}
 
 [instance]
+# /readyz counts PostgreSQL away only after this many seconds (default 30 s): shorter here so
+# that test_postgresql_away_longer_than_the_grace... waits 10 s, not 30; a PostgreSQL
+# restart (2-5 s) stays within it.
+storage-grace = 10
 
 [haproxy]
 # two page clients: one serves while bin/stack restart drains the other
@@ -299,6 +303,57 @@ def test_postgresql_restart_loses_no_committed_write(relstack):
         "no successful write within 60 s after PostgreSQL came back"
     assert [ok for *_, ok in sorted(reads)[-3:]] == [True] * 3, "reads still failing at the end"
     assert not lost, f"documents that got 201 but are not in PostgreSQL: {lost}"
+
+
+def test_postgresql_away_longer_than_the_grace_makes_clients_not_ready_but_live(relstack):
+    """tests/test_selfheal.py's ZEO grace test on RelStorage, whose clients keep no
+    connection to watch: each client's /readyz pings PostgreSQL (probes.DatabasePing, every
+    5 s). PostgreSQL stopped: every /readyz stays 200 and every server UP for the first half
+    of storage-grace (10 s in this build), then 503 "storage disconnected" while /livez
+    stays 200, and HAProxy takes the clients out; PostgreSQL back: all ready and UP again."""
+    from loadtests import haproxy_stats
+    from plonedeploy.recipe import stack as stack_runtime
+
+    directory, timings = relstack
+    grace, ping = 10.0, 5.0
+    config = json.load(open(os.path.join(directory, "parts", "stack", "stack.json"), encoding="utf-8"))
+    bases = {name: f"http://127.0.0.1:{PORTS[name + '-metrics']}" for name in ("instance", "client2", "uploads")}
+
+    def status(url):
+        try:
+            return requests.get(url, timeout=5).status_code
+        except requests.RequestException as exc:
+            return repr(exc)
+
+    def states():
+        return {r["svname"]: r["status"] for r in haproxy_stats.fetch(config["stats_url"])
+                if r["pxname"] in ("zeoclients", "uploads") and r["svname"] != "BACKEND"}
+
+    assert set(states().values()) == {"UP"}, states()
+    stack_runtime.stop_process(config, "postgresql")
+    try:
+        stopped = time.monotonic()
+        time.sleep(grace / 2)
+        half = {name: status(base + "/readyz") for name, base in bases.items()}
+        assert set(half.values()) == {200}, half
+        assert set(states().values()) == {"UP"}, states()
+        wait_for(lambda: all(status(base + "/readyz") == 503 for base in bases.values()),
+             grace + 3 * ping + 10, "/readyz 503 on every client")
+        after = time.monotonic() - stopped
+        answers = {name: requests.get(base + "/readyz", timeout=5).text for name, base in bases.items()}
+        assert all(text.startswith("storage disconnected for ") for text in answers.values()), answers
+        assert all(status(base + "/livez") == 200 for base in bases.values())
+        wait_for(lambda: set(states().values()) == {"DOWN"}, 30, "every server DOWN in HAProxy")
+        page = requests.get(f"http://127.0.0.1:{PORTS['haproxy']}/Plone", timeout=30).status_code
+    finally:
+        run([os.path.join(directory, "bin", "stack"), "start", "postgresql"], timeout=120, cwd_override=directory)
+    back = wait_for(lambda: set(states().values()) == {"UP"}, 120, "every server UP after PostgreSQL came back")
+    timings["postgresql away, readyz"] = after
+    print(f"\nPostgreSQL stopped: every /readyz 503 after {after:.1f} s (storage-grace {grace:g} s), "
+          f"/livez 200, /Plone through HAProxy {page}; PostgreSQL back: all UP after {back:.1f} s")
+    assert after > grace
+    assert page == 503
+    assert requests.get(f"http://127.0.0.1:{PORTS['haproxy']}/Plone", timeout=30).status_code == 200
 
 
 def _password(directory):

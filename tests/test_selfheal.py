@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 import requests
 
-from conftest import ROOT, STACK, admin_auth, run
+from conftest import ROOT, STACK, admin_auth, run, wait_for
 from plonedeploy.recipe import stack as stack_runtime
 
 pytestmark = pytest.mark.integration
@@ -45,15 +45,6 @@ def states(stack):
     rows = haproxy_stats.fetch(stack.stats_url)
     return {r["svname"]: r["status"] for r in rows if r["pxname"] in ("zeoclients", "uploads")
             and r["svname"] != "BACKEND"}
-
-
-def wait_for(condition, timeout, what):
-    """Poll ``condition()`` every 0.2 s; return the seconds it took; fail after ``timeout`` s."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
-        time.sleep(0.2)
-    return time.monotonic() - started
 
 
 def all_up(stack):

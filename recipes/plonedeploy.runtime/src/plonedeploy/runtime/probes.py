@@ -11,7 +11,8 @@ the client's process, so each answers in milliseconds while every Zope thread is
 - ``/readyz``: 200 when started, not being recycled by the memory watchdog
   (:mod:`plonedeploy.runtime.watchdog`: ``recycling: ...``), the storage connected and the
   threads not stuck; else 503 with the reason on one line. The storage counts as disconnected only after
-  ``storage_grace`` seconds without a connection (a ZEO restart takes a few seconds and
+  ``storage_grace`` seconds without a connection (ZEO's connection to the zeoserver;
+  RelStorage's database answering a ping every 5 s) (a ZEO restart takes a few seconds and
   reads keep being answered from the object and ZEO caches: taking every client out for it
   would turn a blip into an outage). Stuck: every worker thread has held its request longer
   than ``stall_timeout`` seconds (a client with one slow export is busy, not broken).
@@ -41,16 +42,88 @@ STORAGE_GRACE = 30.0
 STALL_TIMEOUT = 60.0
 
 
-def storage_connected(get_db):
+#: Seconds between two pings of RelStorage's database (:class:`DatabasePing`): well under
+#: the storage grace (30 s), so a database that went away is seen within its first seconds,
+#: and one new database connection per client every 5 s costs the database nothing.
+PING_INTERVAL = 5.0
+
+
+def storage_connected(get_db, ping_interval=PING_INTERVAL):
     """A callable for :class:`Health`: True/False when the main database's storage says
-    whether it is connected (ZEO's ``ClientStorage.is_connected``), None when the storage
-    has no such notion (FileStorage, RelStorage: each request opens its own database
-    connection and fails on its own) or the database is not open yet."""
+    whether it is connected (ZEO's ``ClientStorage.is_connected``) or, for RelStorage, whether
+    its database answers (:class:`DatabasePing`, started at the first call); None when the
+    storage has no such notion (FileStorage) or the database is not open yet."""
+    pings = {}
+
     def connected():
-        db = get_db()
-        check = getattr(getattr(db, "storage", None), "is_connected", None)
-        return None if check is None else bool(check())
+        storage = getattr(get_db(), "storage", None)
+        check = getattr(storage, "is_connected", None)
+        if check is not None:
+            return bool(check())
+        # RelStorage keeps no connection whose state could be read (each transaction opens
+        # or reuses its own): ask its database. _adapter is RelStorage's own attribute,
+        # the one its zodbpack and zodbconvert use too.
+        manager = getattr(getattr(storage, "_adapter", None), "connmanager", None)
+        if manager is None:
+            return None
+        if id(manager) not in pings:
+            pings[id(manager)] = DatabasePing(manager, ping_interval)
+        return pings[id(manager)]()
     return connected
+
+
+class DatabasePing:
+    """Whether RelStorage's database answers, asked off the probe's path.
+
+    A daemon thread opens a new connection through the storage's connection manager
+    (``connmanager.open_and_call``: the client's DSN, driver and options), runs
+    ``SELECT 1`` and closes it, every ``interval`` seconds. Calling the object returns True
+    when the last ping succeeded less than 3 x ``interval`` seconds ago, False when it failed
+    or when none has finished for that long (a database that hangs, not only one that
+    refuses), None before the first ping has finished. The probe never waits on the
+    database: a connect that hangs would make HAProxy's 0.5 s check time out and take the
+    client out at once, without the storage grace.
+    """
+
+    def __init__(self, manager, interval=PING_INTERVAL, clock=time.monotonic):
+        if interval <= 0:
+            raise ValueError(f"probes: ping interval = {interval!r} is invalid: expected seconds > 0")
+        self.manager = manager
+        self.interval = float(interval)
+        self.clock = clock
+        self.last_ok = None     # monotonic time of the last successful ping
+        self.last_error = None  # the last ping's exception, None after a success
+        self.started = clock()
+        thread = threading.Thread(target=self._run, name="plonedeploy-database-ping", daemon=True)
+        thread.start()
+
+    def ping(self):
+        """One ping; True or False (the error logged once per outage)."""
+        try:
+            self.manager.open_and_call(lambda conn, cursor: cursor.execute("SELECT 1"))
+        except Exception as exc:  # any driver's error: the database did not answer
+            if self.last_error is None:
+                logger.warning("probes: the database does not answer: %s", exc)
+            self.last_error = exc
+            return False
+        if self.last_error is not None:
+            logger.info("probes: the database answers again")
+        self.last_error = None
+        self.last_ok = self.clock()
+        return True
+
+    def _run(self):
+        while True:
+            self.ping()
+            time.sleep(self.interval)
+
+    def __call__(self):
+        now, stale = self.clock(), 3 * self.interval
+        if self.last_error is not None:
+            return False
+        if self.last_ok is None:
+            return None if now - self.started < stale else False
+        return now - self.last_ok < stale
 
 
 class Health:
