@@ -52,8 +52,9 @@ RelStorage/ZEO of req/s, reported as median (min–max).
 Output: progress lines, then the tables on stdout; ``<out>/storage-<YYYYmmdd-HHMMSS>/``
 with ``report.json``, ``report.md`` and ``storage.png``. Every started process is stopped by
 PID at the end, also after an error, Ctrl-C or SIGTERM; the work directory stays (its logs
-in ``<variant>/var/log``). Exit status 0; 1 if a run had errors or short blob bodies, or a
-step failed (the report then has what was measured); 2 when wrk or PostgreSQL 15 is missing,
+in ``<variant>/var/log``). Exit status 0; 1 if a run had errors or short blob bodies, a POST
+of the write path was answered other than 201 in the client's access log (a warm-up's, or
+one still queued when wrk stopped, which no run counted), or a step failed (the report then has what was measured); 2 when wrk or PostgreSQL 15 is missing,
 a port is taken, or an option is invalid.
 
 The default run (3 variants, 5 paths, 3 connection counts, 3 rounds: 135 runs of 2 + 5 s)
@@ -72,6 +73,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import datetime, timezone
 
 import numpy as np
@@ -331,6 +333,19 @@ class Variant:
         server = [os.path.join(log, "zeoserver.log")] if self.name == BASELINE else []
         return conflicts.read([os.path.join(log, "instance.log")], [p for p in server if os.path.exists(p)])
 
+    def write_answers(self):
+        """``{status: count}`` of every POST to the write folder in the client's access log
+        (``var/log/instance-access.log``): warm-ups included, and the POSTs that a server
+        still had queued when wrk stopped, whose answers no run counted. Empty when there
+        is no log."""
+        path = os.path.join(self.directory, "var", "log", "instance-access.log")
+        if not os.path.exists(path):
+            return {}
+        line = re.compile(rf'"POST /Plone/{WRITE_FOLDER} HTTP/[\d.]+" (\d{{3}}) ')
+        with open(path, encoding="utf-8", errors="replace") as fp:
+            counts = Counter(m.group(1) for m in map(line.search, fp) if m)
+        return dict(sorted(counts.items()))
+
     def documents(self):
         """Number of Documents in the write folder (plone.restapi's ``items_total``)."""
         answer = self.session.get(f"{self.url}/Plone/{WRITE_FOLDER}", params={"b_size": 1}, timeout=120)
@@ -578,6 +593,10 @@ def to_markdown(meta, cells, ratios, sizes, found=None):
                   + (f" --server-log {variant}/var/log/zeoserver.log" if report.get("server") is not None else "")
                   + "` in the work directory; the whole run, warm-ups included):", "",
                   conflicts.to_markdown(report, limit=10), ""]
+        if report.get("write_answers"):
+            lines += [f"POSTs of the write path in {variant}/var/log/instance-access.log by status (every one, "
+                      f"warm-ups and POSTs queued when a run ended included): "
+                      + ", ".join(f"{status}: {n}" for status, n in report["write_answers"].items()), ""]
     return "\n".join(lines)
 
 
@@ -667,6 +686,12 @@ def main(argv=None):
         except OSError as exc:
             problems.append(f"{name}: no conflict report: {exc}")
             continue
+        answers = found[name]["write_answers"] = variant.write_answers()
+        failed = sum(n for status, n in answers.items() if status != "201")
+        if failed:
+            problems.append(f"{name}: {failed} of {sum(answers.values())} POSTs of the write path answered "
+                            f"other than 201 in the client's access log (warm-ups and POSTs queued when a "
+                            f"run ended included): {answers}")
         if found[name]["server"] and found[name]["server"]["badclass"]:
             problems.append(f"{name}: the ZEO server failed {found[name]['server']['badclass']} conflict "
                             f"resolution(s) on a class it could not import (BadClass)")

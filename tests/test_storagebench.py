@@ -117,6 +117,23 @@ def test_markdown_has_every_cell_ratio_and_size():
     assert "10.0 / 50.0 ms; cpu 20.0 / 2.0" in text
 
 
+def test_write_answers_count_every_post_of_the_write_path_in_the_access_log(tmp_path):
+    """The client's access log as the stack writes it (paste's translogger): every POST to
+    the write folder by status, whoever waited for it; other requests are not counted."""
+    log = tmp_path / "var" / "log"
+    log.mkdir(parents=True)
+    line = '127.0.0.1 - admin [27/Nov/2026:10:21:41 +0000] "{} HTTP/1.1" {} 3766 "-" "-"\n'
+    (log / "instance-access.log").write_text(
+        line.format("POST /Plone/bench-writes", 201) * 3 + line.format("POST /Plone/bench-writes", 500)
+        + line.format("GET /Plone/bench-writes", 200) + line.format("POST /Plone", 201)
+        + line.format("POST /Plone/bench-writes-2", 500), encoding="utf-8")
+    variant = storagebench.Variant.__new__(storagebench.Variant)  # only its directory: no stack.json here
+    variant.directory = str(tmp_path)
+    assert variant.write_answers() == {"201": 3, "500": 1}
+    variant.directory = str(tmp_path / "nothing")
+    assert variant.write_answers() == {}
+
+
 def test_plot_draws_a_panel_per_connection_count(tmp_path):
     runs = [_row(r, v, p, n, 10 * r + n) for r in (1, 2) for v in ("zeo", "relstorage") for p in ("/", "blob")
             for n in (1, 10)]
