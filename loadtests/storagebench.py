@@ -24,17 +24,22 @@ and the admin user (password generated into ``<variant>/var/admin-password``, 06
 (``first_blob_s``: with blobs in the database, the client copies the blob out of PostgreSQL
 into its cache), and a folder ``bench-writes`` is created for the write path.
 
-Load goes **directly to the client**, not through an HAProxy: what differs is the storage,
+Reads go **directly to the client**, not through an HAProxy: what differs is the storage,
 and a balancer in front would add the same hop and its own queue (``maxconn``) to both,
 hiding part of the client's latency in HAProxy's queue and adding a process whose CPU is not
-the storage's. wrk (Debian's) drives it, its own percentiles: per round, per (path,
+the storage's. Writes go through the variant's HAProxy, whose **write lane** (buildout.cfg's
+default ``write-lane = on``) passes them to the client one at a time, as the kit deploys
+them: 100 writers straight into a client with 2 threads made its two transactions collide
+on Plone's uid counter, and some POSTs were answered 500 after the last retry, a load the
+kit's stack never lets reach a client (docs/storage.md, "Before and after"). wrk (Debian's) drives it, its own percentiles: per round, per (path,
 connections) group, one run per variant, right after each other, in a variant order that
 rotates per group and round, and the group order rotates per round, so the machine's drift
 hits every variant alike. Every run has ``--warmup`` seconds of uncounted load first. Paths:
 ``/``, ``/Plone``, ``@json`` (``/Plone`` as plone.restapi JSON), ``blob`` (the 5 MiB
 download; fewer bytes than 5 MiB per answer count as ``short_bytes``) and ``write``: a
-plone.restapi POST of a Document into ``/Plone/bench-writes`` as admin (``wrk_post.lua``,
-the Authorization header through the environment), every answer other than 201 an error.
+plone.restapi POST of a Document into ``/Plone/bench-writes`` as admin through HAProxy
+(``wrk_post.lua``, the Authorization header through the environment), every answer other
+than 201 an error; its latency includes the wait in HAProxy's queue.
 
 Per run: requests, req/s, MiB/s, p50/p99 (ms, wrk's), errors (connect, read, write,
 timeout, status: non-2xx/3xx, for writes non-201), CPU milliseconds per request of the
@@ -183,10 +188,10 @@ def plan(rounds, labels, counts, variants):
 def buildout_text(variant, work_dir, port_map, server):
     """Text of ``<work_dir>/buildout.cfg`` of ``variant``: the checkout's config for it with
     every port moved (``port_map``), the parts the stack part needs (the database, the
-    ``instance`` client, an HAProxy that is built, never started, and the stack part whose
+    ``instance`` client, an HAProxy, started for the write path only, and the stack part whose
     stack.json lists the processes; its upload lane's client ``uploads`` stays configured,
-    unbuilt and unstarted, since HAProxy's body-limit rules want one in front of pyruvate)
-    and ``server`` as the client's WSGI server."""
+    unbuilt and unstarted (HAProxy has it DOWN), since HAProxy's body-limit rules want one
+    in front of pyruvate) and ``server`` as the client's WSGI server."""
     extends, instance_lines = VARIANTS[variant]
     database = "zeoserver" if variant == BASELINE else "postgresql"
     lines = [
@@ -235,17 +240,19 @@ def build(variant, directory, port_map, server):
 
 
 class Variant:
-    """One built variant: its directory, processes (from its stack.json: the database and
-    ``instance``), client URL, admin session, and the PIDs of what it started."""
+    """One built variant: its directory, processes (from its stack.json: the database,
+    ``instance`` and ``haproxy``), the client's URL (reads), HAProxy's (writes), the admin
+    session, and the PIDs of what it started."""
 
     def __init__(self, name, directory, port_map):
         self.name, self.directory, self.ports = name, directory, port_map
         config = load_stack(os.path.join(directory, "parts", "stack", "stack.json"))
         self.database = "zeoserver" if name == BASELINE else "postgresql"
-        keep = {self.database: 0, "instance": 1}
+        keep = {self.database: 0, "instance": 1, "haproxy": 2}
         self.config = dict(config, processes=[dict(p, stage=keep[p["name"]]) for p in config["processes"]
                                               if p["name"] in keep])
         self.url = f"http://127.0.0.1:{port_map['instance']}"
+        self.write_url = f"http://127.0.0.1:{port_map['haproxy']}"
         self.metrics_url = f"http://127.0.0.1:{port_map['instance-metrics']}/metrics"
         self.session = None
 
@@ -260,8 +267,8 @@ class Variant:
         return stack_runtime.read_pid(self.config, name)
 
     def stop(self):
-        """Stop the client, then the database, then the variant's supervisord (SIGTERM to each
-        process group, SIGKILL after 30 s)."""
+        """Stop HAProxy, the client, then the database, then the variant's supervisord
+        (SIGTERM to each process group, SIGKILL after 30 s)."""
         from plonedeploy.recipe import stack as stack_runtime
 
         stack_runtime.stop_processes(self.config)
@@ -324,7 +331,28 @@ class Variant:
         if answer.status_code != 201:
             raise RuntimeError(f"{self.name}: creating /Plone/{WRITE_FOLDER} answered {answer.status_code}: "
                                f"{answer.text[:300]}")
+        started = time.monotonic()
+        self.start_process("haproxy")
+        self.wait_client_up()
+        times["haproxy up"] = time.monotonic() - started
         return {k: round(v, 2) for k, v in times.items()}
+
+    def wait_client_up(self, timeout=120.0):
+        """Wait until HAProxy has ``instance`` UP (its check: the client's /readyz); raises
+        RuntimeError with what the check answers after ``timeout`` seconds."""
+        from plonedeploy.recipe import stack as stack_runtime
+
+        deadline, states = time.monotonic() + timeout, {}
+        while time.monotonic() < deadline:
+            try:
+                states = stack_runtime.server_states(self.config)
+            except OSError:
+                states = {}
+            if states.get("instance") == "UP":
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name}: HAProxy has instance {states.get('instance', 'not answering')} after "
+                           f"{timeout:g} s; its check: {stack_runtime.health_answer(self.config, 'instance')}")
 
     def conflict_report(self):
         """:func:`loadtests.conflicts.read` of the client's event log (and the ZEO server's
@@ -434,7 +462,7 @@ def measure(variant, label, connections, duration, warmup, number):
         if label == WRITE:
             env = {"PLONEDEPLOY_AUTH": variant.auth_header(),
                    "PLONEDEPLOY_WRITE_PREFIX": f"r{number}-c{connections}-{secrets.token_hex(4)}"}
-            return run_wrk(f"{variant.url}/Plone/{WRITE_FOLDER}", connections, seconds, threads=threads,
+            return run_wrk(f"{variant.write_url}/Plone/{WRITE_FOLDER}", connections, seconds, threads=threads,
                            script=WRK_POST_SCRIPT, env=env)
         path, accept = PATHS[label]
         return run_wrk(variant.url + path, connections, seconds, threads=threads, accept=accept)
@@ -548,7 +576,7 @@ def to_markdown(meta, cells, ratios, sizes, found=None):
         "",
         f"`{meta['command']}`: {meta['rounds']} round(s), each run {meta['warmup_s']} s warm-up + "
         f"{meta['duration_s']} s measured (wrk, directly against the one `instance` client on "
-        f"{meta['server']}, 2 workers), the orders rotated per round; {meta['cores']} cores, load average "
+        f"{meta['server']}, 2 workers; the writes through HAProxy's write lane, one at a time), the orders rotated per round; {meta['cores']} cores, load average "
         f"{meta['load_before']} before, {meta['load_during']} in the middle, {meta['load_after']} after; "
         f"{meta['minutes']} min.",
         "",
