@@ -238,6 +238,8 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
                            check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "\n    default_backend zeoclients\n" in text
+    # each on a line of its own, not glued onto a comment (trim_blocks once did that)
+    assert text.count("\n    timeout connect 1s\n    default-server inter 2s ") == 1 + uploads, text
     assert ("acl admin_network src 127.0.0.1/32" in text) == bool(networks)
     # no admin network: the ZMI is refused to every address, and visitors get no internal headers
     assert ("\n    acl admin_network always_false\n" in text) == (not networks)
