@@ -10,9 +10,9 @@ the client's process, so each answers in milliseconds while every Zope thread is
   in-process, then the first one asked from every worker thread of the server), 503 before.
 - ``/readyz``: 200 when started, not being recycled by the memory watchdog
   (:mod:`plonedeploy.runtime.watchdog`: ``recycling: ...``), the storage connected and the
-  threads not stuck; else 503 with the reason on one line. The storage counts as disconnected only after
-  ``storage_grace`` seconds without a connection (ZEO's connection to the zeoserver;
-  RelStorage's database answering a ping every 5 s) (a ZEO restart takes a few seconds and
+  threads not stuck; else 503 with the reason on one line. The storage is ZEO's connection
+  to the zeoserver, or RelStorage's database answering a ping every 5 s; it counts as
+  disconnected only after ``storage_grace`` seconds without it (a ZEO restart takes a few seconds and
   reads keep being answered from the object and ZEO caches: taking every client out for it
   would turn a blip into an outage). Stuck: every worker thread has held its request longer
   than ``stall_timeout`` seconds (a client with one slow export is busy, not broken).
@@ -53,7 +53,7 @@ def storage_connected(get_db, ping_interval=PING_INTERVAL):
     whether it is connected (ZEO's ``ClientStorage.is_connected``) or, for RelStorage, whether
     its database answers (:class:`DatabasePing`, started at the first call); None when the
     storage has no such notion (FileStorage) or the database is not open yet."""
-    pings = {}
+    pings, lock = {}, threading.Lock()
 
     def connected():
         storage = getattr(get_db(), "storage", None)
@@ -61,14 +61,16 @@ def storage_connected(get_db, ping_interval=PING_INTERVAL):
         if check is not None:
             return bool(check())
         # RelStorage keeps no connection whose state could be read (each transaction opens
-        # or reuses its own): ask its database. _adapter is RelStorage's own attribute,
-        # the one its zodbpack and zodbconvert use too.
+        # or reuses its own): ask its database. _adapter is not public API (RelStorage
+        # 4.3's own transaction code reads storage._adapter); without it: unknown.
         manager = getattr(getattr(storage, "_adapter", None), "connmanager", None)
         if manager is None:
             return None
-        if id(manager) not in pings:
-            pings[id(manager)] = DatabasePing(manager, ping_interval)
-        return pings[id(manager)]()
+        with lock:  # the metrics server answers probes in parallel threads: one ping thread
+            if id(manager) not in pings:
+                pings[id(manager)] = DatabasePing(manager, ping_interval)
+            ping = pings[id(manager)]
+        return ping()
     return connected
 
 
