@@ -91,6 +91,7 @@ from loadtests.core import (BLOB_SIZE, PATHS, ROOT, WRK_POST_SCRIPT, add_counts_
                             load_stack, machine_busy_seconds, markdown_table, new_figure, new_parser, NotReady,
                             report_folder, require_wrk, run_wrk, save_figure, spread, spread_bars,
                             tree_cpu_seconds, wait_tree_idle)
+from plonedeploy.recipe import stack as stack_runtime
 
 #: The variants: name -> (config extended, extra lines of [instance]).
 VARIANTS = {
@@ -249,28 +250,24 @@ class Variant:
         config = load_stack(os.path.join(directory, "parts", "stack", "stack.json"))
         self.database = "zeoserver" if name == BASELINE else "postgresql"
         keep = {self.database: 0, "instance": 1, "haproxy": 2}
+        # The upload lane's client is configured but never started (buildout_text): no
+        # server of ours, so waiting for every server UP waits for ``instance`` alone.
         self.config = dict(config, processes=[dict(p, stage=keep[p["name"]]) for p in config["processes"]
-                                              if p["name"] in keep])
+                                              if p["name"] in keep], upload_servers=[])
         self.url = f"http://127.0.0.1:{port_map['instance']}"
         self.write_url = f"http://127.0.0.1:{port_map['haproxy']}"
         self.metrics_url = f"http://127.0.0.1:{port_map['instance-metrics']}/metrics"
         self.session = None
 
     def start_process(self, name, timeout=300):
-        from plonedeploy.recipe import stack as stack_runtime
-
         stack_runtime.start_stage(self.config, [p for p in self.config["processes"] if p["name"] == name], timeout)
 
     def pid(self, name):
-        from plonedeploy.recipe import stack as stack_runtime
-
         return stack_runtime.read_pid(self.config, name)
 
     def stop(self):
         """Stop HAProxy, the client, then the database, then the variant's supervisord
         (SIGTERM to each process group, SIGKILL after 30 s)."""
-        from plonedeploy.recipe import stack as stack_runtime
-
         stack_runtime.stop_processes(self.config)
 
     def create_site(self):
@@ -333,26 +330,11 @@ class Variant:
                                f"{answer.text[:300]}")
         started = time.monotonic()
         self.start_process("haproxy")
-        self.wait_client_up()
+        # HAProxy has instance UP (its check: the client's /readyz), else StackError naming
+        # what the check answers
+        stack_runtime.wait_up(self.config, 120)
         times["haproxy up"] = time.monotonic() - started
         return {k: round(v, 2) for k, v in times.items()}
-
-    def wait_client_up(self, timeout=120.0):
-        """Wait until HAProxy has ``instance`` UP (its check: the client's /readyz); raises
-        RuntimeError with what the check answers after ``timeout`` seconds."""
-        from plonedeploy.recipe import stack as stack_runtime
-
-        deadline, states = time.monotonic() + timeout, {}
-        while time.monotonic() < deadline:
-            try:
-                states = stack_runtime.server_states(self.config)
-            except OSError:
-                states = {}
-            if states.get("instance") == "UP":
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name}: HAProxy has instance {states.get('instance', 'not answering')} after "
-                           f"{timeout:g} s; its check: {stack_runtime.health_answer(self.config, 'instance')}")
 
     def conflict_report(self):
         """:func:`loadtests.conflicts.read` of the client's event log (and the ZEO server's
@@ -698,7 +680,8 @@ def main(argv=None):
                                 f"errors {row['error_kinds']}" + (", short blob bodies" if row.get("short_bytes") else ""))
         for name, variant in variants.items():
             sizes[name] = {"documents": variant.documents(), **variant.sizes()}
-    except (RuntimeError, OSError, subprocess.SubprocessError, requests.RequestException, KeyboardInterrupt) as exc:
+    except (RuntimeError, OSError, subprocess.SubprocessError, requests.RequestException, stack_runtime.StackError,
+            KeyboardInterrupt) as exc:
         problems.append(f"stopped: {exc!r}")
         print(f"storage: stopped: {exc!r}", file=sys.stderr, flush=True)
     finally:
