@@ -308,15 +308,15 @@ class Stack:
         return {r["svname"]: r["status"] for r in rows if r["pxname"] == self.backend}
 
 
-
-def wait_for(condition, timeout, what):
-    """Poll ``condition()`` every 0.2 s; return the seconds it took (a float); fail the test
-    (AssertionError naming ``what``) after ``timeout`` seconds."""
+def wait_for(condition, timeout, what, interval=0.2):
+    """Poll ``condition()`` every ``interval`` seconds; return the seconds it took (a float);
+    fail the test (AssertionError naming ``what``) after ``timeout`` seconds."""
     started = time.monotonic()
     while not condition():
         assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
-        time.sleep(0.2)
+        time.sleep(interval)
     return time.monotonic() - started
+
 
 @pytest.fixture(scope="session")
 @setup_budget(600)  # bin/stack start + the site + wait-up: ~45 s quiet (README); its calls allow 300+600+180 s

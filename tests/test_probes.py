@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 import zc.buildout
 
+from conftest import wait_for
 from loadtests.core import free_local_port
 from plonedeploy.recipe import rules
 from plonedeploy.runtime import metrics, probes
@@ -114,13 +115,6 @@ class _ConnectionManager:
         assert executed == ["SELECT 1"], executed
 
 
-def _until(condition, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "not within 5 s"
-        time.sleep(0.01)
-
-
 def test_database_ping_says_whether_relstorage_database_answers_without_waiting_on_it():
     """Answering, refusing, hanging (False after 3 pings' time, the probe not waiting),
     answering again; and storage_connected starts one ping per RelStorage storage."""
@@ -132,15 +126,18 @@ def test_database_ping_says_whether_relstorage_database_answers_without_waiting_
     class DB:
         storage = RelStorage()
 
+    def until(what, timeout=5.0):
+        wait_for(lambda: connected() is what, timeout, f"connected() is {what}", interval=0.01)
+
     connected = probes.storage_connected(lambda: DB(), ping_interval=0.05)
-    _until(lambda: connected() is True)
+    until(True)
     assert connected() is True and manager.calls >= 1
     manager.mode = "refuse"
-    _until(lambda: connected() is False)
+    until(False)
     manager.mode = "answer"
-    _until(lambda: connected() is True)
+    until(True)
     manager.mode = "hang"
-    _until(lambda: manager.calls and manager.mode == "hang" and connected() is False, timeout=2)
+    until(False, timeout=2)
     started = time.monotonic()
     assert connected() is False
     assert time.monotonic() - started < 0.05  # answered from the last ping, not by waiting
@@ -149,7 +146,7 @@ def test_database_ping_says_whether_relstorage_database_answers_without_waiting_
     assert manager.calls == calls  # one hung connection, not one more every interval
     manager.mode = "answer"
     manager.released.set()
-    _until(lambda: connected() is True)
+    until(True)
     with pytest.raises(ValueError, match=r"ping interval = 0 is invalid: expected seconds > 0"):
         probes.DatabasePing(manager, 0)
 

@@ -311,7 +311,6 @@ def test_postgresql_away_longer_than_the_grace_makes_clients_not_ready_but_live(
     5 s). PostgreSQL stopped: every /readyz stays 200 and every server UP for the first half
     of storage-grace (10 s in this build), then 503 "storage disconnected" while /livez
     stays 200, and HAProxy takes the clients out; PostgreSQL back: all ready and UP again."""
-    from loadtests import haproxy_stats
     from plonedeploy.recipe import stack as stack_runtime
 
     directory, timings = relstack
@@ -325,9 +324,8 @@ def test_postgresql_away_longer_than_the_grace_makes_clients_not_ready_but_live(
         except requests.RequestException as exc:
             return repr(exc)
 
-    def states():
-        return {r["svname"]: r["status"] for r in haproxy_stats.fetch(config["stats_url"])
-                if r["pxname"] in ("zeoclients", "uploads") and r["svname"] != "BACKEND"}
+    def states():  # {client: HAProxy status}, each in its own backend (pool, upload lane)
+        return stack_runtime.server_states(config, timeout=5)
 
     assert set(states().values()) == {"UP"}, states()
     stack_runtime.stop_process(config, "postgresql")
@@ -338,7 +336,7 @@ def test_postgresql_away_longer_than_the_grace_makes_clients_not_ready_but_live(
         assert set(half.values()) == {200}, half
         assert set(states().values()) == {"UP"}, states()
         wait_for(lambda: all(status(base + "/readyz") == 503 for base in bases.values()),
-             grace + 3 * ping + 10, "/readyz 503 on every client")
+                 grace + 3 * ping + 10, "/readyz 503 on every client")
         after = time.monotonic() - stopped
         answers = {name: requests.get(base + "/readyz", timeout=5).text for name, base in bases.items()}
         assert all(text.startswith("storage disconnected for ") for text in answers.values()), answers
