@@ -81,17 +81,28 @@ system:
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt constraints.txt
+# The kit's own distributions, editable (their sources stay the checkout's): the load tools
+# and the tests import plonedeploy.stack, .recipe and .runtime as installed packages.
+# --no-deps: their requirements are pinned in requirements.txt; --no-build-isolation: built
+# with this venv's pinned setuptools (docs/architecture.md, "Packages").
+KIT_DISTRIBUTIONS := -e recipes/plonedeploy.runtime -e recipes/plonedeploy.recipe
+
+$(VENV)/.installed: requirements.txt constraints.txt recipes/plonedeploy.recipe/setup.py recipes/plonedeploy.runtime/setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip==$$(sed -n 's/^pip==//p' requirements.txt)
 	$(VENV)/bin/pip install --quiet -r requirements.txt -c constraints.txt
+	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation $(KIT_DISTRIBUTIONS)
 	touch $@
 
 ansible-venv: ansible/.venv/.installed
 
-ansible/.venv/.installed: ansible/requirements.txt ansible/constraints.txt
+# The filter plugins import plonedeploy.recipe's and plonedeploy.stack's plain-Python rules
+# (edge, storage, tls, rules) from this venv: the recipe's distribution, editable, without its
+# buildout requirements (--no-deps), built with setuptools of its own (pip's build isolation).
+ansible/.venv/.installed: ansible/requirements.txt ansible/constraints.txt recipes/plonedeploy.recipe/setup.py
 	$(PYTHON) -m venv ansible/.venv
 	ansible/.venv/bin/pip install --quiet -r ansible/requirements.txt -c ansible/constraints.txt
+	ansible/.venv/bin/pip install --quiet --no-deps -e recipes/plonedeploy.recipe
 	touch $@
 
 $(BUILDOUT_VENV)/.installed: requirements-buildout.txt

@@ -28,7 +28,7 @@ import time
 
 from loadtests import extrabuild
 from loadtests.core import load_stack
-from plonedeploy.recipe.rules import ZOPE_HEALTH_CHECK
+from plonedeploy.stack.rules import ZOPE_HEALTH_CHECK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK_DIR = os.path.join(ROOT, "var", "abslots")
@@ -110,7 +110,7 @@ class Slots:
 
     def ensure(self, server_a, server_b):
         """Stop the slot clients not wanted, start the missing ones (together); return the
-        seconds spent. Raises plonedeploy.recipe.stack.StackError if one does not start
+        seconds spent. Raises plonedeploy.stack.StackError if one does not start
         (the other one started with it is stopped again)."""
         started = time.monotonic()
         wanted = {"a": server_a, "b": server_b}

@@ -3,7 +3,7 @@ client count.
 
 The deployed HAProxy's ``balance`` cannot be changed at runtime, so ``loadtests.abtest
 --balance MODE,...`` (and the A/B rounds, and ``scaling``) start a variant of it: the
-recipe's template (templates/haproxy.cfg.j2) rendered with the variables the deployed one
+recipe's template (haproxy/haproxy.cfg.j2) rendered with the variables the deployed one
 was rendered with (``haproxy_context`` of stack.json, :func:`loadtests.core.render_haproxy`)
 and these changed:
 

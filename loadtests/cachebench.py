@@ -41,7 +41,7 @@ from loadtests.core import (add_counts_argument, add_run_arguments, add_stack_ar
                             load_stack, machine_busy_seconds, markdown_table, new_figure, new_parser, NotReady,
                             report_folder, require_wrk, run_wrk, save_figure, stack_pids, tree_cpu_seconds,
                             write_report)
-from plonedeploy.recipe.rolling import RollingError, drain, enable
+from plonedeploy.stack.rolling import RollingError, drain, enable
 
 # HAProxy backend and server of the cache tier (haproxy.cfg.j2).
 CACHE_BACKEND, CACHE_SERVER = "cache", "varnish"
@@ -81,7 +81,7 @@ def varnish_counters(workdir):
 def set_cache(config, on):
     """Put varnish in service (``on``: state ready, until HAProxy has it UP) or in
     maintenance (drained, then MAINT) in HAProxy's ``cache`` backend, at most 10 s each:
-    the runtime API steps of a rolling restart (plonedeploy.recipe.rolling). Raises
+    the runtime API steps of a rolling restart (plonedeploy.stack.rolling). Raises
     RollingError."""
     (enable if on else drain)(config["haproxy_socket"], CACHE_BACKEND, CACHE_SERVER, timeout=10)
 

@@ -212,9 +212,9 @@ def default_buildout_config():
 
 def stack_pids(config):
     """Return ``{process name: psutil.Process}`` for the stack's running processes (as the
-    stack's supervisord says: plonedeploy.recipe.stack.running_pids); processes not
+    stack's supervisord says: plonedeploy.stack.running_pids); processes not
     running are left out."""
-    from plonedeploy.recipe.stack import running_pids
+    from plonedeploy.stack.supervisor import running_pids
 
     procs = {}
     for name, pid in running_pids(config).items():
@@ -289,7 +289,7 @@ def service_user(config):
 
 def render_haproxy(config, **changes):
     """Text of an HAProxy config for a variant of the stack: the project's template
-    (``haproxy_template`` of stack.json, the recipe's templates/haproxy.cfg.j2) rendered with the variables
+    (``haproxy_template`` of stack.json, the project's haproxy/haproxy.cfg.j2) rendered with the variables
     the stack's HAProxy was rendered with (``haproxy_context``), each key of ``changes``
     replacing one (``balance="roundrobin"``, ``bind="127.0.0.1:8090"``, ``servers=[{"name",
     "host", "port", "maxconn", "wsgi_server"}]``, ...). Raises NotReady when stack.json has no

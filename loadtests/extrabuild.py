@@ -12,7 +12,7 @@ develop-eggs live in the work directory (e.g. ``var/abslots``), so building it n
 uninstalls nor rewrites the stack's parts.
 
 :func:`start` and :func:`stop` run what such a build made as bin/stack runs the stack
-(plonedeploy.recipe.stack's helpers: a supervisord of the work directory's own, rendered
+(plonedeploy.stack's helpers: a supervisord of the work directory's own, rendered
 from the same templates at start time, stages, log, readiness probe; supervisord stops a
 process group with SIGTERM, SIGKILL after 30 s), from process descriptions such as a
 stack.json's or :func:`client_process`'s.
@@ -23,7 +23,8 @@ import time
 
 import psutil
 
-from plonedeploy.recipe import stack as runtime
+from plonedeploy.stack import balancer as stack_balancer, supervisor as stack_supervisor
+from plonedeploy.stack.errors import StackError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILDOUT = os.path.join(ROOT, ".venv-buildout", "bin", "buildout")
@@ -142,7 +143,7 @@ def client_process(work_dir, part, url, stage=0):
 
 
 def run_config(work_dir, processes, stats_url=None, backend="zeoclients", servers=(), log_dir=None):
-    """The dict plonedeploy.recipe.stack's start/stop helpers take for ``processes`` (dicts
+    """The dict plonedeploy.stack's start/stop helpers take for ``processes`` (dicts
     as :func:`client_process` returns, or a stack.json's): the supervisord's socket and
     pidfile in ``work_dir/run``, its config in ``work_dir/run/supervisor/`` (written by
     :func:`start`), logs in ``log_dir`` (default ``work_dir/log``), the processes run in the
@@ -161,25 +162,25 @@ def start(config, names=None, timeout=300):
     first if it does not run; output appended to ``<log_dir>/<name>.stdout.log``), each
     ready within ``timeout`` seconds; then, if ``config`` has a ``stats_url``, wait up to
     120 s for its servers UP. Processes already running are left alone. Returns ``{name:
-    psutil.Process}`` of the named processes. Raises plonedeploy.recipe.stack.StackError
+    psutil.Process}`` of the named processes. Raises plonedeploy.stack.StackError
     when one does not start or become ready, after stopping those this call started."""
     chosen = [p for p in config["processes"] if names is None or p["name"] in names]
     try:
         for stage in sorted({p["stage"] for p in chosen}):
-            runtime.start_stage(config, [p for p in chosen if p["stage"] == stage], timeout)
+            stack_supervisor.start_stage(config, [p for p in chosen if p["stage"] == stage], timeout)
         if config.get("stats_url"):
-            runtime.wait_up(config, 120)
-    except runtime.StackError:
+            stack_balancer.wait_up(config, 120)
+    except StackError:
         stop(config, [p["name"] for p in chosen])
         raise
-    pids = runtime.running_pids(config)
+    pids = stack_supervisor.running_pids(config)
     return {p["name"]: psutil.Process(pids[p["name"]]) for p in chosen}
 
 
-def stop(config, names=None, timeout=runtime.STOP_WAIT + 30):
+def stop(config, names=None, timeout=stack_supervisor.STOP_WAIT + 30):
     """Stop the processes of ``config`` named in ``names`` (default all), last stage first,
     through their supervisord (SIGTERM to each process group, SIGKILL after
     ``runtime.STOP_WAIT`` seconds), waiting up to ``timeout`` seconds for each; then that
     supervisord too once nothing of it runs. Those not running are skipped. Raises
-    plonedeploy.recipe.stack.StackError when one is still there after ``timeout``."""
-    runtime.stop_processes(config, names, timeout)
+    plonedeploy.stack.StackError when one is still there after ``timeout``."""
+    stack_supervisor.stop_processes(config, names, timeout)

@@ -208,7 +208,7 @@ def main(argv=None):
     except LookupError as exc:
         print(f"headline: {exc}", file=sys.stderr)
         return 2
-    from plonedeploy.recipe.stack import StackError
+    from plonedeploy.stack.errors import StackError
 
     started, clock = datetime.now(timezone.utc), time.monotonic()
     load_before = [round(x, 2) for x in os.getloadavg()]

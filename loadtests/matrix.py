@@ -81,8 +81,8 @@ from loadtests.core import (ROOT, add_counts_argument, add_run_arguments, add_st
                             zeo_server)
 from loadtests.matrix_measure import MATRIX_PATHS, measure
 from plonedeploy.recipe.options import SERVERS, SINGLE_THREADED
-from plonedeploy.recipe.rules import ZOPE_HEALTH_CHECK
-from plonedeploy.recipe.stack import StackError
+from plonedeploy.stack.rules import ZOPE_HEALTH_CHECK
+from plonedeploy.stack.errors import StackError
 # --duration and --warmup (1 s each) are the same with and without --quick: their parser defaults.
 DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 100, 1000],
             "threads": [1, 2, 4], "sweep_at": 100, "runs": 3, "max_duration": 20, "clients": [0],

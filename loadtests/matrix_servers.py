@@ -88,7 +88,7 @@ def run_config(directory, parts, ports, hello=True):
 def start_all(config, parts, timeout=420):
     """Start every process of ``config`` (:func:`run_config`) at once and wait until each
     answers HTTP. Returns ``{(part, "zope"|"hello"): psutil.Process}`` (``hello`` for the
-    base parts whose hello server ``config`` has). Raises plonedeploy.recipe.stack.StackError naming the process that exited
+    base parts whose hello server ``config`` has). Raises plonedeploy.stack.StackError naming the process that exited
     or did not answer within ``timeout`` seconds (those started are stopped again)."""
     procs = extrabuild.start(config, timeout=timeout)
     out = {(part, "zope"): procs[part_name(part)] for part in parts}

@@ -11,7 +11,7 @@ with :func:`loadtests.extrabuild.start` and ``stop``, like bin/stack does (super
 import os
 
 from loadtests import extrabuild
-from plonedeploy.recipe.rules import ZOPE_HEALTH_CHECK
+from plonedeploy.stack.rules import ZOPE_HEALTH_CHECK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -91,7 +91,8 @@ from loadtests.core import (BLOB_SIZE, PATHS, ROOT, WRK_POST_SCRIPT, add_counts_
                             load_stack, machine_busy_seconds, markdown_table, new_figure, new_parser, NotReady,
                             report_folder, require_wrk, run_wrk, save_figure, spread, spread_bars,
                             tree_cpu_seconds, wait_tree_idle)
-from plonedeploy.recipe import stack as stack_runtime
+from plonedeploy.stack import balancer as stack_balancer, supervisor as stack_supervisor
+from plonedeploy.stack.errors import StackError
 
 #: The variants: name -> (config extended, extra lines of [instance]).
 VARIANTS = {
@@ -260,15 +261,15 @@ class Variant:
         self.session = None
 
     def start_process(self, name, timeout=300):
-        stack_runtime.start_stage(self.config, [p for p in self.config["processes"] if p["name"] == name], timeout)
+        stack_supervisor.start_stage(self.config, [p for p in self.config["processes"] if p["name"] == name], timeout)
 
     def pid(self, name):
-        return stack_runtime.read_pid(self.config, name)
+        return stack_supervisor.read_pid(self.config, name)
 
     def stop(self):
         """Stop HAProxy, the client, then the database, then the variant's supervisord
         (SIGTERM to each process group, SIGKILL after 30 s)."""
-        stack_runtime.stop_processes(self.config)
+        stack_supervisor.stop_processes(self.config)
 
     def create_site(self):
         """Run scripts/create_site.py with bin/instance (the database running, the client
@@ -332,7 +333,7 @@ class Variant:
         self.start_process("haproxy")
         # HAProxy has instance UP (its check: the client's /readyz), else StackError naming
         # what the check answers
-        stack_runtime.wait_up(self.config, 120)
+        stack_balancer.wait_up(self.config, 120)
         times["haproxy up"] = time.monotonic() - started
         return {k: round(v, 2) for k, v in times.items()}
 
@@ -680,7 +681,7 @@ def main(argv=None):
                                 f"errors {row['error_kinds']}" + (", short blob bodies" if row.get("short_bytes") else ""))
         for name, variant in variants.items():
             sizes[name] = {"documents": variant.documents(), **variant.sizes()}
-    except (RuntimeError, OSError, subprocess.SubprocessError, requests.RequestException, stack_runtime.StackError,
+    except (RuntimeError, OSError, subprocess.SubprocessError, requests.RequestException, StackError,
             KeyboardInterrupt) as exc:
         problems.append(f"stopped: {exc!r}")
         print(f"storage: stopped: {exc!r}", file=sys.stderr, flush=True)

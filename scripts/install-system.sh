@@ -46,7 +46,7 @@ command -v setfacl >/dev/null 2>&1 || [ -x /usr/bin/setfacl ] || need+=(acl)
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 MOD_WSGI_VERSION="$(sed -n 's/^mod_wsgi==//p' "$here/../requirements-mod_wsgi.txt")"
-# The instance recipe's mod-wsgi-express default (plonedeploy.recipe.rules.MOD_WSGI_EXPRESS).
+# The instance recipe's mod-wsgi-express default (plonedeploy.stack.rules.MOD_WSGI_EXPRESS).
 MOD_WSGI_VENV="/usr/local/lib/plonedeploy/mod_wsgi-$MOD_WSGI_VERSION"
 
 # A system apache2 service (the apache2 package, if someone installed it) must not run: the

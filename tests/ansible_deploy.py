@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from conftest import ROOT, run, setup_budget
-from plonedeploy.runtime import access  # on sys.path by conftest
+from plonedeploy.runtime import access
 
 ANSIBLE = os.path.join(ROOT, "ansible")
 BIN = os.path.join(ANSIBLE, ".venv", "bin")

@@ -7,7 +7,6 @@ import shutil
 import socket
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from urllib.parse import urlsplit
@@ -15,15 +14,10 @@ from urllib.parse import urlsplit
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPE_SRC = os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src")
-# The runtime distribution (server runners, filters): the unit tests import it directly.
-RUNTIME_SRC = os.path.join(ROOT, "recipes", "plonedeploy.runtime", "src")
-for path in (ROOT, RECIPE_SRC, RUNTIME_SRC):
-    if path not in sys.path:
-        sys.path.insert(0, path)
 
-# The one [buildout] header of builds that stand alone, and their runner.
-from loadtests.extrabuild import build, checkout_header  # noqa: E402 (needs sys.path above)
+# The one [buildout] header of builds that stand alone, and their runner. loadtests is the
+# checkout's (pytest.ini: pythonpath); plonedeploy.* are installed in .venv (Makefile's venv).
+from loadtests.extrabuild import build, checkout_header
 
 STACK_JSON = os.path.join(ROOT, "parts", "stack", "stack.json")
 STACK = os.path.join(ROOT, "bin", "stack")
@@ -297,7 +291,7 @@ class Stack:
 
     def pids(self):
         """``{process name: PID}`` of the processes that run now (the stack's supervisord says)."""
-        from plonedeploy.recipe.stack import running_pids
+        from plonedeploy.stack.supervisor import running_pids
 
         return running_pids(self.config)
 

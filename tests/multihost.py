@@ -85,7 +85,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src"))  # run as a script, not by pytest
 sys.path.insert(0, os.path.join(ROOT, "recipes", "plonedeploy.runtime", "src"))  # the recipe imports it
-from plonedeploy.recipe import rolling, rules  # noqa: E402  (after the path above)
+from plonedeploy.stack import rolling, rules  # noqa: E402  (after the path above)
 
 ANSIBLE = os.path.join(ROOT, "ansible")
 WORK = "/tmp/pdmh"

@@ -30,7 +30,7 @@ TOKEN = "t0k3n_-x"
 def render(directory, ports, acme=True):
     """haproxy.cfg.j2 with TLS and the redirect on, one (absent) Zope server, and the ACME
     route to 127.0.0.1:<ports['acme']> when ``acme``."""
-    return options.render_template(os.path.join(options.TEMPLATES_DIRECTORY, "haproxy.cfg.j2"), dict(
+    return options.render_template(options.HAPROXY_TEMPLATE, dict(
         part="edge", servers=[{"name": "zope", "host": "127.0.0.1", "port": ports["zope"], "maxconn": 1,
                                "wsgi_server": "pyruvate"}],
         bind=f"127.0.0.1:{ports['plain']}", stats_bind=f"127.0.0.1:{ports['stats']}", balance="leastconn",

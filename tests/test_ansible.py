@@ -20,7 +20,8 @@ from ansible_deploy import (ANSIBLE, BIN, BLOB_SIZE, CRON_FILES, FRONTEND, LOAD_
                             VARNISH, playbook, recap, record, render_units)
 from conftest import ROOT, run, while_loaded
 from loadtests import haproxy_stats
-from plonedeploy.recipe import optiontables, rules, storage, varnish
+from plonedeploy.recipe import optiontables, storage, varnish
+from plonedeploy.stack import rules
 
 pytestmark = pytest.mark.ansible
 

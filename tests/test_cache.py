@@ -201,7 +201,8 @@ def test_varnish_down_sends_requests_straight_to_the_pool(stack, edge):
     varnish again. A GET that HAProxy sent to varnish before it was DOWN gets HAProxy's 503
     after its connect retries (a second apart, measured ~3 s) and nothing worse: there is no
     other server in the cache backend to retry on (docs/operations.md, "Cache")."""
-    from plonedeploy.recipe.stack import cache_state, stop_process
+    from plonedeploy.stack.balancer import cache_state
+    from plonedeploy.stack.supervisor import stop_process
 
     tls_url, _ = edge
     url = f"{tls_url}/Plone?down={uuid.uuid4().hex}"

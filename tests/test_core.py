@@ -108,8 +108,8 @@ def test_check_servers_up(monkeypatch):
 
 
 def _supervised(monkeypatch, pids):
-    """What the stack's supervisord would say runs: ``{name: PID}`` (plonedeploy.recipe.stack)."""
-    from plonedeploy.recipe import stack as runtime
+    """What the stack's supervisord would say runs: ``{name: PID}`` (plonedeploy.stack)."""
+    from plonedeploy.stack import supervisor as runtime
 
     monkeypatch.setattr(runtime, "running_pids", lambda config: dict(pids))
 

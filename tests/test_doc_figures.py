@@ -13,8 +13,8 @@ phrase must be found: rewording it fails here as well, naming the file and the p
 a reworded sentence cannot hide a stale figure -- change the pattern with the sentence. Number
 words (``four``) count as numbers.
 
-Nothing is built or started: the modules are imported (conftest.py puts the checkout and the
-recipe's src on sys.path), versions.cfg is read with configparser, the parametrized case lists
+Nothing is built or started: the modules are imported (the checkout and scripts/ by pytest.ini's
+pythonpath, the kit's packages installed in .venv), versions.cfg is read with configparser, the parametrized case lists
 are counted from the test modules' own ``parametrize`` marks. No parts/, bin/ or eggs needed.
 """
 import ast
@@ -23,17 +23,15 @@ import functools
 import inspect
 import os
 import re
-import sys
 
 import pytest
 
 from conftest import ROOT
 from loadtests import abtest, matrix, matrix_plan
 from loadtests.weights import SHAPE_NAMES
-from plonedeploy.recipe import rules
+from plonedeploy.stack import rules
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import fetch_eggs  # noqa: E402  (after the path above)
+import fetch_eggs  # scripts/ (pytest.ini: pythonpath)
 
 WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
          "nine": 9, "ten": 10, "eleven": 11, "twelve": 12}

@@ -34,7 +34,7 @@ print(json.dumps(statuses))
 
 
 def _render(tmp_path):
-    return options.render_template(os.path.join(options.TEMPLATES_DIRECTORY, "haproxy.cfg.j2"), dict(
+    return options.render_template(options.HAPROXY_TEMPLATE, dict(
         part="ipv6", servers=[{"name": "a", "host": "[fd00::1]", "port": PORT + 1, "maxconn": 2,
                                "wsgi_server": "pyruvate"}],
         bind=f"[fd00::1]:{PORT}", stats_bind=f"[fd00::1]:{PORT + 2}", balance="leastconn",

@@ -97,7 +97,7 @@ def test_start_and_stop_through_the_stack_runtime(tmp_path):
     import time
     import urllib.request
 
-    from plonedeploy.recipe.stack import running_pids
+    from plonedeploy.stack.supervisor import running_pids
 
     port = 9987
     proc = {"name": "web", "argv": [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
@@ -130,7 +130,7 @@ def test_start_and_stop_through_the_stack_runtime(tmp_path):
 def test_start_failure_stops_what_it_started_and_names_the_process(tmp_path):
     import sys
 
-    from plonedeploy.recipe.stack import StackError
+    from plonedeploy.stack.errors import StackError
 
     procs = [{"name": "ok", "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
               "ready": {"tcp": ["127.0.0.1", 9988]}, "stage": 0},

@@ -12,10 +12,8 @@ import sys
 
 import pytest
 
+import fetch_eggs  # scripts/ (pytest.ini: pythonpath)
 from conftest import ROOT
-
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import fetch_eggs  # noqa: E402
 
 DIST = os.path.join(ROOT, "var", "download-cache", "dist")
 BUILDOUT_PYTHON = os.path.join(ROOT, ".venv-buildout", "bin", "python")
@@ -29,7 +27,6 @@ WHEELS = ("persistent-6.9-*.whl", "zeo-6.2-*.whl", "plone_app_layout-6.0.2-*.whl
 #: argv: eggs directory, "hook" or "pip", wheels...; prints each egg's path.
 TO_EGGS = """
 import os, sys
-sys.path.insert(0, {scripts!r})
 import fetch_eggs
 import zc.buildout.easy_install as ez
 from zc.buildout._package_index import distros_for_location
@@ -62,8 +59,9 @@ def _tree(root):
 
 
 def _to_eggs(dest, mode, wheels):
-    script = TO_EGGS.format(scripts=os.path.join(ROOT, "scripts"))
-    result = subprocess.run([BUILDOUT_PYTHON, "-c", script, str(dest), mode, *wheels],
+    # scripts/fetch_eggs.py importable by that Python: through its environment, not its code
+    result = subprocess.run([BUILDOUT_PYTHON, "-c", TO_EGGS, str(dest), mode, *wheels],
+                            env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "scripts")),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.split()

@@ -12,7 +12,8 @@ import pytest
 import zc.buildout
 
 from conftest import ROOT
-from plonedeploy.recipe import edge, options, optiontables, rules, tls
+from plonedeploy.recipe import edge, options, optiontables, tls
+from plonedeploy.stack import rules
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -213,7 +214,7 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
     pem = tmp_path / "site.pem"
     if with_tls:
         tls.make_self_signed(str(pem), ["127.0.0.1"])
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(options.TEMPLATES_DIRECTORY),
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.dirname(options.HAPROXY_TEMPLATE)),
                              undefined=jinja2.StrictUndefined, trim_blocks=trim_blocks,
                              keep_trailing_newline=True)
     text = env.get_template("haproxy.cfg.j2").render(

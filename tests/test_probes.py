@@ -12,7 +12,7 @@ import zc.buildout
 
 from conftest import wait_for
 from loadtests.core import free_local_port
-from plonedeploy.recipe import rules
+from plonedeploy.stack import rules
 from plonedeploy.runtime import metrics, probes
 
 

@@ -20,8 +20,9 @@ import pytest
 
 from conftest import ROOT, develop_eggs, setup_budget, stop_group
 from loadtests.extrabuild import BUILDOUT, checkout_header
-from plonedeploy.recipe import rules
-from plonedeploy.recipe.options import SERVERS, TEMPLATES_DIRECTORY, render_template
+from plonedeploy.stack import rules
+from plonedeploy.recipe.options import SERVERS
+from plonedeploy.stack.templates import HAPROXY_TEMPLATE, TEMPLATES_DIRECTORY, render_template
 
 pytestmark = pytest.mark.buildout
 
@@ -158,7 +159,7 @@ def test_pool_size_equals_threads(built, part, threads):
 def test_conflict_retries_in_zope_conf(built):
     """Zope's max-conflict-retries: the recipe's default in every client's zope.conf, once,
     after the part's own zope-conf-additional lines."""
-    from plonedeploy.recipe.rules import DEFAULT_CONFLICT_RETRIES
+    from plonedeploy.stack.rules import DEFAULT_CONFLICT_RETRIES
 
     directory, _ = built
     for part in ("instance", "client2", "uploads"):
@@ -240,14 +241,14 @@ def test_stack_script_and_config(built):
     assert config["blob_storage"] is None  # BASE's zeoserver part sets no blob-storage
     # The template and its variables reproduce the rendered haproxy.cfg byte for byte, so a
     # variant rendered from them differs only in what the tool changed.
-    assert config["haproxy_template"] == os.path.join(TEMPLATES_DIRECTORY, "haproxy.cfg.j2")
+    assert config["haproxy_template"] == HAPROXY_TEMPLATE == os.path.join(ROOT, "haproxy", "haproxy.cfg.j2")
     assert config["haproxy_context"]["balance"] == "leastconn"
     assert render_template(config["haproxy_template"], config["haproxy_context"]) == \
         (directory / "parts" / "haproxy" / "haproxy.cfg").read_text()
     help_text = subprocess.run([str(directory / "bin" / "stack"), "--help"], capture_output=True,
                                text=True, timeout=60, check=True).stdout
     assert "start" in help_text and "stop" in help_text
-    # supervisord's config, rendered at install from the templates the Ansible role links to.
+    # supervisord's config, rendered at install from the templates the Ansible role renders too.
     assert config["supervisor_config"] == str(directory / "parts" / "stack" / "supervisord.conf")
     conf = (directory / "parts" / "stack" / "supervisord.conf").read_text()
     assert f"file = {directory}/var/run/supervisor.sock\nchmod = 0700\n" in conf
@@ -257,9 +258,12 @@ def test_stack_script_and_config(built):
     assert "autostart = false\nautorestart = true\n" in program
     assert f"stdout_logfile = {directory}/var/log/instance.stdout.log\nstdout_logfile_maxbytes = 0\n" in \
         program.replace("; bin/stack: 0 and 0, logrotate rotates the file (the file is opened with O_APPEND)\n", "")
+    assert TEMPLATES_DIRECTORY == os.path.join(ROOT, "templates")
+    with open(os.path.join(ROOT, "ansible", "roles", "process_manager", "defaults", "main.yml"), encoding="utf-8") as fp:
+        assert 'process_manager_templates: "{{ playbook_dir }}/../templates"' in fp.read()
     for name in ("supervisord.conf.j2", "program.conf.j2"):
-        assert os.path.realpath(os.path.join(ROOT, "ansible", "roles", "process_manager", "templates", name)) == \
-            os.path.join(TEMPLATES_DIRECTORY, name)
+        assert os.path.isfile(os.path.join(TEMPLATES_DIRECTORY, name))
+        assert not os.path.lexists(os.path.join(ROOT, "ansible", "roles", "process_manager", "templates", name))
     ctl = subprocess.run([str(directory / "bin" / "supervisorctl"), "status"], capture_output=True, text=True,
                          timeout=60)
     assert "supervisor.sock no such file" in ctl.stdout  # its config baked in; nothing runs
@@ -354,7 +358,7 @@ def test_service_users_wired_into_scripts_haproxy_and_varnish(tmp_path, monkeypa
     own directories and logs in the layout they hand over), stack.json says what it runs
     and owns, HAProxy's global drops to haproxy, varnishd runs in the unix jail and its
     exporter as varnishlog (supervisord's user= for each, when root starts the stack)."""
-    from plonedeploy.recipe import stack as stack_module
+    from plonedeploy.stack import service as stack_module
 
     extra = (varnish_part(jail="unix", metrics_address="127.0.0.1:18689") + "[haproxy]\ntls-bind = 127.0.0.1:18443\ncache = varnish\nuser = haproxy\n"
              "[stack]\ncache = varnish\nservice-user = nobody\n"
@@ -938,14 +942,19 @@ def test_relstorage_cfg_builds_nothing_of_zeo(tmp_path):
 
 
 def test_wheels_carry_the_templates_and_split_the_namespace(tmp_path):
-    """Built as wheels and installed outside this checkout, plonedeploy.recipe finds its
-    templates in its own package (no ${buildout:directory}/templates) and
+    """Built as wheels and installed outside this checkout, plonedeploy.recipe finds the
+    templates in its own package (copies of the checkout's templates/ and haproxy/ made when
+    the wheel was built) and renders the same text from them as from the checkout; and
     plonedeploy.runtime imports beside it in the shared ``plonedeploy`` namespace, with its
     PasteDeploy entry points; neither wheel carries the other's modules."""
     pip = os.path.join(ROOT, ".venv-buildout", "bin", "pip")
     wheels, target = tmp_path / "wheels", tmp_path / "site"
     # Copies: setuptools builds in the source tree and would leave build/ in the checkout.
-    sources = [str(shutil.copytree(os.path.join(ROOT, "recipes", name), tmp_path / "src" / name,
+    # The same layout as the checkout's, whose templates/ and haproxy/ the wheel's build copies.
+    checkout = tmp_path / "checkout"
+    for folder in ("templates", "haproxy"):
+        shutil.copytree(os.path.join(ROOT, folder), checkout / folder)
+    sources = [str(shutil.copytree(os.path.join(ROOT, "recipes", name), checkout / "recipes" / name,
                                    ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__")))
                for name in ("plonedeploy.recipe", "plonedeploy.runtime")]
     subprocess.run([pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), *sources],
@@ -955,21 +964,46 @@ def test_wheels_carry_the_templates_and_split_the_namespace(tmp_path):
     assert not (target / "plonedeploy" / "__init__.py").exists()  # PEP 420: no portion owns it
     assert not (target / "plonedeploy" / "recipe" / "servers").exists()
     code = (
-        "import json, importlib.metadata as m\n"
+        "import json, os, importlib.metadata as m\n"
         "from plonedeploy.recipe import options\n"
         "import plonedeploy.runtime.blobfilter as b\n"
         "eps = {e.group + ':' + e.name: e.value for e in m.distribution('plonedeploy.runtime').entry_points}\n"
-        "print(json.dumps([options.TEMPLATES_DIRECTORY, b.__file__, sorted(eps.items())]))\n"
+        "from plonedeploy.stack.supervisor import write_supervisor_config\n"
+        "config = json.loads(os.environ['STACK_CONFIG'])\n"
+        "write_supervisor_config(config)\n"
+        "print(json.dumps([options.TEMPLATES_DIRECTORY, options.HAPROXY_TEMPLATE, options.__file__, b.__file__,\n"
+        "                  sorted(eps.items())]))\n"
     )
+    # supervisord's config and a program's, rendered by bin/stack's code from the wheel's
+    # templates and from the checkout's: the same text.
+    rendered = {}
+    for where in ("wheel", "checkout"):
+        rendered[where] = run = tmp_path / f"run-{where}"
+        os.makedirs(run)
+    configs = {where: {"processes": [{"name": "instance", "argv": ["/bin/true"], "stage": 1}],
+                       "run_dir": "/srv/run", "log_dir": "/srv/log", "directory": "/srv",
+                       "supervisor_config": str(rendered[where] / "supervisord.conf")}
+               for where in rendered}
+    from plonedeploy.stack.supervisor import write_supervisor_config
+    write_supervisor_config(configs["checkout"])
     # The test venv's python: Jinja2 and zc.buildout importable, plonedeploy only from ``target``.
     out = subprocess.run([os.path.join(ROOT, ".venv", "bin", "python"), "-c", code], cwd=tmp_path,
-                         env=dict(os.environ, PYTHONPATH=str(target)), capture_output=True, text=True,
-                         timeout=60, check=True)
-    templates, blobfilter, entry_points = json.loads(out.stdout)
-    assert templates == str(target / "plonedeploy" / "recipe" / "templates")
-    assert blobfilter.startswith(str(target))
-    for name in [f"{server}.ini.in" for server in SERVERS] + ["_common.ini.in", "haproxy.cfg.j2", "varnish.vcl.j2",
-                                                             "supervisord.conf.j2", "program.conf.j2"]:
-        assert os.path.isfile(os.path.join(templates, name)), name
+                         env=dict(os.environ, PYTHONPATH=str(target), STACK_CONFIG=json.dumps(configs["wheel"])),
+                         capture_output=True, text=True, timeout=60, check=True)
+    templates, haproxy, options_file, blobfilter, entry_points = json.loads(out.stdout)
+    assert templates == str(target / "plonedeploy" / "stack" / "templates")
+    assert haproxy == os.path.join(templates, "haproxy.cfg.j2")
+    assert options_file.startswith(str(target)) and blobfilter.startswith(str(target))
+    names = [f"{server}.ini.in" for server in SERVERS] + ["_common.ini.in", "logrotate.conf.in", "varnish.vcl.j2",
+                                                         "supervisord.conf.j2", "program.conf.j2"]
+    for name in names:  # the same files as the checkout's
+        with open(os.path.join(templates, name), "rb") as wheel, open(os.path.join(TEMPLATES_DIRECTORY, name), "rb") as ours:
+            assert wheel.read() == ours.read(), name
+    with open(haproxy, "rb") as wheel, open(HAPROXY_TEMPLATE, "rb") as ours:
+        assert wheel.read() == ours.read()
+    for name, expected in (("supervisord.conf", "[supervisord]"),
+                           (os.path.join("supervisor.d", "instance.conf"), "[program:instance]")):
+        texts = {where: (run / name).read_text().replace(str(run), "RUN") for where, run in rendered.items()}
+        assert texts["wheel"] == texts["checkout"] and expected in texts["wheel"], name
     assert ["paste.filter_factory:blobsendfile", "plonedeploy.runtime.blobfilter:filter_factory"] in entry_points
     assert ["paste.server_factory:gunicorn", "plonedeploy.runtime.servers.gunicorn:server_factory"] in entry_points

@@ -305,7 +305,7 @@ LOAD_PATHS = (("/", "text/html"), ("/Plone", "text/html"), ("/Plone", "applicati
 
 def test_rolling_restart_under_load_fails_no_request(stack):
     """bin/stack restart (every client in turn, drained in HAProxy first: the rolling restart
-    of plonedeploy.recipe.rolling) while 8 loops GET the four paths in turn through HAProxy
+    of plonedeploy.stack.rolling) while 8 loops GET the four paths in turn through HAProxy
     (each loop at most 25 requests/s, the blob's 5 MiB read in full): 0 failed requests,
     every path served meanwhile, every client UP afterwards.
 
@@ -323,7 +323,7 @@ def test_rolling_restart_under_load_fails_no_request(stack):
         # took 62-77 s to start and the upload client more than 120 s (26 Nov, load 5)
         stack.frontend_url, lambda: run([STACK, "restart", "--timeout", "300"], timeout=1000), threads=8,
         send=send, log=by_path, rate=25)
-    # Every client HAProxy balances is rolled (plonedeploy.recipe.rolling), the upload lane's
+    # Every client HAProxy balances is rolled (plonedeploy.stack.rolling), the upload lane's
     # only one too.
     balanced = stack.config["servers"] + stack.config.get("upload_servers", [])
     assert [line for line in restart.stdout.splitlines() if line.endswith("UP again")] == [
@@ -344,7 +344,7 @@ def test_rolling_restart_under_load_fails_no_request(stack):
 
 def test_uploads_get_503_while_the_upload_lane_restarts(stack):
     """bin/stack restart of the upload lane's only client (drained in HAProxy, MAINT,
-    restarted, enabled: plonedeploy.recipe.rolling) while 2 loops POST 64 KiB bodies (over
+    restarted, enabled: plonedeploy.stack.rolling) while 2 loops POST 64 KiB bodies (over
     upload-threshold: the upload lane) to /Plone through HAProxy, each at most 10/s: every
     upload gets 200 from the lane or HAProxy's own 503, never a cut connection, a 502 or a
     504; the lane was really away (at least 5 x 503); the uploads succeed again afterwards.

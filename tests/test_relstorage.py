@@ -200,7 +200,7 @@ def test_site_and_blob_served_from_postgresql(relstack):
 
 def test_rolling_restart_fails_no_request(relstack):
     """bin/stack restart (each page client drained in HAProxy, restarted, UP again; then the
-    upload lane's only client, the same way: plonedeploy.recipe.rolling) while GETs run
+    upload lane's only client, the same way: plonedeploy.stack.rolling) while GETs run
     through HAProxy: none fails, on RelStorage as on ZEO (tests/test_reliability.py)."""
     directory, timings = relstack
     stack = os.path.join(directory, "bin", "stack")
@@ -277,7 +277,7 @@ def test_postgresql_restart_loses_no_committed_write(relstack):
     assert "postgresql: stopped" in restart.stdout, restart.stdout  # not killed after a timeout
     assert _postmaster(directory) != old_pid
     # stopped and started again through the stack's supervisord, which keeps it running
-    from plonedeploy.recipe.stack import running_pids
+    from plonedeploy.stack.supervisor import running_pids
     config = json.load(open(os.path.join(directory, "parts", "stack", "stack.json"), encoding="utf-8"))
     supervisord = int(open(os.path.join(directory, "var", "run", "supervisord.pid"), encoding="ascii").read())
     assert psutil.Process(running_pids(config)["postgresql"]).ppid() == supervisord
@@ -311,7 +311,7 @@ def test_postgresql_away_longer_than_the_grace_makes_clients_not_ready_but_live(
     5 s). PostgreSQL stopped: every /readyz stays 200 and every server UP for the first half
     of storage-grace (10 s in this build), then 503 "storage disconnected" while /livez
     stays 200, and HAProxy takes the clients out; PostgreSQL back: all ready and UP again."""
-    from plonedeploy.recipe import stack as stack_runtime
+    from plonedeploy.stack import balancer as stack_balancer, supervisor as stack_supervisor
 
     directory, timings = relstack
     grace, ping = 10.0, 5.0
@@ -325,10 +325,10 @@ def test_postgresql_away_longer_than_the_grace_makes_clients_not_ready_but_live(
             return repr(exc)
 
     def states():  # {client: HAProxy status}, each in its own backend (pool, upload lane)
-        return stack_runtime.server_states(config, timeout=5)
+        return stack_balancer.server_states(config, timeout=5)
 
     assert set(states().values()) == {"UP"}, states()
-    stack_runtime.stop_process(config, "postgresql")
+    stack_supervisor.stop_process(config, "postgresql")
     try:
         stopped = time.monotonic()
         time.sleep(grace / 2)

@@ -1,4 +1,4 @@
-"""plonedeploy.recipe.rolling, the rolling restart both deploy paths run: its command line
+"""plonedeploy.stack.rolling, the rolling restart both deploy paths run: its command line
 (as Ansible runs it: the file itself under the system's python3) and its runtime API
 conversation, against a real HAProxy of the test's own (no stack: a throwaway config with
 one backend, a live server answering the health path and a dead one, ports of the OS's
@@ -17,11 +17,11 @@ import urllib.request
 
 import pytest
 
-from conftest import RECIPE_SRC, ROOT, stop_group
+from conftest import ROOT, stop_group
 from loadtests.core import free_local_port
-from plonedeploy.recipe import rolling
+from plonedeploy.stack import rolling
 
-SCRIPT = os.path.join(RECIPE_SRC, "plonedeploy", "recipe", "rolling.py")
+SCRIPT = rolling.__file__  # the file Ansible ships to the balancers (plonedeploy_module_file)
 #: The interpreter the balancer hosts have (ansible.builtin.script's executable: python3).
 PYTHON3 = shutil.which("python3")
 
@@ -313,9 +313,10 @@ def test_ansible_runs_the_steps_in_the_modules_order():
         text = fp.read()
     found = re.findall(r"restart_rolling_script \}\} (\w+)|process_manager/tasks/(restart)\.yml", text)
     assert tuple(a or b for a, b in found) == rolling.STEPS
-    assert "plonedeploy/recipe/rolling.py" in text and "community.general.haproxy" not in text
+    assert "'plonedeploy.stack.rolling' | plonedeploy_module_file" in text and "community.general.haproxy" not in text
+    assert "recipes/" not in text  # the installed package's file, not a path into the checkout
     # and docs/ansible.md says so (it once named community.general.haproxy)
     with open(os.path.join(ROOT, "docs", "ansible.md"), encoding="utf-8") as fp:
         docs = fp.read()
     rolling_section = docs.split("## Rolling restart", 1)[1].split("\n## ", 1)[0]
-    assert "plonedeploy/recipe/rolling.py" in rolling_section and "community.general.haproxy" not in docs
+    assert "plonedeploy.stack.rolling" in rolling_section and "community.general.haproxy" not in docs

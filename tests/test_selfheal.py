@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from conftest import ROOT, STACK, admin_auth, run, wait_for
-from plonedeploy.recipe import stack as stack_runtime
+from plonedeploy.stack import supervisor as stack_supervisor
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +134,7 @@ def test_zeo_away_longer_than_the_grace_makes_clients_not_ready_but_live(stack):
     client ready and UP again."""
     grace = 30.0
     bases = {name: probe_base(stack, name) for name in stack.config["clients"]}
-    stack_runtime.stop_process(stack.config, "zeoserver")
+    stack_supervisor.stop_process(stack.config, "zeoserver")
     try:
         stopped = time.monotonic()
         time.sleep(grace / 2)

@@ -74,14 +74,14 @@ def _uids(process):
 def test_root_without_service_user_is_warned(tmp_path):
     """bin/stack start as root on a build without service-user says so on stderr, naming
     the option (a stack of no processes: nothing is started)."""
-    from plonedeploy.recipe import stack as stack_module
+    from plonedeploy.stack import service as stack_module
 
     _as_root()
     config = tmp_path / "stack.json"
     config.write_text(json.dumps({"part": "stack", "processes": [], "service": None}))
     result = subprocess.run(
         [os.path.join(ROOT, ".venv", "bin", "python"), "-c",
-         "import sys; from plonedeploy.recipe.stack import main; sys.exit(main(sys.argv[1], ['start', '--no-wait-up']))",
+         "import sys; from plonedeploy.stack.cli import main; sys.exit(main(sys.argv[1], ['start', '--no-wait-up']))",
          str(config)], capture_output=True, text=True, timeout=60,
         env=dict(os.environ, PYTHONPATH=os.pathsep.join(
             os.path.join(ROOT, "recipes", name, "src") for name in ("plonedeploy.recipe", "plonedeploy.runtime"))))

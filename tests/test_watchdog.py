@@ -308,7 +308,7 @@ def test_filter_settings_off_and_on():
 
 
 def test_the_default_memory_limit_rule():
-    from plonedeploy.recipe import rules
+    from plonedeploy.stack import rules
 
     GiB = 1024 * MiB
     # 75 % of what the host has beyond 1 GiB, split evenly, in whole MiB

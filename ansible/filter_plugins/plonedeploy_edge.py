@@ -1,7 +1,7 @@
 """Jinja2 filters that give the Ansible roles the recipe's own edge rules.
 
-The rules live once, in ``recipes/plonedeploy.recipe/src/plonedeploy/recipe/edge.py`` of
-this checkout (plain Python, no zc.buildout): the haproxy role validates and renders with
+The rules live once, in ``plonedeploy.recipe.edge`` (plain Python, no zc.buildout; the
+recipe's distribution is installed in ansible/.venv): the haproxy role validates and renders with
 them exactly as ``plonedeploy.recipe:haproxy`` does.
 
 - ``name | plonedeploy_body_cap``: default ``max-request-body-size`` (bytes) of a client on
@@ -11,10 +11,14 @@ them exactly as ``plonedeploy.recipe:haproxy`` does.
   ``name``, ``wsgi_server``, ``max_body``.
 - ``names | plonedeploy_server_name_errors``: list of messages for invalid host names.
 - ``names | plonedeploy_host_regex``: the HAProxy regex of the allowed Host values.
+- ``"plonedeploy.stack.rolling" | plonedeploy_module_file``: the file of that module of the
+  installed packages (str), for ``ansible.builtin.script`` to ship a stdlib-only module to
+  hosts without the kit's eggs (the balancers). Raises an error for a module outside
+  ``plonedeploy.`` or one that is not installed.
 - ``"intermediate" | plonedeploy_tls_profile``: Mozilla's ciphers, ciphersuites and
   bind options (``tls.profile``); ``name | plonedeploy_san``: its subjectAltName entry.
 
-And the ZEO clients' rules of ``recipes/.../rules.py`` (the recipe's ``instance`` and
+And the ZEO clients' rules of ``plonedeploy.stack.rules`` (the recipe's ``instance`` and
 ``haproxy`` apply the same functions):
 
 - ``clients | plonedeploy_threads_errors``: messages for clients whose ``threads`` their
@@ -33,7 +37,7 @@ And the ZEO clients' rules of ``recipes/.../rules.py`` (the recipe's ``instance`
   ``name`` and ``wsgi_server``), ``rules.ab_contract``: the same document the stack recipe
   writes into ``stack.json`` for the A/B tool.
 
-And the storage rules of ``recipes/.../storage.py`` (the recipe's ``instance`` and
+And the storage rules of ``plonedeploy.recipe.storage`` (the recipe's ``instance`` and
 ``postgresql`` parts apply the same functions; the zeoclient and postgresql roles):
 
 - ``dsn | plonedeploy_dsn_errors``: list of messages (empty when ``dsn``, a libpq
@@ -48,15 +52,21 @@ And the storage rules of ``recipes/.../storage.py`` (the recipe's ``instance`` a
   unchanged when it already verifies ``password``, so a second run changes nothing.
   Raises an error for a password that is not printable ASCII.
 """
-import os
-import sys
+import importlib.util
 
-_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
-                    "recipes", "plonedeploy.recipe", "src")
-if _SRC not in sys.path:
-    sys.path.insert(0, os.path.normpath(_SRC))
+# Installed in ansible/.venv (Makefile's ansible-venv: the recipe's distribution, editable).
+from plonedeploy.recipe import edge, storage, tls
+from plonedeploy.stack import rules
 
-from plonedeploy.recipe import edge, rules, storage, tls  # noqa: E402  (after the path above)
+
+def module_file(name):
+    if not str(name).startswith("plonedeploy."):
+        raise ValueError(f"plonedeploy_module_file: {name!r} is not a module of the kit (plonedeploy.*)")
+    spec = importlib.util.find_spec(str(name))
+    if spec is None or not spec.origin:
+        raise ValueError(f"plonedeploy_module_file: {name!r} is not installed in the controller's venv "
+                         "(make ansible-venv installs the kit's distribution)")
+    return spec.origin
 
 
 def body_limit_errors(page_servers, upload_servers, max_body_size, upload_threshold):
@@ -141,6 +151,7 @@ class FilterModule:
             "plonedeploy_with_check": with_check,
             "plonedeploy_fd_limit_needed": lambda maxconn, servers: rules.fd_limit_needed(int(maxconn), servers),
             "plonedeploy_ab_contract": rules.ab_contract,
+            "plonedeploy_module_file": module_file,
             "plonedeploy_dsn_errors": dsn_errors,
             "plonedeploy_site_dsn": storage.site_dsn,
             "plonedeploy_identifier_ok": lambda name: bool(storage.IDENTIFIER_RE.match(str(name))),

@@ -5,7 +5,7 @@ Entry points (use them as ``recipe = plonedeploy.recipe:<name>``):
 - ``instance``: a ZEO client; wraps plone.recipe.zope2instance, adds the chosen WSGI
   server's egg and ``plonedeploy.runtime``, renders the wsgi ini from
   ``templates/<server>.ini.in`` and sets the ZODB ``pool-size`` to the thread count.
-- ``haproxy``: renders ``templates/haproxy.cfg.j2`` from the client parts and checks it
+- ``haproxy``: renders ``haproxy/haproxy.cfg.j2`` from the client parts and checks it
   with ``haproxy -c``.
 - ``varnish``: renders ``templates/varnish.vcl.j2`` (the cache tier in front of the
   pool on HAProxy's TLS listener) and checks it with ``varnishd -C``.
@@ -16,11 +16,18 @@ Entry points (use them as ``recipe = plonedeploy.recipe:<name>``):
 - ``relstorage-tools``: the configs of RelStorage's ``bin/zodbconvert`` (Data.fs and blobs
   into PostgreSQL) and ``bin/zodbpack`` for those clients.
 
-Every template they render ships with this package (``plonedeploy/recipe/templates/``,
-package data): the wsgi ini of each server (``<server>.ini.in`` and ``_common.ini.in``),
-``haproxy.cfg.j2`` (in the checkout a link to the project's one copy, ``haproxy/``) and
-``varnish.vcl.j2``; the Ansible roles render the same two files. ``templates-directory`` (instance) and ``template`` (haproxy, varnish) point a part at
-your own.
+The templates they render are the project's (``templates/``: the wsgi ini of each server,
+``<server>.ini.in`` and ``_common.ini.in``, ``varnish.vcl.j2``, supervisord's
+``supervisord.conf.j2`` and ``program.conf.j2``; ``haproxy/haproxy.cfg.j2``), the same files
+the Ansible roles render: read from the checkout when this is a develop egg, and copied into
+the wheel as package data (``plonedeploy/stack/templates/``) when one is built
+(``plonedeploy.stack.templates`` says which it reads). ``templates-directory`` (instance) and
+``template`` (haproxy, varnish) point a part at your own.
+
+``bin/stack`` (start, stop, rolling restart, status) is the package ``plonedeploy.stack`` of
+this distribution, separate from the recipe (``stack`` only writes its configuration and
+scripts); its ``rules`` and ``rolling`` modules are plain Python that Ansible's controller
+and the load tools import too.
 
 What a ZEO client runs (the server runners, the ``blobsendfile`` and ``metrics`` filters,
 the ``hello`` app) is the separate distribution ``plonedeploy.runtime``: ``instance`` adds
@@ -28,7 +35,36 @@ it to the client's ``eggs``, never this one, so a client does not carry zc.build
 Jinja2 or psutil. ``plonedeploy`` is a PEP 420 namespace package (no
 ``plonedeploy/__init__.py``) shared by both.
 """
+import glob
+import os
+import shutil
+
 from setuptools import find_namespace_packages, setup
+from setuptools.command.build_py import build_py
+
+#: The project's folders of the shared templates, relative to this file (a checkout).
+CHECKOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
+TEMPLATES = [os.path.join("templates", "*"), os.path.join("haproxy", "haproxy.cfg.j2")]
+
+
+class BuildWithTemplates(build_py):
+    """build_py that copies the project's templates into the built package
+    (``plonedeploy/stack/templates/``), so that a wheel carries them; not for an editable
+    install, which reads them from the checkout."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        target = os.path.join(self.build_lib, "plonedeploy", "stack", "templates")
+        os.makedirs(target, exist_ok=True)
+        for pattern in TEMPLATES:
+            paths = glob.glob(os.path.join(CHECKOUT, pattern))
+            if not paths:
+                raise RuntimeError(f"no {pattern} in {os.path.abspath(CHECKOUT)}: build the wheel from a checkout")
+            for path in paths:
+                shutil.copy(path, target)
+
 
 setup(
     name="plonedeploy.recipe",
@@ -36,10 +72,10 @@ setup(
     description="Buildout recipes for Plone ZEO clients on pyruvate, waitress and other WSGI servers behind HAProxy",
     long_description=__doc__,
     license="GPL-2.0-only",
-    # plonedeploy.recipe alone: "plonedeploy" is the namespace, templates/ is package data.
-    packages=find_namespace_packages("src", include=["plonedeploy.recipe"]),
+    # "plonedeploy" is the namespace; the templates are copied in by BuildWithTemplates.
+    packages=find_namespace_packages("src", include=["plonedeploy.recipe", "plonedeploy.stack"]),
     package_dir={"": "src"},
-    package_data={"plonedeploy.recipe": ["templates/*"]},
+    cmdclass={"build_py": BuildWithTemplates},
     zip_safe=False,
     python_requires=">=3.10",
     install_requires=[

@@ -147,7 +147,7 @@ DEFAULT_PER_SOURCE = {"connections": 100, "requests": 1000, "period": 10}
 
 def template_context(server_names, upload_servers=(), upload_threshold=DEFAULT_UPLOAD_THRESHOLD,
                      per_source_exempt=(), per_source=None):
-    """The edge variables of ``templates/haproxy.cfg.j2`` as a dict.
+    """The edge variables of ``haproxy/haproxy.cfg.j2`` as a dict.
 
     ``server_names``: allowed Host names; ``upload_servers``: the upload lane (template
     ``servers`` entries); ``upload_threshold``: bytes; ``per_source_exempt``: CIDRs;

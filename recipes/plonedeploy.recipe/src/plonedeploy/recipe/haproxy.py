@@ -55,7 +55,7 @@ from plonedeploy.recipe.options import (
     template_option,
     write_checked,
 )
-from plonedeploy.recipe.rules import check_target, fd_limit_needed
+from plonedeploy.stack.rules import check_target, fd_limit_needed
 
 
 def find_haproxy(configured=None):
@@ -180,7 +180,7 @@ class Recipe:
         options["template-context"] = json.dumps(self.context, sort_keys=True).replace("$", "\\u0024")
 
     def template_context(self):
-        """The variables of ``templates/haproxy.cfg.j2`` (a JSON-able dict): what ``install``
+        """The variables of ``haproxy/haproxy.cfg.j2`` (a JSON-able dict): what ``install``
         renders, and what option ``template-context`` records for the stack part, whose
         stack.json hands it to tools that render variants (other ports or balance mode)."""
         options = self.options

@@ -66,7 +66,7 @@ from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
 
 from plonedeploy.recipe.edge import default_body_cap
 from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
-from plonedeploy.recipe.rules import CONFLICT_RETRIES, MOD_WSGI_EXPRESS, default_memory_limit, recycle_check_window
+from plonedeploy.stack.rules import CONFLICT_RETRIES, MOD_WSGI_EXPRESS, default_memory_limit, recycle_check_window
 from plonedeploy.recipe.stack import check_service_user, client_layout
 from plonedeploy.recipe.options import (
     BLOB_FILTER,

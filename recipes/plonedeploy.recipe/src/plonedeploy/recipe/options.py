@@ -5,7 +5,6 @@ without a build. Every validation error is a ``zc.buildout.UserError`` whose mes
 the part, the option, the value given and what is allowed, so ``bin/buildout`` stops with
 one readable line instead of a traceback.
 """
-import importlib.resources
 import ipaddress
 import os
 import pwd
@@ -13,14 +12,13 @@ import re
 import shutil
 import tempfile
 
-import jinja2
 import zc.buildout
 
 from plonedeploy.recipe import storage as _storage
 
 # The server and thread rules live in rules.py (plain Python, which Ansible imports too);
 # re-exported here for the recipes and tools that import them from options.
-from plonedeploy.recipe.rules import (  # noqa: E402,F401
+from plonedeploy.stack.rules import (  # noqa: E402,F401
     DEFAULT_SERVER, DEFAULT_THREADS, RUNTIME_EGG, SERVERS, SINGLE_THREADED, auto_threads, default_threads, threads_error)
 
 #: Values of an on/off option (``blob-sendfile``), mapped to their meaning.
@@ -36,11 +34,8 @@ HELLO_APP = "egg:plonedeploy.runtime#hello"
 METRICS_FILTER = "metrics"
 METRICS_EGG = "prometheus-client"
 
-#: The templates shipped with this package (package data; a directory on disk because the
-#: distribution is not zip-safe): ``<server>.ini.in``, ``_common.ini.in``,
-#: ``haproxy.cfg.j2``, ``varnish.vcl.j2``. The default of ``templates-directory`` and
-#: ``template``.
-TEMPLATES_DIRECTORY = str(importlib.resources.files("plonedeploy.recipe") / "templates")
+# The shared templates and their renderer (one copy, with bin/stack's; plonedeploy.stack.templates).
+from plonedeploy.stack.templates import HAPROXY_TEMPLATE, TEMPLATES_DIRECTORY, render_template  # noqa: E402,F401
 
 # The storage rules (storages, blob modes, DSN keywords) live in storage.py, plain Python
 # that Ansible imports too; re-exported here for the recipes that import them from options.
@@ -244,39 +239,22 @@ def template_option(part, options, option, filename):
 
     ``option`` is ``templates-directory`` (a directory that must hold ``filename``) or
     ``template`` (the file itself); unset, it defaults to the package's own
-    (:data:`TEMPLATES_DIRECTORY`, or ``filename`` in it) and is written back into
+    (:data:`TEMPLATES_DIRECTORY`, or ``filename`` in it; HAProxy's :data:`HAPROXY_TEMPLATE`) and is written back into
     ``options`` so that ``bin/buildout annotate`` shows what was used.
 
     Raises ``zc.buildout.UserError`` naming the part, the option and the value when the
     directory or the file does not exist.
     """
-    default = TEMPLATES_DIRECTORY if option == "templates-directory" else os.path.join(TEMPLATES_DIRECTORY, filename)
+    default = (TEMPLATES_DIRECTORY if option == "templates-directory"
+               else HAPROXY_TEMPLATE if filename == "haproxy.cfg.j2" else os.path.join(TEMPLATES_DIRECTORY, filename))
     value = options.get(option, "").strip() or default
     options[option] = value
     path = os.path.join(value, filename) if option == "templates-directory" else value
     if not os.path.isfile(path):
         fail(part, option, value,
              f"a directory holding {filename}" if option == "templates-directory"
-             else f"an existing template file such as {os.path.join(TEMPLATES_DIRECTORY, filename)}")
+             else f"an existing template file such as {default}")
     return os.path.abspath(path)
-
-
-def render_template(path, context, filters=None):
-    """Render the Jinja2 template at ``path`` with ``context`` (a dict) and return the text.
-
-    ``{% include %}`` resolves against the template's own directory. Undefined variables
-    are errors (``jinja2.StrictUndefined``), so a typo in a template fails the build
-    instead of writing an empty value into a config file. ``filters``: ``{name: function}``
-    added to Jinja2's, for templates Ansible renders too (e.g. its ``quote``).
-    """
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(path))),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters.update(filters or {})
-    return env.get_template(os.path.basename(path)).render(**context)
 
 
 _ZODB_MAIN_RE = re.compile(r"^<zodb_db main>[ \t]*$", re.MULTILINE)

@@ -15,7 +15,8 @@ relstorage-tools modules take their ``DEFAULT_*`` constants from these tables.
 """
 from typing import NamedTuple, Tuple, Union
 
-from plonedeploy.recipe import edge, rules, tls
+from plonedeploy.recipe import edge, tls
+from plonedeploy.stack import rules
 from plonedeploy.recipe.options import (
     BALANCE_ALGORITHMS, DEFAULT_RELSTORAGE_BLOBS, DEFAULT_STORAGE, RELSTORAGE_BLOBS, STORAGES, SWITCH_VALUES)
 
@@ -223,7 +224,7 @@ INSTANCE = (
            _STOCK + "`max-conflict-retries` is appended to it (setting that key here is refused)", "empty"),
     Option("templates-directory", None, "a directory with `<server>.ini.in`",
            "where the server templates are (a directory of your own to change them)",
-           "this package's `templates/` (`options.TEMPLATES_DIRECTORY`)"),
+           "the project's `templates/` (`plonedeploy.stack.templates.TEMPLATES_DIRECTORY`)"),
     Option("wsgi-ini-template", "", "nothing",
            "plone.recipe.zope2instance's option, refused here: written from `templates-directory`", "unset"),
     Option("eggs", "", "egg names",
@@ -315,7 +316,7 @@ HAPROXY = (
            "of it passes; HAProxy binds its `backend` as the `cache_fill` listener. Needs `tls-bind` "
            "(buildout.cfg: `varnish`, [Cache](operations.md#cache))", "empty (no cache)"),
     Option("template", None, "a Jinja2 template", "the config template (the Ansible role renders it too)",
-           "`haproxy.cfg.j2` of this package's `templates/`"),
+           "the project's `haproxy/haproxy.cfg.j2`"),
     Option("user", "", "an existing system user other than root",
            "who HAProxy runs as once it has bound its listeners and read the certificate (global "
            "`user`) when started as root; buildout.cfg sets `haproxy` (Debian's) with `[service] user`: "
@@ -357,7 +358,7 @@ VARNISH = (
     Option("exporter", "prometheus-varnish-exporter", "a program",
            "the exporter binary, with `metrics-address`"),
     Option("template", None, "a Jinja2 template", "the VCL template (the Ansible role renders it too)",
-           "`varnish.vcl.j2` of this package's `templates/`"),
+           "`varnish.vcl.j2` of the project's `templates/`"),
     Option("jail", "none", ("unix", "none"),
            "varnishd's jail when `bin/stack` starts it as root: `unix` runs the manager as Debian's "
            "`varnish` and the cache process, which talks to clients, as `vcache` (`bin/stack start` "

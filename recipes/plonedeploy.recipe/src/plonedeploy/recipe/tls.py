@@ -119,7 +119,7 @@ def make_self_signed(path, names, days=SELF_SIGNED_DAYS):
 
 
 def template_context(tls_bind, certificate, redirect, hsts_max_age, redirect_exempt=()):
-    """The TLS variables of ``templates/haproxy.cfg.j2`` as a dict.
+    """The TLS variables of ``haproxy/haproxy.cfg.j2`` as a dict.
 
     ``tls_bind``: ``host:port`` of the HTTPS listener, or empty/None for no TLS (the other
     values are then ignored); ``certificate``: PEM path; ``redirect``: bool, 301 from the

@@ -33,7 +33,7 @@ Every client HAProxy balances is drained first, also the only one of its backend
 upload lane's): its in-flight requests finish, and new ones get HAProxy's 503 instead of
 a reset connection.
 
-Why here, and why stdlib only: ``bin/stack restart`` (plonedeploy.recipe.stack) imports
+Why here, and why stdlib only: ``bin/stack restart`` (plonedeploy.stack) imports
 this module and runs :func:`restart_client` with its supervisord restart as step 2; the
 Ansible playbooks (ansible/tasks/restart-client.yml, used by restart.yml and by the
 zeoclient role's handler on a changed build) run this very file with
