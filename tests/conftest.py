@@ -23,7 +23,7 @@ for path in (ROOT, RECIPE_SRC, RUNTIME_SRC):
         sys.path.insert(0, path)
 
 # The one [buildout] header of builds that stand alone, and their runner.
-from loadtests.extrabuild import build, checkout_header  # noqa: E402 (needs sys.path above)
+from loadtests.core.extrabuild import build, checkout_header  # noqa: E402 (needs sys.path above)
 
 STACK_JSON = os.path.join(ROOT, "parts", "stack", "stack.json")
 STACK = os.path.join(ROOT, "bin", "stack")
@@ -39,7 +39,7 @@ def develop_eggs():
     ``develop =``: buildout re-runs pip's editable install of every develop egg on every
     run, which was ~8 of a test buildout's ~10 s (measured 20 s vs 2.6 s for the same bad
     option under load), and the suite runs about a hundred such buildouts.
-    Raises RuntimeError (loadtests.extrabuild.build's, with the tails of buildout's output)
+    Raises RuntimeError (loadtests.core.extrabuild.build's, with the tails of buildout's output)
     if that buildout fails.
     """
     directory = tempfile.mkdtemp(prefix="plonedeploy-develop-eggs-")
@@ -209,7 +209,7 @@ def give_to_service_user(stack, directory):
     user's name, or "" when it did nothing."""
     import pwd
 
-    from loadtests.core import service_user
+    from loadtests.core.stack import service_user
     from plonedeploy.runtime import access
 
     user = service_user(stack.config)
@@ -303,7 +303,7 @@ class Stack:
 
     def states(self):
         """``{server: HAProxy status}`` of the backend (plus "BACKEND")."""
-        from loadtests import haproxy_stats
+        from loadtests.core import haproxy_stats
         rows = haproxy_stats.fetch(self.stats_url)
         return {r["svname"]: r["status"] for r in rows if r["pxname"] == self.backend}
 
@@ -403,7 +403,7 @@ def pytest_xdist_node_collection_finished(node, ids):
 @pytest.fixture(scope="session")
 @setup_budget(600)  # one bin/buildout of every server, the first one downloads eggs: serverbuild.build allows 600 s
 def servers_build(tmp_path_factory):
-    """A buildout (loadtests/serverbuild.py) with one ZEO client part ``c_<server>`` per server.
+    """A buildout (loadtests/matrix/serverbuild.py) with one ZEO client part ``c_<server>`` per server.
 
     Built once per session for tests/test_recipe_buildout.py and tests/test_servers.py.
     Its clients are ZEO clients of this build's zeoserver (blob directory shared), on the
@@ -414,8 +414,8 @@ def servers_build(tmp_path_factory):
     servers' eggs into eggs/ (and compiles bjoern against libev). A failed build fails every
     test that uses it, with the tail of buildout's output.
     """
-    from loadtests import serverbuild
-    from loadtests.core import service_user
+    from loadtests.matrix import serverbuild
+    from loadtests.core.stack import service_user
 
     described = Stack() if os.path.exists(STACK_JSON) else None
     if described and "zeoserver" in described.ports:

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from conftest import RECIPE_SRC, ROOT, stop_group
-from loadtests.core import free_local_port
+from loadtests.core.procs import free_local_port
 from plonedeploy.recipe import rolling
 
 SCRIPT = os.path.join(RECIPE_SRC, "plonedeploy", "recipe", "rolling.py")
