@@ -12,9 +12,10 @@ from urllib.parse import urlsplit
 import psutil
 
 from loadtests.ab import abslots, abstats, report
+from loadtests.ab.abstats import rounds_report
 from loadtests.ab.measure import measure
 from loadtests.ab.plan import round_plan
-from loadtests.ab.rounds_report import rounds_report, write_rounds_report
+from loadtests.ab.rounds_report import write_rounds_report
 from loadtests.core import balancers
 
 

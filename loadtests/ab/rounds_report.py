@@ -1,41 +1,11 @@
-"""The report of a rounds invocation: its statistics and verdicts (``rounds_report``, with
-``loadtests.ab.abstats``), ``report.md`` (``rounds_markdown``) and the files (``write_rounds_report``).
+"""The report of a rounds invocation, from the dict of :func:`loadtests.ab.abstats.rounds_report`
+(the statistics and verdicts): ``report.md`` (``rounds_markdown``, with a ``table`` per kind),
+``ab.png`` (``plot``) and the files (``write_rounds_report``).
 """
-from loadtests.ab import abstats
-from loadtests.core.reports import markdown_table, write_report
+import numpy as np
 
-
-def rounds_report(meta, runs):
-    """The report dict of a rounds invocation: ``{"meta", "runs", "stats": {"ab", "aa"},
-    "slot_share", "verdicts": [{"path", "detected", "text"}], "warnings"}`` (shares as
-    fractions 0..1; see loadtests.ab.abstats)."""
-    ab = abstats.summarize(runs, "ab")
-    aa = abstats.summarize(runs, "aa") if meta["control"] else None
-    verdicts = []
-    # Every path of the locustfile, also one the A/B run finished none of (a 6 s run on a
-    # busy machine can miss /Plone): the report says "no requests" instead of leaving it out.
-    for path in dict.fromkeys(abstats.PATHS + tuple(ab)):
-        detected, text = abstats.verdict(path, ab, aa, meta["name_a"])
-        verdicts.append({"path": path, "detected": detected, "text": text})
-    # The same statistics over HAProxy's log: request counts and the servers' own time (Tr).
-    by_log = [dict(run, windows=run["server_time_windows"]) for run in runs]
-    log_paths = tuple(abstats.LOG_PATHS.values()) + ("all",)
-    server_time = {"ab": abstats.summarize(by_log, "ab", log_paths),
-                   "aa": abstats.summarize(by_log, "aa", log_paths) if meta["control"] else None}
-    # No server-time ratio of all paths pooled: its p50 depends on the mix of paths each
-    # server got in a window (the one that got more of the fast "/" looks faster), so even
-    # the A/A control's interval could miss 1 (1.05-2.05 in a 2-round demo). Its request
-    # counts stay, as the check of Locust's.
-    for summary in server_time.values():
-        if summary and "all" in summary:
-            summary["all"].update(p50_ratio=None, p99_ratio=None)
-    for path in abstats.LOG_PATHS.values():
-        detected, text = abstats.time_verdict(path, server_time["ab"], server_time["aa"], meta["name_a"],
-                                              meta["name_b"])
-        verdicts.append({"path": path, "detected": detected, "text": text, "measure": "server time"})
-    warnings = sorted({w for run in runs for w in run["warnings"]})
-    return {"meta": meta, "runs": runs, "stats": {"ab": ab, "aa": aa}, "server_time": server_time,
-            "slot_share": abstats.slot_share(runs), "verdicts": verdicts, "warnings": warnings}
+from loadtests.ab.abstats import PATHS
+from loadtests.core.reports import markdown_table, new_figure, save_figure, write_report
 
 
 def write_rounds_report(data, directory):
@@ -48,7 +18,7 @@ def write_rounds_report(data, directory):
     title = (f"A/B in {meta['rounds']} rounds x {meta['duration_s']} s, {meta['users']} users, "
              f"{meta['started']}")
     _, md_path, png_path = write_report(directory, data, rounds_markdown(data), [
-        ("ab.png", lambda path: abstats.plot(summaries, path, title))])
+        ("ab.png", lambda path: plot(summaries, path, title))])
     return md_path, png_path
 
 
@@ -77,10 +47,10 @@ def rounds_markdown(data):
     if data["warnings"]:
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in data["warnings"]]
     lines += ["", "## A/B: share, req/s and latency ratios (95% bootstrap intervals over rounds x windows)", "",
-              abstats.table(data["stats"]["ab"]), ""]
+              table(data["stats"]["ab"]), ""]
     if data["stats"]["aa"]:
         lines += [f"## A/A control (both slots on {meta['control_server']}): the noise floor", "",
-                  abstats.table(data["stats"]["aa"]), ""]
+                  table(data["stats"]["aa"]), ""]
     lines += ["## The servers' own time (HAProxy's log)", "",
               "From the temporary HAProxy's log of each run, after the warm-up: the share column "
               "counts HAProxy's requests (a check of Locust's); the p50/p99 ratios are of `Tr`, the "
@@ -88,9 +58,9 @@ def rounds_markdown(data):
               "without the wait in HAProxy's queue and without the body's transfer to Locust, "
               "which set the pace of the share on this machine (docs/usage.md, Sensitivity). "
               "HAProxy logs the URL only, so /Plone as page and as JSON are one row.", "",
-              "A/B:", "", abstats.table(data["server_time"]["ab"]), ""]
+              "A/B:", "", table(data["server_time"]["ab"]), ""]
     if data["server_time"]["aa"]:
-        lines += ["A/A:", "", abstats.table(data["server_time"]["aa"]), ""]
+        lines += ["A/A:", "", table(data["server_time"]["aa"]), ""]
     lines += ["## Runs", "", markdown_table(
         ["run", "slot a", "slot b", "requests", "failures", "req/s", "warm-up requests left out",
          "Locust cores", "machine busy %", "foreign %", "report"],
@@ -100,3 +70,49 @@ def rounds_markdown(data):
           f"[{run['directory']}]({run['directory']}/report.md)"] for run in data["runs"]])]
     lines += ["", "![A/B with intervals](ab.png)", ""]
     return "\n".join(lines)
+
+
+def _ci(entry, scale=100.0, digits=1, unit="%"):
+    if not entry:
+        return "-"
+    return (f"{scale * entry['value']:.{digits}f}{unit} "
+            f"({scale * entry['low']:.{digits}f}–{scale * entry['high']:.{digits}f})")
+
+
+def table(summary):
+    """Markdown table of one kind's :func:`loadtests.ab.abstats.summarize` result."""
+    lines = ["| path | share of A (95% CI) | req/s ratio A/B | p50 ratio A/B | p99 ratio A/B | windows |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for path, s in summary.items():
+        lines.append(f"| {path} | {_ci(s['share'])} | {_ci(s['rps_ratio'], 1, 2, '')} | "
+                     f"{_ci(s['p50_ratio'], 1, 2, '')} | {_ci(s['p99_ratio'], 1, 2, '')} | {s['share']['n']} |")
+    return "\n".join(lines)
+
+
+def plot(summaries, path, title):
+    """PNG with the share, req/s ratio and p50/p99 ratios per path, each with its 95 % interval.
+
+    ``summaries``: ``{label: summarize() result}`` (e.g. A/B and A/A), one colour each.
+    """
+
+    panels = [("share", 100.0, "share of A (%)", 50.0), ("rps_ratio", 1.0, "req/s ratio A/B", 1.0),
+              ("p50_ratio", 1.0, "p50 ratio A/B", 1.0), ("p99_ratio", 1.0, "p99 ratio A/B", 1.0)]
+    fig, axes = new_figure(2, 2, figsize=(12, 8))
+    paths = [p for p in PATHS if any(p in s for s in summaries.values())]
+    x = np.arange(len(paths))
+    width = 0.8 / max(len(summaries), 1)
+    for ax, (key, scale, label, neutral) in zip(axes.flat, panels):
+        for i, (name, summary) in enumerate(summaries.items()):
+            entries = [summary.get(p, {}).get(key) for p in paths]
+            value = np.array([scale * e["value"] if e else np.nan for e in entries])
+            low = np.array([scale * e["low"] if e else np.nan for e in entries])
+            high = np.array([scale * e["high"] if e else np.nan for e in entries])
+            ax.errorbar(x + i * width, value, yerr=[value - low, high - value], fmt="o", capsize=4,
+                        color=f"C{i}", label=name)
+        ax.axhline(neutral, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xticks(x + width * (len(summaries) - 1) / 2, paths)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(loc="best")
+    fig.suptitle(title + " (bars: 95% bootstrap intervals)")
+    save_figure(fig, path)
