@@ -14,24 +14,24 @@ import sys
 Subcommand = collections.namedtuple("Subcommand", "module summary preset", defaults=(None,))
 
 #: subcommand -> its module (whose ``main(argv)`` runs it), one line for --help, and for the
-#: matrix's presets the preset's name (``main(argv, preset=...)``; loadtests.matrix.PRESETS)
+#: matrix's presets the preset's name (``main(argv, preset=...)``; loadtests.matrix.matrix.matrix.PRESETS)
 SUBCOMMANDS = {
-    "ab": Subcommand("loadtests.abtest", "A/B of the two servers through HAProxy (Locust)"),
-    "connections": Subcommand("loadtests.connections",
+    "ab": Subcommand("loadtests.ab.abtest", "A/B of the two servers through HAProxy (Locust)"),
+    "connections": Subcommand("loadtests.connections.connections",
                               "N connections per path through HAProxy (wrk; --fairness: closed loop)"),
     "fairness": Subcommand("loadtests.fairness", "alias of 'connections --fairness' (goes next release)"),
-    "blob": Subcommand("loadtests.matrix", "matrix preset: the blob, blob-sendfile on/off, direct and via HAProxy",
+    "blob": Subcommand("loadtests.matrix.matrix", "matrix preset: the blob, blob-sendfile on/off, direct and via HAProxy",
                        "blob"),
-    "matrix": Subcommand("loadtests.matrix", "WSGI servers x threads x paths x connections (wrk)"),
-    "scaling": Subcommand("loadtests.matrix", "matrix preset: req/s by number of ZEO clients behind HAProxy",
+    "matrix": Subcommand("loadtests.matrix.matrix", "WSGI servers x threads x paths x connections (wrk)"),
+    "scaling": Subcommand("loadtests.matrix.matrix", "matrix preset: req/s by number of ZEO clients behind HAProxy",
                           "scaling"),
-    "cache": Subcommand("loadtests.cachebench", "cache tier on vs off through the HTTPS edge (wrk)"),
-    "attacks": Subcommand("loadtests.attacks", "slow bodies, big POSTs, rate limits, uploads"),
-    "servers-wrk": Subcommand("loadtests.matrix", "matrix preset: every WSGI server on / at 10 connections",
+    "cache": Subcommand("loadtests.cache.cachebench", "cache tier on vs off through the HTTPS edge (wrk)"),
+    "attacks": Subcommand("loadtests.edge.attacks", "slow bodies, big POSTs, rate limits, uploads"),
+    "servers-wrk": Subcommand("loadtests.matrix.matrix", "matrix preset: every WSGI server on / at 10 connections",
                               "servers-wrk"),
-    "headline": Subcommand("loadtests.headline", "the docs' headline figures in one run, with spread (wrk)"),
-    "storage": Subcommand("loadtests.storagebench", "ZEO vs RelStorage on PostgreSQL, stacks of its own (wrk)"),
-    "conflicts": Subcommand("loadtests.conflicts", "ConflictErrors per class and oid from the clients' logs"),
+    "headline": Subcommand("loadtests.headline.headline", "the docs' headline figures in one run, with spread (wrk)"),
+    "storage": Subcommand("loadtests.storage.storagebench", "ZEO vs RelStorage on PostgreSQL, stacks of its own (wrk)"),
+    "conflicts": Subcommand("loadtests.storage.conflicts", "ConflictErrors per class and oid from the clients' logs"),
 }
 
 

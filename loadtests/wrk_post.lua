@@ -1,4 +1,4 @@
--- wrk script of the write path (loadtests.storagebench; core.WRK_POST_SCRIPT): every request is a
+-- wrk script of the write path (loadtests.storage.storagebench; core.wrk.WRK_POST_SCRIPT): every request is a
 -- plone.restapi POST that creates a Document with an id of its own in the URL's folder, as the
 -- user whose "Authorization" header value is in $PLONEDEPLOY_AUTH (from the environment, so the
 -- password is on no command line). Ids: $PLONEDEPLOY_WRITE_PREFIX-<wrk thread>-<request number>;

@@ -1,4 +1,4 @@
--- wrk script for loadtests.core.run_wrk (every wrk run of the load tools): optional request header from the environment,
+-- wrk script for loadtests.core.wrk.run_wrk (every wrk run of the load tools): optional request header from the environment,
 -- and a one-line JSON summary at the end (wrk's own counters; latencies in microseconds).
 local accept = os.getenv("PLONEDEPLOY_ACCEPT")
 if accept and accept ~= "" then

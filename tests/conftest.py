@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The one [buildout] header of builds that stand alone, and their runner. loadtests is the
 # checkout's (pytest.ini: pythonpath); plonedeploy.* are installed in .venv (Makefile's venv).
-from loadtests.extrabuild import build, checkout_header
+from loadtests.core.extrabuild import build, checkout_header
 
 STACK_JSON = os.path.join(ROOT, "parts", "stack", "stack.json")
 STACK = os.path.join(ROOT, "bin", "stack")
@@ -33,7 +33,7 @@ def develop_eggs():
     ``develop =``: buildout re-runs pip's editable install of every develop egg on every
     run, which was ~8 of a test buildout's ~10 s (measured 20 s vs 2.6 s for the same bad
     option under load), and the suite runs about a hundred such buildouts.
-    Raises RuntimeError (loadtests.extrabuild.build's, with the tails of buildout's output)
+    Raises RuntimeError (loadtests.core.extrabuild.build's, with the tails of buildout's output)
     if that buildout fails.
     """
     directory = tempfile.mkdtemp(prefix="plonedeploy-develop-eggs-")
@@ -203,7 +203,7 @@ def give_to_service_user(stack, directory):
     user's name, or "" when it did nothing."""
     import pwd
 
-    from loadtests.core import service_user
+    from loadtests.core.stack import service_user
     from plonedeploy.runtime import access
 
     user = service_user(stack.config)
@@ -297,7 +297,7 @@ class Stack:
 
     def states(self):
         """``{server: HAProxy status}`` of the backend (plus "BACKEND")."""
-        from loadtests import haproxy_stats
+        from loadtests.core import haproxy_stats
         rows = haproxy_stats.fetch(self.stats_url)
         return {r["svname"]: r["status"] for r in rows if r["pxname"] == self.backend}
 
@@ -397,7 +397,7 @@ def pytest_xdist_node_collection_finished(node, ids):
 @pytest.fixture(scope="session")
 @setup_budget(600)  # one bin/buildout of every server, the first one downloads eggs: serverbuild.build allows 600 s
 def servers_build(tmp_path_factory):
-    """A buildout (loadtests/serverbuild.py) with one ZEO client part ``c_<server>`` per server.
+    """A buildout (loadtests/matrix/serverbuild.py) with one ZEO client part ``c_<server>`` per server.
 
     Built once per session for tests/test_recipe_buildout.py and tests/test_servers.py.
     Its clients are ZEO clients of this build's zeoserver (blob directory shared), on the
@@ -408,8 +408,8 @@ def servers_build(tmp_path_factory):
     servers' eggs into eggs/ (and compiles bjoern against libev). A failed build fails every
     test that uses it, with the tail of buildout's output.
     """
-    from loadtests import serverbuild
-    from loadtests.core import service_user
+    from loadtests.matrix import serverbuild
+    from loadtests.core.stack import service_user
 
     described = Stack() if os.path.exists(STACK_JSON) else None
     if described and "zeoserver" in described.ports:

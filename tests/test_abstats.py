@@ -1,11 +1,13 @@
-"""The A/B statistics (loadtests.abstats, scipy's bootstrap) and the round plan of abtest.
+"""The A/B statistics (loadtests.ab.abstats, scipy's bootstrap) and the round plan of abtest.
 
 No stack: the windows are built here with known counts, so the expected shares are known.
 """
 import numpy as np
 import pytest
 
-from loadtests import abstats, abtest
+from loadtests.ab import abstats, abtest
+from loadtests.ab.measure import locust_generator_args
+from loadtests.ab.plan import round_plan
 
 
 def _run(kind, counts_a, counts_b, p50=(10, 20), round_no=1):
@@ -69,13 +71,13 @@ def test_slot_share_sees_position_not_server():
 
 def test_round_plan_swaps_slots_and_interleaves_control():
     args = abtest.parse_args(["--rounds", "4", "--control"])
-    plan = abtest.round_plan(args)
+    plan = round_plan(args)
     ab = [(r, a, b, slot) for r, kind, a, b, slot in plan if kind == "ab"]
     assert ab == [(1, "pyruvate", "waitress", "a"), (2, "waitress", "pyruvate", "b"),
                   (3, "pyruvate", "waitress", "a"), (4, "waitress", "pyruvate", "b")]
     assert [kind for _, kind, _, _, _ in plan] == ["ab", "aa", "aa", "ab", "ab", "aa", "aa", "ab"]
     assert all(a == b == "pyruvate" for _, kind, a, b, _ in plan if kind == "aa")
-    calibration = abtest.round_plan(abtest.parse_args(["--rounds", "2", "--calibrate", "25"]))
+    calibration = round_plan(abtest.parse_args(["--rounds", "2", "--calibrate", "25"]))
     assert [(kind, a, b) for _, kind, a, b, _ in calibration] == [("ab", "pyruvate", "pyruvate")] * 2
 
 
@@ -94,14 +96,14 @@ def test_remote_workers_make_locust_a_master(capsys):
     and runs no users of its own; without it, --processes on this machine."""
     args = abtest.parse_args(["--deployed", "--remote-workers", "2", "--master-bind", "10.0.0.1",
                               "--master-port", "15557"])
-    assert abtest.locust_generator_args(args) == [
+    assert locust_generator_args(args) == [
         "--master", "--master-bind-host", "10.0.0.1", "--master-bind-port", "15557",
         "--expect-workers", "2", "--expect-workers-max-wait", "60"]
-    local = abtest.locust_generator_args(abtest.parse_args([]))
+    local = locust_generator_args(abtest.parse_args([]))
     assert local[:4] == ["--processes", "-1", "--master-bind-host", "127.0.0.1"], local
     assert local[4] == "--master-bind-port" and local[6] == "--master-port" and local[5] == local[7]
     assert 1024 <= int(local[5]) <= 65535
-    assert abtest.locust_generator_args(abtest.parse_args(["--processes", "1"])) == []
+    assert locust_generator_args(abtest.parse_args(["--processes", "1"])) == []
     for bad, message in ((["--deployed", "--remote-workers", "2"], "go together"),
                          (["--deployed", "--master-bind", "10.0.0.1"], "go together"),
                          (["--remote-workers", "2", "--master-bind", "10.0.0.1"], "needs --deployed"),

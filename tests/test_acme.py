@@ -19,7 +19,7 @@ import time
 import pytest
 
 from conftest import stop_group
-from loadtests.core import free_local_port
+from loadtests.core.procs import free_local_port
 from plonedeploy.recipe import edge, options, tls
 
 requires_haproxy = pytest.mark.skipif(not shutil.which("haproxy"), reason="no haproxy binary")

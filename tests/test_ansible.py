@@ -19,7 +19,7 @@ import requests
 from ansible_deploy import (ANSIBLE, BIN, BLOB_SIZE, CRON_FILES, FRONTEND, LOAD_RATE, PROMETHEUS, TLS_FRONTEND,
                             VARNISH, playbook, recap, record, render_units)
 from conftest import ROOT, run, while_loaded
-from loadtests import haproxy_stats
+from loadtests.core import haproxy_stats
 from plonedeploy.recipe import optiontables, storage, varnish
 from plonedeploy.stack import rules
 
@@ -766,7 +766,7 @@ def test_check_diff_reports_no_change(unchanged_runs):
 
 def test_ab_report_against_deployed_stack(deployed, tmp_path):
     config = os.path.join(deployed["prefix"], "haproxy", "abtest.json")
-    run([os.path.join(ROOT, ".venv", "bin", "python"), "-m", "loadtests.abtest", "--stack-config", config,
+    run([os.path.join(ROOT, ".venv", "bin", "python"), "-m", "loadtests", "ab", "--stack-config", config,
          "--duration", "10", "--users", "4", "--spawn-rate", "4", "--out", str(tmp_path)], timeout=120)
     (folder,) = list(tmp_path.iterdir())
     report = json.loads((folder / "report.json").read_text())
@@ -777,7 +777,7 @@ def test_ab_report_against_deployed_stack(deployed, tmp_path):
 def test_edge_rules_deployed(deployed):
     """The Ansible HAProxy applies the same edge as the buildout one: Host allowlist, the
     upload lane for large bodies, per-source limits (from 127.0.0.2; 127.0.0.1 is exempt)."""
-    from loadtests import attacks
+    from loadtests.edge import attacks
 
     assert attacks.send("127.0.0.1", 18080, attacks.request_head("GET", "/Plone", host="evil.example")).status == 421
     assert attacks.send("127.0.0.1", 18080, attacks.request_head("GET", "/Plone", host=None)).status == 400

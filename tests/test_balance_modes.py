@@ -1,4 +1,5 @@
-"""A/B per balance mode (``loadtests.abtest --balance``): temporary HAProxys on the real stack.
+"""A/B per balance mode (``python -m loadtests ab --balance``, loadtests.ab.balance): temporary
+HAProxys on the real stack.
 
 The integration tests use the session fixture ``stack`` (conftest.py); each mode gets its
 own temporary HAProxy on this build's frontend port + 10 and + 11.
@@ -16,7 +17,7 @@ import psutil
 import pytest
 
 from conftest import ROOT, boundary, port_taken, run
-from loadtests import balancers, core
+from loadtests.core import balancers, stack as core_stack
 
 DEPLOYED_CONFIG = os.path.join(ROOT, "parts", "haproxy", "haproxy.cfg")
 
@@ -41,7 +42,7 @@ def _balancer_gone(pid, config_path):
     ("leastconn,", "''"),
 ])
 def test_bad_balance_mode_is_refused(tmp_path, value, bad):
-    result = run([sys.executable, "-m", "loadtests.abtest", "--balance", value, "--out", str(tmp_path)],
+    result = run([sys.executable, "-m", "loadtests", "ab", "--balance", value, "--out", str(tmp_path)],
                  timeout=60, check=False)
     assert result.returncode == 2
     assert f"--balance item {bad} is invalid" in result.stderr
@@ -52,7 +53,7 @@ def test_bad_balance_mode_is_refused(tmp_path, value, bad):
 
 
 def test_balance_mode_named_twice_is_refused(tmp_path):
-    result = run([sys.executable, "-m", "loadtests.abtest", "--balance", "leastconn,roundrobin,leastconn",
+    result = run([sys.executable, "-m", "loadtests", "ab", "--balance", "leastconn,roundrobin,leastconn",
                   "--out", str(tmp_path)], timeout=60, check=False)
     assert result.returncode == 2
     assert "names a mode twice" in result.stderr
@@ -62,7 +63,7 @@ def test_variant_of_the_built_stack_binds_none_of_its_listeners(tmp_path):
     """The variant rendered from the built stack's template variables (TLS, cache tier,
     upload lane) is valid for haproxy -c and binds only its own two ports: the deployed
     HAProxy keeps 8443, the cache-fill port and its runtime API socket."""
-    config = core.load_stack()
+    config = core_stack.load_stack()
     balancer = balancers.TemporaryBalancer(config["haproxy_binary"], config, "random(2)", str(tmp_path), 9590)
     with balancer:
         balancer.write_config()  # haproxy -c, else BalancerError
@@ -72,22 +73,22 @@ def test_variant_of_the_built_stack_binds_none_of_its_listeners(tmp_path):
         assert config["haproxy_socket"] not in text
         assert f"stats socket {balancer.run_directory}/haproxy.sock" in text
         for server in config["servers"]:
-            facts = core.client_facts(config, server)
+            facts = core_stack.client_facts(config, server)
             port = facts["url"].rsplit(":", 1)[1]
             assert f"server {server} 127.0.0.1:{port} maxconn {facts['threads']} check" in text
     assert not os.path.exists(balancer.run_directory)  # removed with the balancer
 
 
 def test_variant_with_other_servers_and_an_unknown_variable(tmp_path):
-    config = core.load_stack()
+    config = core_stack.load_stack()
     servers = [{"name": "s1", "host": "127.0.0.1", "port": 9599, "maxconn": 3, "wsgi_server": "pyruvate"}]
-    text = core.render_haproxy(config, servers=servers, balance="first")
+    text = core_stack.render_haproxy(config, servers=servers, balance="first")
     assert "server s1 127.0.0.1:9599 maxconn 3 check" in text and "balance first" in text
     assert "server instance " not in text
     with pytest.raises(KeyError, match="not a variable of .*haproxy.cfg.j2: bogus"):
-        core.render_haproxy(config, bogus=1)
-    with pytest.raises(core.NotReady, match="no haproxy_context"):
-        core.render_haproxy({k: v for k, v in config.items() if k != "haproxy_context"})
+        core_stack.render_haproxy(config, bogus=1)
+    with pytest.raises(core_stack.NotReady, match="no haproxy_context"):
+        core_stack.render_haproxy({k: v for k, v in config.items() if k != "haproxy_context"})
 
 
 def test_queue_waits_counts_queued_requests(tmp_path):
@@ -117,7 +118,7 @@ def test_ab_per_balance_mode(stack, tmp_path):
     # user, plus on a busy machine what Locust sent but had not reported when it stopped
     # (conftest.boundary; 17 of 72 on one server at load average 6).
     users = 6
-    result = run([sys.executable, "-m", "loadtests.abtest", "--balance", "leastconn,roundrobin",
+    result = run([sys.executable, "-m", "loadtests", "ab", "--balance", "leastconn,roundrobin",
                   "--warmup", "0", "--duration", "8", "--users", str(users), "--spawn-rate", str(users), "--out", str(tmp_path)],
                  timeout=180)
     (folder,) = list(tmp_path.iterdir())
@@ -169,7 +170,7 @@ def test_interrupted_run_stops_its_balancer(stack, tmp_path):
     """SIGTERM to abtest in the middle of a mode: its temporary HAProxy and Locust stop too."""
     port = stack.ports["haproxy"] + 10
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadtests.abtest", "--balance", "first,random", "--duration", "60",
+        [sys.executable, "-m", "loadtests", "ab", "--balance", "first,random", "--duration", "60",
          "--users", "4", "--spawn-rate", "4", "--out", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -204,7 +205,7 @@ def test_balance_needs_the_deployed_haproxy_config(stack, tmp_path):
     path = tmp_path / "abtest.json"
     path.write_text(json.dumps(config))
     out = tmp_path / "reports"
-    result = run([sys.executable, "-m", "loadtests.abtest", "--stack-config", str(path),
+    result = run([sys.executable, "-m", "loadtests", "ab", "--stack-config", str(path),
                   "--balance", "leastconn,roundrobin", "--out", str(out)], timeout=60, check=False)
     assert result.returncode == 2
     assert "--balance needs the deployed HAProxy's template variables (haproxy_context)" in result.stderr

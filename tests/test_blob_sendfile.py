@@ -28,8 +28,8 @@ import pytest
 import requests
 
 from conftest import ROOT, STACK_JSON, Stack, give_to_service_user, stop_group
-from loadtests.attacks import abort_download
-from loadtests.core import free_local_port
+from loadtests.core.procs import free_local_port
+from loadtests.edge.blobs import abort_download
 from unavailable import unavailable
 
 pytestmark = pytest.mark.integration

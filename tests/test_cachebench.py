@@ -1,8 +1,8 @@
-"""loadtests.cachebench: its argument checks and its summary, without a stack (the
+"""loadtests.cache.cachebench: its argument checks and its summary, without a stack (the
 benchmark itself is run by hand: docs/operations.md, "Cache")."""
 import pytest
 
-from loadtests import cachebench
+from loadtests.cache import cachebench
 
 
 def run(round_, connections, cache, rps):

@@ -1,7 +1,7 @@
 """A running ZEO client loads no build-time code: no module file of zc.buildout, Jinja2,
 psutil or plonedeploy.recipe is opened by the process that serves Zope.
 
-No mock: a buildout in a temporary directory (loadtests/serverbuild.py, this checkout's
+No mock: a buildout in a temporary directory (loadtests/matrix/serverbuild.py, this checkout's
 eggs) with one ZEO client made by ``plonedeploy.recipe:instance`` (Plone on pyruvate,
 blobsendfile and metrics filters on, as the stack's ``instance``) and a real ZEO server
 (ZEO's runzeo), on ports 9850-9852. The client is started the way bin/stack starts
@@ -31,7 +31,7 @@ import pytest
 import requests
 
 from conftest import port_taken, setup_budget, stop_group
-from loadtests import serverbuild
+from loadtests.matrix import serverbuild
 from unavailable import unavailable
 
 pytestmark = pytest.mark.buildout
@@ -55,7 +55,7 @@ ZEO_CONF = """\
 
 #: Module directories of the build (plonedeploy.recipe itself and its install_requires
 #: that Plone does not need) that a client must not load from.
-BUILD_PACKAGES = ("/zc/buildout/", "/jinja2/", "/psutil/", "/plonedeploy/recipe/")
+BUILD_PACKAGES = ("/zc/buildout/", "/jinja2/", "/psutil/", "/plonedeploy/recipe/", "/plonedeploy/stack/")
 #: Module directories the serving process must have loaded from: proof that the trace
 #: sees its imports.
 RUNTIME_PACKAGES = ("/Zope2/", "/ZEO/", "/pyruvate/", "/plonedeploy/runtime/", "/prometheus_client/")
@@ -82,7 +82,7 @@ def module_files(trace_text):
 @pytest.fixture(scope="module")
 @setup_budget(600)  # one client part's bin/buildout: not timed here, so the builder's own limit (serverbuild: 600 s)
 def client_build(tmp_path_factory):
-    """One pyruvate client ``c_pyruvate`` (loadtests/serverbuild.py: Plone, ZEO client,
+    """One pyruvate client ``c_pyruvate`` (loadtests/matrix/serverbuild.py: Plone, ZEO client,
     shared blobs, blobsendfile on) with metrics, and its ZEO server's config."""
     for port in (ZEO_PORT, HTTP_PORT, METRICS_PORT):
         if port_taken(port):

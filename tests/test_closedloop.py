@@ -1,9 +1,9 @@
-"""loadtests.closedloop, the load generator of ``connections --fairness``: its
+"""loadtests.connections.closedloop, the load generator of ``connections --fairness``: its
 per-connection accounting and its HTTP/1.1 client loop against a local server (no stack).
 The mechanism on the real stack is tests/test_connections.py's."""
 import asyncio
 
-from loadtests import closedloop
+from loadtests.connections import closedloop
 
 
 def _stats(completions, latencies=(), errors=None, unfinished=0):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from conftest import ROOT
-from loadtests import conflicts
+from loadtests.storage import conflicts
 
 COUNTER = "Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool"
 RETRIED_COUNTER = (

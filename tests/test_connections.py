@@ -12,7 +12,9 @@ import sys
 import pytest
 
 from conftest import run
-from loadtests import connections, fairness, haproxy_stats
+from loadtests import fairness
+from loadtests.connections import connections
+from loadtests.core import haproxy_stats
 
 
 def test_defaults_follow_the_load_generator():

@@ -10,7 +10,8 @@ import time
 import psutil
 import pytest
 
-from loadtests import core, haproxy_stats
+from loadtests.core import (cli as core_cli, haproxy_stats, procs as core_procs, reports as core_reports,
+                            stack as core_stack, stats as core_stats, wrk as core_wrk)
 
 SUMMARY = {"requests": 120, "duration_us": 2_000_000, "bytes": 4096,
            "errors": {"connect": 0, "read": 1, "write": 0, "status": 2, "timeout": 0},
@@ -32,13 +33,13 @@ def _fake_wrk(tmp_path, monkeypatch, body):
 def test_run_wrk_returns_the_summary_line(tmp_path, monkeypatch):
     args = _fake_wrk(tmp_path, monkeypatch,
                      f"echo 'Running 2s test'\necho 'PLONEDEPLOY_WRK {json.dumps(SUMMARY)}'\necho done")
-    summary = core.run_wrk("http://127.0.0.1:1/x", 4, 2, threads=8, timeout=7, accept="application/json")
+    summary = core_wrk.run_wrk("http://127.0.0.1:1/x", 4, 2, threads=8, timeout=7, accept="application/json")
     assert {k: summary[k] for k in SUMMARY} == SUMMARY
     assert summary["wall_s"] >= 0 and summary["cpu_s"] >= 0
     given = args.read_text().split()
     # threads never above connections (wrk refuses that); the Lua script gives the summary
     assert given[:4] == ["-t4", "-c4", "-d2s", "--timeout=7s"]
-    assert given[4:6] == ["-s", core.WRK_SCRIPT] and given[6] == "http://127.0.0.1:1/x"
+    assert given[4:6] == ["-s", core_wrk.WRK_SCRIPT] and given[6] == "http://127.0.0.1:1/x"
     assert given[7] == "accept=application/json"
 
 
@@ -46,47 +47,47 @@ def test_run_wrk_returns_the_summary_line(tmp_path, monkeypatch):
 def test_run_wrk_raises_with_the_output(tmp_path, monkeypatch, body):
     _fake_wrk(tmp_path, monkeypatch, body)
     with pytest.raises(RuntimeError, match="exited"):
-        core.run_wrk("http://127.0.0.1:1/", 1, 1)
+        core_wrk.run_wrk("http://127.0.0.1:1/", 1, 1)
 
 
 def test_run_wrk_reports_progress(tmp_path, monkeypatch):
     _fake_wrk(tmp_path, monkeypatch, f"sleep 6; echo 'PLONEDEPLOY_WRK {json.dumps(SUMMARY)}'")
     seen = []
-    core.run_wrk("http://127.0.0.1:1/", 1, 1, progress=seen.append)
+    core_wrk.run_wrk("http://127.0.0.1:1/", 1, 1, progress=seen.append)
     assert len(seen) == 1 and 4.5 < seen[0] < 6.5
 
 
 def test_percentile_is_nearest_rank():
     values = list(range(100, 0, -1))  # 1..100, unsorted
-    assert core.percentile(values, 0.99) == 99
-    assert core.percentile(values, 0.50) == 50
-    assert core.percentile(values, 1.0) == 100
-    assert core.percentile([7.0], 0.99) == 7.0
-    assert core.percentile([1, 2, 3], 0.01) == 1
-    assert core.percentile([], 0.5) is None
-    assert type(core.percentile([1, 2], 0.5)) is int  # JSON-serialisable, not numpy.int64
+    assert core_stats.percentile(values, 0.99) == 99
+    assert core_stats.percentile(values, 0.50) == 50
+    assert core_stats.percentile(values, 1.0) == 100
+    assert core_stats.percentile([7.0], 0.99) == 7.0
+    assert core_stats.percentile([1, 2, 3], 0.01) == 1
+    assert core_stats.percentile([], 0.5) is None
+    assert type(core_stats.percentile([1, 2], 0.5)) is int  # JSON-serialisable, not numpy.int64
 
 
 def test_histogram_percentile_is_locusts_rule():
     # Locust: the bucket holding request int(total * fraction) + 1 from the fastest.
-    assert core.histogram_percentile({"10": 1, "20": 1}, 0.5) == 20
-    assert core.histogram_percentile({10: 98, 20: 1, 300: 1}, 0.99) == 300
-    assert core.histogram_percentile({10: 98, 20: 1, 300: 1}, 0.98) == 20
-    assert core.histogram_percentile({10: 98, 20: 1, 300: 1}, 0.50) == 10
-    assert core.histogram_percentile({5: 0, 10: 3}, 1.0) == 10
-    assert core.histogram_percentile({}, 0.5) is None
-    assert core.histogram_percentile({"7": 0}, 0.5) is None
+    assert core_stats.histogram_percentile({"10": 1, "20": 1}, 0.5) == 20
+    assert core_stats.histogram_percentile({10: 98, 20: 1, 300: 1}, 0.99) == 300
+    assert core_stats.histogram_percentile({10: 98, 20: 1, 300: 1}, 0.98) == 20
+    assert core_stats.histogram_percentile({10: 98, 20: 1, 300: 1}, 0.50) == 10
+    assert core_stats.histogram_percentile({5: 0, 10: 3}, 1.0) == 10
+    assert core_stats.histogram_percentile({}, 0.5) is None
+    assert core_stats.histogram_percentile({"7": 0}, 0.5) is None
 
 
 def test_load_stack_reads_the_contract_or_says_what_to_run(tmp_path):
     path = tmp_path / "stack.json"
-    with pytest.raises(core.NotReady, match="not found: run bin/buildout"):
-        core.load_stack(str(path))
+    with pytest.raises(core_stack.NotReady, match="not found: run bin/buildout"):
+        core_stack.load_stack(str(path))
     path.write_text("{not json")
-    with pytest.raises(core.NotReady, match="unreadable"):
-        core.load_stack(str(path))
+    with pytest.raises(core_stack.NotReady, match="unreadable"):
+        core_stack.load_stack(str(path))
     path.write_text('{"backend": "plone"}')
-    assert core.load_stack(str(path)) == {"backend": "plone"}
+    assert core_stack.load_stack(str(path)) == {"backend": "plone"}
 
 
 def test_check_servers_up(monkeypatch):
@@ -95,16 +96,16 @@ def test_check_servers_up(monkeypatch):
             {"pxname": "plone", "svname": "client2", "status": "DOWN"},
             {"pxname": "plone", "svname": "BACKEND", "status": "UP"}]
     monkeypatch.setattr(haproxy_stats, "fetch", lambda url: rows)
-    with pytest.raises(core.NotReady, match="not every server is UP"):
-        core.check_servers_up(config)
+    with pytest.raises(core_stack.NotReady, match="not every server is UP"):
+        core_stack.check_servers_up(config)
     rows[1]["status"] = "UP"
-    assert core.check_servers_up(config) is rows
+    assert core_stack.check_servers_up(config) is rows
 
     def refused(url):
         raise OSError("refused")
     monkeypatch.setattr(haproxy_stats, "fetch", refused)
-    with pytest.raises(core.NotReady, match="not answering"):
-        core.check_servers_up(config)
+    with pytest.raises(core_stack.NotReady, match="not answering"):
+        core_stack.check_servers_up(config)
 
 
 def _supervised(monkeypatch, pids):
@@ -116,15 +117,15 @@ def _supervised(monkeypatch, pids):
 
 def test_stack_pids_and_cpu_seconds(tmp_path, monkeypatch):
     config = {"run_dir": str(tmp_path), "processes": [{"name": "me"}, {"name": "gone"}, {"name": "never"}]}
-    assert core.stack_pids(config) == {}  # no supervisord in tmp_path: nothing runs
+    assert core_stack.stack_pids(config) == {}  # no supervisord in tmp_path: nothing runs
     gone = subprocess.Popen([sys.executable, "-c", ""])
     gone.wait(60)
     _supervised(monkeypatch, {"me": os.getpid(), "gone": gone.pid})
-    procs = core.stack_pids(config)
+    procs = core_stack.stack_pids(config)
     assert list(procs) == ["me"] and procs["me"].pid == os.getpid()
-    assert core.cpu_seconds(procs)["me"] > 0
-    assert core.tree_cpu_seconds(os.getpid()) >= core.cpu_seconds(procs)["me"] - 0.05
-    assert core.machine_busy_seconds() > 0 and core.own_cpu_seconds() > 0
+    assert core_procs.cpu_seconds(procs)["me"] > 0
+    assert core_procs.tree_cpu_seconds(os.getpid()) >= core_procs.cpu_seconds(procs)["me"] - 0.05
+    assert core_procs.machine_busy_seconds() > 0 and core_procs.own_cpu_seconds() > 0
 
 
 def _stack_config(tmp_path, storage):
@@ -144,20 +145,20 @@ def test_running_zeo_server_or_what_is_missing(tmp_path, monkeypatch):
     build (its PostgreSQL listens on TCP too, but is no ZEO server), naming the process when
     it does not run or stack.json has none."""
     config = _stack_config(tmp_path, "zeo")
-    with pytest.raises(core.NotReady, match="the stack's zeoserver is not running: make start"):
-        core.running_zeo_server(config)
+    with pytest.raises(core_stack.NotReady, match="the stack's zeoserver is not running: make start"):
+        core_stack.running_zeo_server(config)
     _supervised(monkeypatch, {"zeoserver": os.getpid()})
-    assert core.running_zeo_server(config) == "127.0.0.1:8100"
+    assert core_stack.running_zeo_server(config) == "127.0.0.1:8100"
     del config["storage"], config["zeoserver"]  # stack.json of a build before these keys
-    assert core.running_zeo_server(config) == "127.0.0.1:8100"
+    assert core_stack.running_zeo_server(config) == "127.0.0.1:8100"
     config = _stack_config(tmp_path, "relstorage")
     _supervised(monkeypatch, {"postgresql": os.getpid()})
-    with pytest.raises(core.NotReady, match=r"built for RelStorage on PostgreSQL \(relstorage.cfg\).*"
-                                            r"make build STORAGE=zeo"):
-        core.running_zeo_server(config)
+    with pytest.raises(core_stack.NotReady, match=r"built for RelStorage on PostgreSQL \(relstorage.cfg\).*"
+                                                  r"make build STORAGE=zeo"):
+        core_stack.running_zeo_server(config)
     config["storage"] = "zeo"
-    with pytest.raises(core.NotReady, match="stack.json names no ZEO server and blob directory"):
-        core.running_zeo_server(config)
+    with pytest.raises(core_stack.NotReady, match="stack.json names no ZEO server and blob directory"):
+        core_stack.running_zeo_server(config)
 
 
 @pytest.mark.parametrize("preset", [None, "servers-wrk", "scaling", "blob"])
@@ -165,7 +166,7 @@ def test_tools_that_build_zeo_clients_refuse_a_relstorage_stack(tmp_path, monkey
     """The matrix and its presets (servers-wrk, scaling, blob) exit 2 at once on a
     RelStorage build, with the message naming the storage, before they build or start
     anything (measure_all, which builds the ZEO clients, fails the test if called)."""
-    from loadtests import matrix
+    from loadtests.matrix import matrix
 
     monkeypatch.setattr(matrix, "load_stack", lambda *args: _stack_config(tmp_path, "relstorage"))
     monkeypatch.setattr(matrix, "require_wrk", lambda: "wrk")
@@ -182,7 +183,7 @@ def test_tools_that_build_zeo_clients_refuse_a_relstorage_stack(tmp_path, monkey
 
 
 def test_rss_sampler_and_idle_tree():
-    sampler = core.RssSampler(os.getpid(), interval=0.05)
+    sampler = core_procs.RssSampler(os.getpid(), interval=0.05)
     sampler.start()
     sampler.stop()
     assert sampler.peak >= psutil.Process().memory_info().rss // 2
@@ -191,30 +192,30 @@ def test_rss_sampler_and_idle_tree():
     busy = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
     try:
         time.sleep(1.5)
-        each = [core.tree_cpu_seconds(p.pid) for p in busy]
+        each = [core_procs.tree_cpu_seconds(p.pid) for p in busy]
         assert min(each) >= 0.25, each
-        assert core.tree_cpu_seconds([p.pid for p in busy]) == pytest.approx(sum(each), abs=0.05)
-        pair = core.RssSampler([p.pid for p in busy], interval=0.05)
+        assert core_procs.tree_cpu_seconds([p.pid for p in busy]) == pytest.approx(sum(each), abs=0.05)
+        pair = core_procs.RssSampler([p.pid for p in busy], interval=0.05)
         pair.sample()
         assert pair.peak >= 1.5 * max(psutil.Process(p.pid).memory_info().rss for p in busy)
     finally:
         for p in busy:
             p.kill()
             p.wait(10)
-    assert core.tree_processes(2**22 + 1) == []
+    assert core_procs.tree_processes(2**22 + 1) == []
     # A sleeping process tree is idle at once (one window).
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        assert core.wait_tree_idle(sleeper.pid, max_seconds=2, window=0.1) < 1.0
+        assert core_procs.wait_tree_idle(sleeper.pid, max_seconds=2, window=0.1) < 1.0
     finally:
         sleeper.kill()
         sleeper.wait(10)
 
 
 def test_raise_fd_limit_never_beyond_hard():
-    soft, hard = core.raise_fd_limit(10**9)
+    soft, hard = core_procs.raise_fd_limit(10**9)
     assert soft <= hard or hard == -1
-    assert core.raise_fd_limit(0)[0] == soft  # never lowers
+    assert core_procs.raise_fd_limit(0)[0] == soft  # never lowers
 
 
 FACTS = {
@@ -230,16 +231,16 @@ FACTS = {
 
 
 def test_facts_of_the_stack_come_from_stack_json():
-    assert core.frontend_maxconn(FACTS) == 2000
-    assert core.frontend_maxconn({"servers": []}) is None  # the Ansible role's abtest.json says nothing
-    assert core.client_facts(FACTS, "client2")["blob_sendfile"] is False
-    assert core.client_urls(FACTS) == {"instance": "http://127.0.0.1:8081", "client2": "http://127.0.0.1:8082"}
-    assert core.client_urls(FACTS, ["uploads"]) == {"uploads": "http://127.0.0.1:8079"}
-    assert core.zeo_server(FACTS) == ("127.0.0.1:8100", "/srv/blobs")
-    with pytest.raises(core.NotReady, match="describes no client 'nope': run bin/buildout again"):
-        core.client_facts(FACTS, "nope")
-    with pytest.raises(core.NotReady, match="names no ZEO server"):
-        core.zeo_server(dict(FACTS, zeo_address=None))  # RelStorage
+    assert core_stack.frontend_maxconn(FACTS) == 2000
+    assert core_stack.frontend_maxconn({"servers": []}) is None  # the Ansible role's abtest.json says nothing
+    assert core_stack.client_facts(FACTS, "client2")["blob_sendfile"] is False
+    assert core_stack.client_urls(FACTS) == {"instance": "http://127.0.0.1:8081", "client2": "http://127.0.0.1:8082"}
+    assert core_stack.client_urls(FACTS, ["uploads"]) == {"uploads": "http://127.0.0.1:8079"}
+    assert core_stack.zeo_server(FACTS) == ("127.0.0.1:8100", "/srv/blobs")
+    with pytest.raises(core_stack.NotReady, match="describes no client 'nope': run bin/buildout again"):
+        core_stack.client_facts(FACTS, "nope")
+    with pytest.raises(core_stack.NotReady, match="names no ZEO server"):
+        core_stack.zeo_server(dict(FACTS, zeo_address=None))  # RelStorage
 
 
 def test_render_haproxy_replaces_only_the_given_variables(tmp_path):
@@ -248,21 +249,21 @@ def test_render_haproxy_replaces_only_the_given_variables(tmp_path):
                         "{% for s in servers %}    server {{ s.name }} {{ s.host }}:{{ s.port }}\n{% endfor %}")
     config = {"haproxy_template": str(template), "haproxy_context": {
         "bind": "127.0.0.1:8080", "balance": "leastconn", "servers": [{"name": "a", "host": "h", "port": 1}]}}
-    assert core.render_haproxy(config, balance="first") == (
+    assert core_stack.render_haproxy(config, balance="first") == (
         "frontend plone\n    bind 127.0.0.1:8080\nbackend b\n    balance first\n    server a h:1\n")
     assert config["haproxy_context"]["balance"] == "leastconn"  # the stack's facts stay as they are
     with pytest.raises(KeyError, match="not a variable of .*: balanse"):
-        core.render_haproxy(config, balanse="first")
-    with pytest.raises(core.NotReady, match="no haproxy_context"):
-        core.render_haproxy({"servers": []})
+        core_stack.render_haproxy(config, balanse="first")
+    with pytest.raises(core_stack.NotReady, match="no haproxy_context"):
+        core_stack.render_haproxy({"servers": []})
 
 
 def test_require_wrk_and_exit_2(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))  # no wrk there
 
-    @core.exits_2_when_not_ready("tool")
+    @core_cli.exits_2_when_not_ready("tool")
     def main(argv=None):
-        core.require_wrk()
+        core_wrk.require_wrk()
         return 0
 
     assert main([]) == 2
@@ -277,42 +278,42 @@ def test_shared_arguments_and_counts(capsys):
     import argparse
 
     parser = argparse.ArgumentParser()
-    core.add_stack_arguments(parser)
+    core_cli.add_stack_arguments(parser)
     args = parser.parse_args([])
-    assert args.stack_config == core.STACK_JSON
-    assert args.out == os.path.join(core.ROOT, "var", "reports")
-    assert core.parse_counts(parser, "--connections", "10, 100,") == [10, 100]
-    assert core.parse_counts(parser, "--rounds", "0,2", minimum=0) == [0, 2]
+    assert args.stack_config == core_stack.STACK_JSON
+    assert args.out == os.path.join(core_stack.ROOT, "var", "reports")
+    assert core_cli.parse_counts(parser, "--connections", "10, 100,") == [10, 100]
+    assert core_cli.parse_counts(parser, "--rounds", "0,2", minimum=0) == [0, 2]
     for text in ("", "ten", "10,0", "-5"):
         with pytest.raises(SystemExit):
-            core.parse_counts(parser, "--connections", text)
+            core_cli.parse_counts(parser, "--connections", text)
         assert f"--connections: expected comma-separated integers >= 1, got {text!r}" in capsys.readouterr().err
 
 
 def test_default_buildout_config_follows_make_builds_record(tmp_path, monkeypatch):
-    monkeypatch.setattr(core, "ROOT", str(tmp_path))
+    monkeypatch.setattr(core_stack, "ROOT", str(tmp_path))
     (tmp_path / "var").mkdir()
     for name in ("buildout.cfg", "relstorage.cfg", ".installed.cfg"):
         (tmp_path / name).write_text("")
-    assert core.default_buildout_config() == str(tmp_path / "buildout.cfg")   # no record
+    assert core_stack.default_buildout_config() == str(tmp_path / "buildout.cfg")   # no record
     record = tmp_path / "var" / "buildout-config"
     record.write_text(str(tmp_path / "relstorage.cfg") + "\n")
     os.utime(tmp_path / ".installed.cfg", (1000, 1000))
-    assert core.default_buildout_config() == str(tmp_path / "relstorage.cfg")
+    assert core_stack.default_buildout_config() == str(tmp_path / "relstorage.cfg")
     # bin/buildout ran after make build: the record is stale, local.cfg is the guess
     (tmp_path / "local.cfg").write_text("")
     os.utime(record, (500, 500))
-    assert core.default_buildout_config() == str(tmp_path / "local.cfg")
+    assert core_stack.default_buildout_config() == str(tmp_path / "local.cfg")
     # a record naming a file that is gone is no answer either
     record.write_text(str(tmp_path / "gone.cfg"))
-    assert core.default_buildout_config() == str(tmp_path / "local.cfg")
+    assert core_stack.default_buildout_config() == str(tmp_path / "local.cfg")
 
 
 def test_run_arguments_take_the_type_of_their_default():
     import argparse
 
     parser = argparse.ArgumentParser()
-    core.add_run_arguments(parser, duration=20, warmup=2.5, rounds=3, rounds_help="on/off pairs")
+    core_cli.add_run_arguments(parser, duration=20, warmup=2.5, rounds=3, rounds_help="on/off pairs")
     args = parser.parse_args(["--duration", "7", "--warmup", "1"])
     assert (args.duration, args.warmup, args.rounds) == (7, 1.0, 3)
     assert isinstance(args.duration, int) and isinstance(args.warmup, float)
@@ -320,13 +321,13 @@ def test_run_arguments_take_the_type_of_their_default():
     with pytest.raises(SystemExit):  # a whole-seconds tool refuses 2.5 s
         parser.parse_args(["--duration", "2.5"])
     bare = argparse.ArgumentParser()
-    core.add_run_arguments(bare, duration=5)
+    core_cli.add_run_arguments(bare, duration=5)
     assert vars(bare.parse_args([])) == {"duration": 5}
 
 
 def test_markdown_table_aligns_figures_right_and_text_left():
-    text = core.markdown_table(["path", "requests", "share", "p99 s", "note"],
-                               [["/", 12345, "49.9%", 0.25, "x"], ["@json", 7, "-", None, ""]])
+    text = core_reports.markdown_table(["path", "requests", "share", "p99 s", "note"],
+                                       [["/", 12345, "49.9%", 0.25, "x"], ["@json", 7, "-", None, ""]])
     assert text.splitlines() == [
         "| path | requests | share | p99 s | note |",
         "|---|---:|---:|---:|---|",
@@ -334,26 +335,26 @@ def test_markdown_table_aligns_figures_right_and_text_left():
         "| @json | 7 | - | - |  |",
     ]
     with pytest.raises(ValueError, match="2 cells for 3 columns"):
-        core.markdown_table(["a", "b", "c"], [[1, 2]])
+        core_reports.markdown_table(["a", "b", "c"], [[1, 2]])
 
 
 def test_report_folder_and_write_report(tmp_path):
     import datetime
 
-    folder = core.report_folder(str(tmp_path), "connections", datetime.datetime(2026, 11, 24, 10, 5, 9))
+    folder = core_reports.report_folder(str(tmp_path), "connections", datetime.datetime(2026, 11, 24, 10, 5, 9))
     assert folder == str(tmp_path / "connections-20261124-100509") and os.path.isdir(folder)
     drawn = []
-    paths = core.write_report(folder, {"b": 1, "a": [2]}, "# title\n",
-                              [("x.png", lambda path: drawn.append(path) or open(path, "wb").close())])
+    paths = core_reports.write_report(folder, {"b": 1, "a": [2]}, "# title\n",
+                                      [("x.png", lambda path: drawn.append(path) or open(path, "wb").close())])
     assert paths == [os.path.join(folder, name) for name in ("report.json", "report.md", "x.png")]
     assert open(paths[0]).read() == json.dumps({"b": 1, "a": [2]}, indent=2)  # order kept
     assert open(paths[1]).read() == "# title\n" and drawn == [paths[2]]
 
 
 def test_new_and_saved_figure_is_a_png(tmp_path):
-    fig, axes = core.new_figure(1, 2, figsize=(4, 2))
+    fig, axes = core_reports.new_figure(1, 2, figsize=(4, 2))
     axes[0].plot([1, 2], [3, 4])
-    core.save_figure(fig, str(tmp_path / "p.png"), dpi=50)
+    core_reports.save_figure(fig, str(tmp_path / "p.png"), dpi=50)
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.pyplot as plt
 
@@ -369,9 +370,10 @@ def test_run_wrk_with_another_script_and_environment(tmp_path, monkeypatch):
                       f"echo 'PLONEDEPLOY_WRK {json.dumps(SUMMARY)}'\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
-    core.run_wrk("http://127.0.0.1:1/f", 1, 1, script=core.WRK_POST_SCRIPT, env={"PLONEDEPLOY_AUTH": "Basic s3cret"})
+    core_wrk.run_wrk("http://127.0.0.1:1/f", 1, 1, script=core_wrk.WRK_POST_SCRIPT,
+                     env={"PLONEDEPLOY_AUTH": "Basic s3cret"})
     argv, environment = (tmp_path / "wrk.args").read_text().strip().split(" auth=")
-    assert argv.split()[argv.split().index("-s") + 1] == core.WRK_POST_SCRIPT
+    assert argv.split()[argv.split().index("-s") + 1] == core_wrk.WRK_POST_SCRIPT
     assert environment == "Basic s3cret" and "s3cret" not in argv
 
 
@@ -379,41 +381,42 @@ def test_add_stack_arguments_without_the_stack_config():
     import argparse
 
     parser = argparse.ArgumentParser()
-    core.add_stack_arguments(parser, stack_config=False)
+    core_cli.add_stack_arguments(parser, stack_config=False)
     args = parser.parse_args([])
     assert not hasattr(args, "stack_config") and args.out.endswith(os.path.join("var", "reports"))
 
 
 def test_spread_format_and_bars(tmp_path):
-    assert core.spread([3, 1, 2.5]) == {"median": 2.5, "min": 1.0, "max": 3.0} and core.spread([]) is None
-    assert core.format_spread({"median": 1234.5, "min": 1000, "max": 2000.25}, 1) == "1,234.5 (1,000.0–2,000.2)"
-    assert core.format_spread(None) == "-"
-    fig, ax = core.new_figure()
-    core.spread_bars(ax, ["/", "blob"], [("a", {"/": core.spread([1, 2, 3]), "blob": None}),
-                                         ("b", {"/": core.spread([4]), "blob": core.spread([5, 6])})])
+    assert core_stats.spread([3, 1, 2.5]) == {"median": 2.5, "min": 1.0, "max": 3.0} and core_stats.spread([]) is None
+    assert core_stats.format_spread({"median": 1234.5, "min": 1000, "max": 2000.25}, 1) == "1,234.5 (1,000.0–2,000.2)"
+    assert core_stats.format_spread(None) == "-"
+    fig, ax = core_reports.new_figure()
+    core_reports.spread_bars(ax, ["/", "blob"], [
+        ("a", {"/": core_stats.spread([1, 2, 3]), "blob": None}),
+        ("b", {"/": core_stats.spread([4]), "blob": core_stats.spread([5, 6])})])
     heights = sorted(bar.get_height() for bar in ax.patches)
     assert heights == [2.0, 4.0, 5.5]  # the medians; the missing one a gap
     assert [t.get_text() for t in ax.get_xticklabels()] == ["/", "blob"]
-    core.save_figure(fig, str(tmp_path / "b.png"))
+    core_reports.save_figure(fig, str(tmp_path / "b.png"))
 
 
 def test_finish_report_writes_prints_and_gives_the_status(tmp_path, capsys):
-    assert core.finish_report(str(tmp_path), {"a": 1}, "# t\n") == 0
+    assert core_reports.finish_report(str(tmp_path), {"a": 1}, "# t\n") == 0
     assert capsys.readouterr().out == f"# t\n\nreport: {tmp_path}\n"
-    assert core.finish_report(str(tmp_path), {"a": 1}, "# t\n", problems=["run 3: 2 errors"]) == 1
+    assert core_reports.finish_report(str(tmp_path), {"a": 1}, "# t\n", problems=["run 3: 2 errors"]) == 1
     assert "problem: run 3: 2 errors\n" in capsys.readouterr().out
     assert json.loads((tmp_path / "report.json").read_text()) == {"a": 1}
 
 
 def test_littles_law_mean_and_p99_over_it():
     # 200 connections at 40 req/s: each must wait 5 s on average if all are served in turn
-    assert core.littles_law(200, 40.0, 6.5) == {"littles_law_mean_s": 5.0, "p99_over_littles_mean": 1.3}
-    assert core.littles_law(200, 0.0, None) == {"littles_law_mean_s": None, "p99_over_littles_mean": None}
-    assert core.littles_law(10, 5.0, None) == {"littles_law_mean_s": 2.0, "p99_over_littles_mean": None}
+    assert core_stats.littles_law(200, 40.0, 6.5) == {"littles_law_mean_s": 5.0, "p99_over_littles_mean": 1.3}
+    assert core_stats.littles_law(200, 0.0, None) == {"littles_law_mean_s": None, "p99_over_littles_mean": None}
+    assert core_stats.littles_law(10, 5.0, None) == {"littles_law_mean_s": 2.0, "p99_over_littles_mean": None}
 
 
 def test_listen_overflows_reads_the_kernels_counter():
-    value = core.listen_overflows()
+    value = core_procs.listen_overflows()
     assert isinstance(value, int) and value >= 0
     with open("/proc/net/netstat", encoding="ascii") as fp:
         lines = fp.read().splitlines()
@@ -432,7 +435,7 @@ def test_frontend_5xx_counts_every_frontend_but_the_stats_listener():
 
 
 def test_exits_2_passes_keyword_arguments_through():
-    @core.exits_2_when_not_ready("tool")
+    @core_cli.exits_2_when_not_ready("tool")
     def main(argv=None, prog="tool"):
         return (argv, prog)
 

@@ -27,7 +27,9 @@ import re
 import pytest
 
 from conftest import ROOT
-from loadtests import abtest, matrix, matrix_plan
+from loadtests.ab import abtest
+from loadtests.ab.plan import round_plan
+from loadtests.matrix import matrix, matrix_plan
 from loadtests.weights import SHAPE_NAMES
 from plonedeploy.stack import rules
 
@@ -157,7 +159,7 @@ def ab(variable):
     """``(rounds, warm-up s, measured s, runs)`` of the Makefile's AB_ARGS or DEMO_AB_ARGS,
     through abtest's own parser and round plan; every round also an A/A control."""
     args = abtest.parse_args(makefile_variable(variable).split())
-    plan = abtest.round_plan(args)
+    plan = round_plan(args)
     assert args.control and sorted(kind for _, kind, *_ in plan) == ["aa"] * args.rounds + ["ab"] * args.rounds, plan
     warmup = int(args.warmup) if float(args.warmup).is_integer() else args.warmup
     return args.rounds, warmup, args.duration, len(plan)
@@ -239,7 +241,7 @@ CLAIMS = [
      lambda: (ab("AB_ARGS")[0], ab("AB_ARGS")[2])),
     ("docs/usage.md", r"The default `make ab` \(`([^`]+)`, (\d+) runs,",
      lambda: (makefile_variable("AB_ARGS"), ab("AB_ARGS")[3])),
-    # The benchmark matrix's plan and estimate (loadtests.matrix, matrix_plan; no run needed).
+    # The benchmark matrix's plan and estimate (loadtests.matrix.matrix, matrix_plan; no run needed).
     ("README.md", r"make matrix # [^#]*?\(estimated (\d+\.\d) min; MATRIX_ARGS=--quick: (\d+\.\d) min\)",
      lambda: (matrix_plan_of()[5], matrix_plan_of("--quick")[5])),
     ("docs/servers.md", r"make matrix # full run \(estimated (\d+\.\d) min\)", lambda: matrix_plan_of()[5:]),

@@ -2,7 +2,7 @@
 blob downloads whole and aborted.
 
 Each attack goes to the running HAProxy (``stack`` fixture, conftest.py) with the functions
-of ``loadtests.attacks`` (the same that print the table of docs/operations.md). A request
+of ``loadtests.edge.attacks`` (the same that print the table of docs/operations.md). A request
 "never reached Zope" when no ZEO client's access log gained a line for it.
 """
 import glob
@@ -14,8 +14,9 @@ import pytest
 import requests
 
 from conftest import ROOT, admin_auth
-from loadtests import attacks, haproxy_stats
-from loadtests.core import stack_pids
+from loadtests.core import haproxy_stats
+from loadtests.core.stack import stack_pids
+from loadtests.edge import attacks
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """The edge's path rules on the real stack, tried from outside the admin networks: the ZMI
 by every disguise Zope decodes, client-sent virtual hosting, and the headers a visitor sees.
 
-The requests are ``loadtests.bypass``'s (the same that ``python -m loadtests attacks``
+The requests are ``loadtests.edge.bypass``'s (the same that ``python -m loadtests attacks``
 reports in docs/operations.md's edge table). buildout.cfg's manage-networks and
 per-source-exempt are 127.0.0.1/32; the outsider is 127.0.0.6 on the same loopback.
 """
@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from conftest import admin_auth
-from loadtests import bypass
+from loadtests.edge import bypass
 
 pytestmark = pytest.mark.integration
 

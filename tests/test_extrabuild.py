@@ -1,4 +1,4 @@
-"""loadtests.extrabuild: the common header, the log and the error of a build (a fake buildout),
+"""loadtests.core.extrabuild: the common header, the log and the error of a build (a fake buildout),
 and the one start/stop path on real processes (Python's http.server), A/B slot swaps included."""
 import configparser
 import os
@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from conftest import ROOT
-from loadtests import extrabuild
+from loadtests.core import extrabuild
 
 
 def test_config_header(tmp_path):
@@ -148,7 +148,7 @@ def test_ab_slots_swap_servers_through_the_one_start_stop_path(tmp_path, monkeyp
     part a slot no longer wants before starting the other one on the same port."""
     import sys
 
-    from loadtests import abslots
+    from loadtests.ab import abslots
 
     monkeypatch.setattr(abslots, "WORK_DIR", str(tmp_path))
     ports = {"a": 9990, "b": 9991}

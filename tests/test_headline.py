@@ -1,4 +1,4 @@
-"""loadtests.headline: the plan, the summary and the report without measuring; then one
+"""loadtests.headline.headline: the plan, the summary and the report without measuring; then one
 short real run against the session's stack (wrk, the off clients built and stopped)."""
 import json
 import os
@@ -8,8 +8,8 @@ import psutil
 import pytest
 
 from conftest import ROOT, run
-from loadtests import headline
-from loadtests.core import PATHS
+from loadtests.core.stack import PATHS
+from loadtests.headline import headline
 
 
 def test_plan_covers_every_cell_once_per_round_and_rotates():

@@ -16,8 +16,8 @@ import pytest
 import requests
 
 from conftest import ROOT, STACK, STACK_JSON, Stack, boundary, port_taken, run
-from loadtests import haproxy_stats
-from loadtests.core import free_local_port
+from loadtests.core import haproxy_stats
+from loadtests.core.procs import free_local_port
 
 pytestmark = pytest.mark.integration
 
@@ -125,7 +125,7 @@ def test_site_script_is_idempotent(stack):
 
 def test_ab_report(stack, tmp_path):
     users = 6
-    result = run([sys.executable, "-m", "loadtests.abtest", "--deployed", "--warmup", "4", "--duration", "12",
+    result = run([sys.executable, "-m", "loadtests", "ab", "--deployed", "--warmup", "4", "--duration", "12",
                   "--users", str(users), "--spawn-rate", "6", "--out", str(tmp_path)], timeout=180)
     (folder,) = list(tmp_path.iterdir())
     for name in ("report.md", "report.json", "ab.png", "locust_stats.csv"):
@@ -184,11 +184,11 @@ def test_ab_report_with_a_remote_worker(stack, tmp_path):
 def test_ab_rounds_with_control(stack, tmp_path):
     """The default A/B: slot clients built once, a round of A/B and its A/A control, each
     through a temporary HAProxy; intervals and verdicts in the report; nothing left running."""
-    from loadtests import abslots
+    from loadtests.ab import abslots
 
     users = 4
     before = stack.pids()
-    result = run([sys.executable, "-m", "loadtests.abtest", "--rounds", "1", "--control", "--warmup", "3",
+    result = run([sys.executable, "-m", "loadtests", "ab", "--rounds", "1", "--control", "--warmup", "3",
                   "--duration", "6", "--window", "2", "--users", str(users), "--spawn-rate", "4",
                   "--out", str(tmp_path)], timeout=300)
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
@@ -257,7 +257,7 @@ def test_killed_client_loses_no_get(stack, tmp_path):
     import time
 
     load = subprocess.Popen(
-        [sys.executable, "-m", "loadtests.abtest", "--deployed", "--warmup", "0", "--duration", "20", "--users", "8",
+        [sys.executable, "-m", "loadtests", "ab", "--deployed", "--warmup", "0", "--duration", "20", "--users", "8",
          "--spawn-rate", "8", "--out", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from conftest import ROOT
-from loadtests.core import free_local_port
+from loadtests.core.procs import free_local_port
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_master_waits_for_every_workers_last_report(slow_server, tmp_path):
     reports, the per-server counts missed up to 3 s of requests (here 4-7 of 10 per server,
     3 runs of 3); with it they equal the server's own counts, as HAProxy's do in the A/B."""
     url, counts = slow_server
-    port = str(free_local_port())  # the master's, on 127.0.0.1 (as loadtests.abtest does)
+    port = str(free_local_port())  # the master's, on 127.0.0.1 (as loadtests.ab.abtest does)
     out = tmp_path / "per_server.json"
     result = subprocess.run(
         [sys.executable, "-m", "locust", "-f", os.path.join(ROOT, "loadtests", "locustfile.py"),

@@ -1,4 +1,4 @@
-"""The benchmark matrix (loadtests/matrix.py): its pure parts, and one real --quick run.
+"""The benchmark matrix (loadtests/matrix/matrix.py): its pure parts, and one real --quick run.
 
 Unit tests: the trimmed mean (4 runs, drop highest and lowest), the plan (threads swept
 only at --sweep-at connections, single-threaded servers only at 1), the randomized
@@ -21,8 +21,8 @@ import time
 import psutil
 import pytest
 
-from loadtests import matrix, matrix_plan, matrix_report, matrix_servers
-from loadtests.matrix_plan import Cell, Part
+from loadtests.matrix import matrix, matrix_plan, matrix_report, matrix_servers, matrix_summary
+from loadtests.matrix.matrix_plan import Cell, Part
 
 from conftest import ROOT, port_taken
 
@@ -267,7 +267,7 @@ def test_round_ratios_pair_the_runs_of_one_round():
     records = [_record(("pyruvate", 2, "/", 10), k, rps=rps) for k, rps in enumerate([100.0, 90.0, 120.0])]
     records += [_record(("waitress", 2, "/", 10), k, rps=rps) for k, rps in enumerate([50.0, 60.0, 40.0])]
     records += [_record(("waitress", 4, "/", 10), 0, rps=1.0)]  # not the default threads: ignored
-    assert matrix_report.round_ratios(records, "pyruvate", "waitress", SINGLE) == {("/", 10): [2.0, 1.5, 3.0]}
+    assert matrix_summary.round_ratios(records, "pyruvate", "waitress", SINGLE) == {("/", 10): [2.0, 1.5, 3.0]}
     base = dict(p50_ms=1.0, p95_ms=2.0, p99_ms=3.0, max_ms=9.0, cpu_ms_per_req=1.0, requests=1000, non_2xx=0,
                 errors={"connect": 0, "read": 0, "write": 0, "timeout": 0}, peak_rss_bytes=2**20, foreign_pct=0.0)
     rows = matrix_report.aggregate([dict(r, **base) for r in records], noisy_pct=25)
@@ -286,9 +286,9 @@ def test_sendfile_and_clients_summaries_pair_the_runs_of_one_round():
                         (("pyruvate", 2, "/Plone", 8, 2, True), [60.0, 100.0, 90.0])]:
         records += [_record(cell, k, rps=rps, **base) for k, rps in enumerate(rates)]
     records[-1]["share"] = {"m_pyruvate_t2": 0.45, "m_pyruvate_t2_r2": 0.55}
-    assert matrix_plan.Cell("pyruvate", 2, "blob", 4) in matrix_report.sendfile_ratios(records)
-    assert matrix_report.sendfile_ratios(records)[Cell("pyruvate", 2, "blob", 4)] == [2.0, 1.5, 3.0]
-    assert matrix_report.client_ratios(records) == {Cell("pyruvate", 2, "/Plone", 8, 2): [1.5, 2.0, 2.0]}
+    assert matrix_plan.Cell("pyruvate", 2, "blob", 4) in matrix_summary.sendfile_ratios(records)
+    assert matrix_summary.sendfile_ratios(records)[Cell("pyruvate", 2, "blob", 4)] == [2.0, 1.5, 3.0]
+    assert matrix_summary.client_ratios(records) == {Cell("pyruvate", 2, "/Plone", 8, 2): [1.5, 2.0, 2.0]}
     rows = matrix_report.aggregate(records, noisy_pct=25)
     text = matrix_report.summary(rows, {"paths": ["/Plone", "blob"], "servers": ["pyruvate"], "sweep_at": None},
                                  SINGLE, records)
@@ -327,7 +327,7 @@ def test_quick_matrix_against_the_stack_then_resume_measures_nothing(stack, tmp_
     out = tmp_path / "reports"
     build = tmp_path / "build"
     # Three of the five paths (Zope's root, the blob, hello) keep the test near 3 minutes.
-    cmd = [sys.executable, "-m", "loadtests.matrix", "--quick", "--paths", "/,blob,hello", "--out", str(out),
+    cmd = [sys.executable, "-m", "loadtests", "matrix", "--quick", "--paths", "/,blob,hello", "--out", str(out),
            "--build", str(build), "--seed", "42"]
     started = time.monotonic()
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -358,8 +358,8 @@ def test_quick_matrix_against_the_stack_then_resume_measures_nothing(stack, tmp_
     assert "stopped 4 servers" in first.stdout
     assert not [p for p in range(9510, 9514) if port_taken(p)], "matrix servers still listening"
 
-    again = subprocess.run([sys.executable, "-m", "loadtests.matrix", "--resume", str(folder), "--build", str(build)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    again = subprocess.run([sys.executable, "-m", "loadtests", "matrix", "--resume", str(folder),
+                            "--build", str(build)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "48 runs already measured" in again.stdout
     assert "building" not in again.stdout                  # nothing left: no server started

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from conftest import ROOT, STACK, run, wait_for
-from loadtests.core import require_wrk, run_wrk
+from loadtests.core.wrk import require_wrk, run_wrk
 from test_metrics import parse, value
 from test_selfheal import all_up, states
 
@@ -55,7 +55,7 @@ def _set_watchdog(ini, limit, grace, restarts):
 def _load(url, stop, summaries, chunk=20):
     """wrk against ``url`` (4 connections, as many as the two page clients' maxconn
     together: while one is out, HAProxy queues 2 for the other), in runs of ``chunk``
-    seconds until ``stop`` is set; appends each run's summary (loadtests.core.run_wrk:
+    seconds until ``stop`` is set; appends each run's summary (loadtests.core.wrk.run_wrk:
     requests and errors, ``status`` = non-2xx/3xx answers)."""
     wrk = require_wrk()
     while not stop.is_set():

@@ -23,7 +23,8 @@ import pytest
 import requests
 
 from conftest import ROOT, admin_auth, give_to_service_user, port_taken, stop_group
-from loadtests.core import free_local_port, render_haproxy
+from loadtests.core.procs import free_local_port
+from loadtests.core.stack import render_haproxy
 from plonedeploy.stack.rules import ZOPE_HEALTH_CHECK
 
 pytestmark = pytest.mark.integration

@@ -1,9 +1,9 @@
-"""loadtests.offclients: the extra buildout of blob-sendfile-off clients (and their HAProxy)
-that loadtests.headline builds beside the stack."""
+"""loadtests.headline.offclients: the extra buildout of blob-sendfile-off clients (and their HAProxy)
+that loadtests.headline.headline builds beside the stack."""
 import configparser
 
 from conftest import ROOT
-from loadtests import headline, offclients
+from loadtests.headline import headline, offclients
 
 
 def test_extra_buildout_config():

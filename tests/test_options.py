@@ -264,7 +264,7 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
     assert ("code 301 if !{ ssl_fc } !redirect_exempt\n" in text) == exempt
     assert ("code 301 if !{ ssl_fc }\n" in text) == (with_tls and not networks)
     assert ("ssl crt" in text) == with_tls and ("Strict-Transport-Security" in text) == with_tls
-    # the pool's balance is the template's variable (loadtests.balancers renders variants with
+    # the pool's balance is the template's variable (loadtests.core.balancers renders variants with
     # another); the write lane's is a hash of its own (one active server: see the template)
     assert re.findall(r"^\s*balance\s+(\S+)", text, re.MULTILINE) == ["leastconn"] + ["source"] * write_lane
     # the write lane: writing methods that the upload lane did not take, one at a time on the

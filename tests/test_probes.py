@@ -11,7 +11,7 @@ import pytest
 import zc.buildout
 
 from conftest import wait_for
-from loadtests.core import free_local_port
+from loadtests.core.procs import free_local_port
 from plonedeploy.stack import rules
 from plonedeploy.runtime import metrics, probes
 

@@ -19,14 +19,14 @@ import subprocess
 import pytest
 
 from conftest import ROOT, develop_eggs, setup_budget, stop_group
-from loadtests.extrabuild import BUILDOUT, checkout_header
-from plonedeploy.stack import rules
+from loadtests.core.extrabuild import BUILDOUT, checkout_header
 from plonedeploy.recipe.options import SERVERS
+from plonedeploy.stack import rules
 from plonedeploy.stack.templates import HAPROXY_TEMPLATE, TEMPLATES_DIRECTORY, render_template
 
 pytestmark = pytest.mark.buildout
 
-# The [buildout] section is loadtests.extrabuild.checkout_header's, as the load tools' own
+# The [buildout] section is loadtests.core.extrabuild.checkout_header's, as the load tools' own
 # builds have it, with the session's develop eggs (conftest.develop_eggs); the rest is
 # str.format'ed with root=ROOT and develop_eggs.
 BASE = checkout_header(os.path.join(ROOT, "versions.cfg"),

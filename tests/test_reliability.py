@@ -1,6 +1,6 @@
 """The kit's promises under failure and abuse (issue #5), on the real stack.
 
-Short versions for CI; ``loadtests.connections`` and the figures in docs/operations.md are
+Short versions for CI; ``loadtests.connections.connections`` and the figures in docs/operations.md are
 the full-length runs. Every test leaves the stack as it found it: all servers UP.
 """
 import json
@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from conftest import STACK, admin_auth, run, while_loaded
-from loadtests.attacks import abort_download
+from loadtests.edge.blobs import abort_download
 
 pytestmark = pytest.mark.integration
 

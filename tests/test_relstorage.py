@@ -40,7 +40,7 @@ import pytest
 import requests
 
 from conftest import ROOT, port_taken, run, setup_budget, stop_group, wait_for, while_loaded
-from loadtests.extrabuild import BUILDOUT, checkout_header
+from loadtests.core.extrabuild import BUILDOUT, checkout_header
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ PORTS = {"haproxy": 9650, "instance": 9651, "postgresql": 9652, "uploads": 9653,
          # buildout.cfg's cache tier, not built here; moved off the demo's ports all the same
          "varnish": 9660, "cache-fill": 9661, "varnish-metrics": 9662}
 
-# The [buildout] section is loadtests.extrabuild.checkout_header's; the rest is str.format'ed.
+# The [buildout] section is loadtests.core.extrabuild.checkout_header's; the rest is str.format'ed.
 CONFIG = checkout_header(os.path.join(ROOT, "relstorage.cfg"), [
     "postgresql", "instance", "client2", "uploads", "haproxy", "stack", "relstorage-tools", "migration",
     "filesite", "converted"]) + """

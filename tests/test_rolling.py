@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, stop_group
-from loadtests.core import free_local_port
+from loadtests.core.procs import free_local_port
 from plonedeploy.stack import rolling
 
 SCRIPT = rolling.__file__  # the file Ansible ships to the balancers (plonedeploy_module_file)

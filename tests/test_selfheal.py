@@ -41,7 +41,7 @@ def probe_base(stack, name):
 
 def states(stack):
     """``{server: HAProxy status}`` of both lanes."""
-    from loadtests import haproxy_stats
+    from loadtests.core import haproxy_stats
     rows = haproxy_stats.fetch(stack.stats_url)
     return {r["svname"]: r["status"] for r in rows if r["pxname"] in ("zeoclients", "uploads")
             and r["svname"] != "BACKEND"}

@@ -1,4 +1,4 @@
-"""loadtests.storagebench (``python -m loadtests storage``): options, plan, ports, the
+"""loadtests.storage.storagebench (``python -m loadtests storage``): options, plan, ports, the
 variants' configs, summary, ratios and report without measuring; then one short run on real
 stacks (a ZEO server and a PostgreSQL 15 of its own, ports 9750-9779), which is optional:
 about 3-4 minutes on 2 cores, most of it two builds, two sites and two Zope start-ups, so it
@@ -12,8 +12,10 @@ import psutil
 import pytest
 
 from conftest import ROOT, run
-from loadtests import storagebench
-from loadtests.core import BLOB_SIZE
+from loadtests.core.stack import BLOB_SIZE
+from loadtests.storage import storagebench
+from loadtests.storage.summary import reads_within
+from loadtests.storage.variant import buildout_text
 
 
 def test_options_fail_naming_the_option_and_allowed_values(capsys):
@@ -63,11 +65,11 @@ def test_ports_give_each_variant_its_own_block_and_move_every_port():
 
 
 def test_buildout_text_per_variant(tmp_path):
-    zeo = storagebench.buildout_text("zeo", str(tmp_path), storagebench.ports(9700, 0), "waitress")
+    zeo = buildout_text("zeo", str(tmp_path), storagebench.ports(9700, 0), "waitress")
     assert f"extends = {ROOT}/buildout.cfg" in zeo
     assert "parts = zeoserver instance haproxy stack" in zeo
     assert "wsgi-server = waitress" in zeo and "instance = 9701" in zeo and "relstorage" not in zeo
-    shared = storagebench.buildout_text("relstorage-shared", str(tmp_path), storagebench.ports(9700, 2), "pyruvate")
+    shared = buildout_text("relstorage-shared", str(tmp_path), storagebench.ports(9700, 2), "pyruvate")
     assert f"extends = {ROOT}/relstorage.cfg" in shared
     assert "parts = postgresql instance haproxy stack" in shared
     assert "relstorage-blobs = shared-directory" in shared and "postgresql = 9730" in shared
@@ -92,9 +94,9 @@ def test_summary_ratios_per_round_and_the_reads_goal():
     assert ratios["relstorage/zeo /Plone 10"] == {"median": 0.95, "min": 0.5, "max": 1.2}
     assert ratios["relstorage/zeo write 1"]["median"] == 0.5
     assert "zeo/zeo /Plone 10" not in ratios
-    assert storagebench.reads_within(ratios) == {"relstorage": True}  # the write ratio does not count
+    assert reads_within(ratios) == {"relstorage": True}  # the write ratio does not count
     ratios["relstorage/zeo / 1"] = {"median": 0.89, "min": 0.8, "max": 0.9}
-    assert storagebench.reads_within(ratios) == {"relstorage": False}
+    assert reads_within(ratios) == {"relstorage": False}
 
 
 def test_markdown_has_every_cell_ratio_and_size():

@@ -105,7 +105,7 @@ def addon_root():
 def runs_as(stack):
     """The uid ``bin/upgrade-site`` runs the steps as: the stack's service user's when root
     runs the tests on a build with one (its client script drops to it), else ours."""
-    from loadtests.core import service_user
+    from loadtests.core.stack import service_user
 
     user = service_user(stack.config)
     return pwd.getpwnam(user).pw_uid if user and os.geteuid() == 0 else os.geteuid()

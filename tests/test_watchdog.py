@@ -327,7 +327,7 @@ def test_the_default_memory_limit_rule():
 def test_ask_readyz_of_a_real_probe_server():
     """The peer asker against a probe server of this process: 200 ready, 503 with the
     watchdog's text, and no answer from a closed port."""
-    from loadtests.core import free_local_port
+    from loadtests.core.procs import free_local_port
 
     health = probes.Health(1)
     port = free_local_port()

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from conftest import ROOT, admin_session
-from loadtests import conflicts
+from loadtests.storage import conflicts
 from test_metrics import scrape
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,1 @@
+"""``python -m loadtests cache`` (``cachebench``): the cache tier on vs off through the HTTPS edge."""

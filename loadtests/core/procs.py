@@ -1,0 +1,184 @@
+"""Process, CPU and RSS accounting, and waiting for quiet: CPU seconds of processes, of this
+process and its children, of a process tree and of the whole machine; ``RssSampler``;
+free ports, the descriptor limit, the kernel's accept-queue drops; ``wait_for_quiet``,
+``wait_tree_idle``. Units: seconds for times and CPU, bytes for sizes.
+"""
+import resource
+import socket
+import threading
+import time
+
+import psutil
+
+
+# ----------------------------------------------------------------------------- CPU, RSS, descriptors
+
+def cpu_seconds(processes):
+    """Return ``{name: user+system CPU seconds}`` (reaped children included) for a dict of
+    psutil processes; processes that are gone are left out."""
+    out = {}
+    for name, proc in processes.items():
+        try:
+            t = proc.cpu_times()
+            out[name] = t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return out
+
+
+def machine_busy_seconds():
+    """CPU seconds the whole machine spent not idle since boot (all cores summed)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def children_cpu_seconds():
+    """CPU seconds (user + system) of this process' reaped children (wrk, Locust)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime
+
+
+def own_cpu_seconds():
+    """CPU seconds (user + system) of this process and its reaped children."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return me.ru_utime + me.ru_stime + children_cpu_seconds()
+
+
+def tree_processes(root_pid):
+    """``[psutil.Process]`` of ``root_pid`` and its descendants; empty when it is gone."""
+    try:
+        parent = psutil.Process(root_pid)
+        return [parent] + parent.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def tree_cpu_seconds(root_pid):
+    """CPU seconds (user + system, reaped children included) of the process tree of
+    ``root_pid``, or the sum over the trees of a list of PIDs."""
+    return sum(cpu_seconds({p.pid: p for root in _roots(root_pid) for p in tree_processes(root)}).values())
+
+
+def _roots(root_pid):
+    """``[pid]`` of one PID or a list of PIDs (tree_cpu_seconds, RssSampler)."""
+    return [root_pid] if isinstance(root_pid, int) else list(root_pid)
+
+
+class RssSampler(threading.Thread):
+    """Samples the summed RSS (bytes) of the process tree of ``root_pid`` (a PID, or a list
+    of PIDs whose trees are summed: a balanced cell's clients and HAProxy) every
+    ``interval`` seconds until :meth:`stop`; ``peak`` is the largest sample (bytes)."""
+
+    def __init__(self, root_pid, interval=0.2):
+        super().__init__(daemon=True)
+        self.roots = _roots(root_pid)
+        self.interval, self.peak = interval, 0
+        self._stop_event = threading.Event()
+
+    def sample(self):
+        """Take one sample now and update ``peak``."""
+        total = 0
+        for proc in (p for root in self.roots for p in tree_processes(root)):
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                pass
+        self.peak = max(self.peak, total)
+
+    def run(self):
+        while not self._stop_event.is_set():
+            self.sample()
+            self._stop_event.wait(self.interval)
+
+    def stop(self):
+        """Stop sampling, wait for the thread, and take a last sample."""
+        self._stop_event.set()
+        self.join()
+        self.sample()
+
+
+def free_local_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's choice of an
+    ephemeral port). Another program may take it before the caller binds it; the callers
+    bind within a second, and a clash fails their bind with "Address already in use"."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def raise_fd_limit(needed):
+    """Raise this process' soft RLIMIT_NOFILE (inherited by wrk and started servers) towards
+    ``needed`` descriptors. Returns the (soft, hard) limits after the attempt; the hard limit
+    is never exceeded."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if want > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def listen_overflows():
+    """``TcpExt: ListenOverflows`` of /proc/net/netstat (int): connections the kernel dropped
+    because a listening socket's accept queue (its backlog, at most net.core.somaxconn)
+    was full. Counts for the whole network namespace since boot; 0 where the file is
+    missing."""
+    try:
+        with open("/proc/net/netstat", encoding="ascii") as fp:
+            lines = fp.read().splitlines()
+    except OSError:
+        return 0
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:])).get("ListenOverflows", 0))
+    return 0
+
+
+# ----------------------------------------------------------------------------- waiting for quiet
+
+def foreign_cores(procs, seconds=2.0):
+    """Cores (0.0 .. number of cores) used over ``seconds`` by other processes than ours:
+    ``procs`` (``{name: psutil.Process}``), this process and its reaped children."""
+    ours_before, busy_before = cpu_seconds(procs), machine_busy_seconds()
+    mine_before = own_cpu_seconds()
+    started = time.monotonic()
+    time.sleep(seconds)
+    wall = time.monotonic() - started
+    ours = sum(cpu_seconds(procs).get(n, 0) - v for n, v in ours_before.items())
+    mine = own_cpu_seconds() - mine_before
+    return max(machine_busy_seconds() - busy_before - ours - mine, 0.0) / wall
+
+
+def wait_for_quiet(procs, max_foreign, timeout):
+    """Wait until other processes use at most ``max_foreign`` cores (see
+    :func:`foreign_cores`) or ``timeout`` seconds passed; returns the seconds waited.
+
+    Other users' load makes a run slower for reasons unrelated to what is measured; runs
+    are alternated anyway, this only avoids the worst minutes.
+    """
+    started = time.monotonic()
+    while timeout > 0:
+        load = foreign_cores(procs)
+        if load <= max_foreign or time.monotonic() - started >= timeout:
+            break
+        time.sleep(3)
+    return round(time.monotonic() - started, 1)
+
+
+def wait_tree_idle(root_pid, max_seconds=60.0, window=0.3, idle_cores=0.1):
+    """Wait until the process tree of ``root_pid`` (or the trees of a list of PIDs) uses
+    less than ``idle_cores`` cores over a ``window`` (seconds), at most ``max_seconds``;
+    returns the seconds waited.
+
+    wrk abandons the requests in flight when it stops, but a server without disconnect
+    detection (pyruvate, waitress's threads) still serves the requests it queued, up to one
+    per connection: without this wait they would run into the next run of that server.
+    """
+    started = time.monotonic()
+    before = tree_cpu_seconds(root_pid)
+    while time.monotonic() - started < max_seconds:
+        time.sleep(window)
+        now = tree_cpu_seconds(root_pid)
+        if now - before < idle_cores * window:
+            break
+        before = now
+    return time.monotonic() - started

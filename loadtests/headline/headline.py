@@ -1,0 +1,265 @@
+"""The kit's headline figures, re-measured side by side in one run, with their spread.
+
+    python -m loadtests headline [--connections 4] [--duration 8] [--rounds 3] [--no-off]
+
+Against the running stack (``make start``): in every round, in an order rotated from round
+to round, one wrk run of ``--duration`` seconds with ``--connections`` connections on
+each of the four paths (``/``, ``/Plone``, ``@json``, the 5 MiB blob) against
+
+- ``pyruvate``: the stack's pyruvate client directly (its HTTP port),
+- ``waitress``: the stack's waitress client directly,
+- ``haproxy``: the stack's HAProxy pool (``leastconn`` over both),
+
+and on the blob path also against ``pyruvate-off`` and ``waitress-off``: the same two
+clients with ``blob-sendfile = off`` (:mod:`loadtests.headline.offclients`, built in
+``var/headline``, on the ports after the stack's clients), unless ``--no-off``. Every
+target and path first gets 2 s of uncounted load (caches, ZODB connections).
+
+Figures per target and path: req/s (median over the rounds, min-max), p50/p99 in ms
+(median), errors (wrk's socket errors and non-2xx/3xx answers, summed). Ratios, per round
+and then median (min-max): pyruvate/waitress directly on each path, and the blob with
+blob-sendfile on/off per server. The run-to-run spread of the same cell is the noise a
+difference has to beat (about 25 % on these shared machines).
+
+Output: the tables on stdout and ``<out>/headline-<YYYYmmdd-HHMMSS>/`` with
+``report.json``, ``report.md`` (the tables docs/performance.md embeds) and
+``headline.png``. Exit status 0; 1 if any run had errors or short blob bodies; 2 when the
+stack is not running, wrk is missing or the pool lacks a pyruvate or a waitress client.
+
+The default run (3 rounds of 14 runs of 8 s, plus warm-up, the off clients' build and
+start) took 6.5 minutes on 2 cores (24 Nov 2026, quiet machine; docs/performance.md).
+"""
+import os
+import sys
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+import psutil
+
+from loadtests.core import extrabuild
+from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
+                                exits_2_when_not_ready, new_parser)
+from loadtests.core.reports import finish_report, markdown_table, new_figure, report_folder, save_figure, spread_bars
+from loadtests.core.stack import (BLOB_SIZE, PATHS, ROOT, check_servers_up, client_urls, default_buildout_config,
+                                  load_stack)
+from loadtests.core.stats import format_spread, spread
+from loadtests.core.wrk import require_wrk, run_wrk
+from loadtests.headline import offclients
+
+WORK_DIR = os.path.join(ROOT, "var", "headline")
+#: The servers compared directly; the recipe's A/B pair.
+SERVERS = ("pyruvate", "waitress")
+TARGETS = SERVERS + ("haproxy",)
+OFF = tuple(f"{s}-off" for s in SERVERS)
+
+
+def parse_args(argv):
+    parser = new_parser(
+        "headline", "The docs' headline figures in one run: pyruvate vs waitress directly and "
+        "through HAProxy on the four paths, blob-sendfile on/off, each with its spread over rounds.")
+    parser.add_argument("--connections", type=int, default=4,
+                        help="wrk connections of every run (default 4: twice the pool's 2 slots per "
+                        "server, the figure docs/performance.md quotes)")
+    add_run_arguments(parser, duration=8, rounds=3)
+    parser.add_argument("--no-off", action="store_true",
+                        help="leave out the blob-sendfile = off clients (no extra build)")
+    add_buildout_config_argument(parser, "the off clients' buildout in var/headline")
+    add_stack_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.connections < 1 or args.duration < 1 or args.rounds < 1:
+        parser.error("--connections, --duration and --rounds must be >= 1")
+    return args
+
+
+def targets(config):
+    """``(urls, clients)`` of the stack: ``urls`` ``{target: base URL}`` for ``pyruvate`` and
+    ``waitress`` (the first pool client of each kind, its own HTTP address) and ``haproxy``
+    (the frontend); ``clients`` ``{server: client part}``. Raises LookupError naming what is
+    missing."""
+    kinds = config["server_kinds"]
+    clients = {}
+    for server in SERVERS:
+        names = [n for n in config["servers"] if kinds.get(n) == server]
+        if not names:
+            raise LookupError(f"no {server} client in the HAProxy pool ({kinds}): headline compares "
+                              f"{' and '.join(SERVERS)}")
+        clients[server] = names[0]
+    urls = {server: url for server, url in zip(clients, client_urls(config, clients.values()).values())}
+    urls["haproxy"] = config["frontend_url"].rstrip("/")
+    return urls, clients
+
+
+def plan(rounds, with_off):
+    """The runs in order: ``[(round, target, path label)]``; the order of the (target, path)
+    pairs rotates by one per round so no pair always runs first or after the same one."""
+    cells = [(t, p) for p in PATHS for t in TARGETS] + ([(t, "blob") for t in OFF] if with_off else [])
+    runs = []
+    for number in range(1, rounds + 1):
+        shift = (number - 1) % len(cells)
+        runs += [(number, t, p) for t, p in cells[shift:] + cells[:shift]]
+    return runs
+
+
+def measure(url, label, connections, duration):
+    """One wrk run of ``label`` (a key of ``loadtests.core.stack.PATHS``) against ``url``; a row
+    dict: requests, rps (requests/s), mib_s (MiB/s of bodies), p50_ms, p99_ms, errors and,
+    for the blob, short_bytes (fewer bytes than requests x 5 MiB)."""
+    path, accept = PATHS[label]
+    out = run_wrk(url + path, connections, duration, threads=min(2, connections), accept=accept)
+    seconds = out["duration_us"] / 1e6
+    row = {"requests": out["requests"], "rps": round(out["requests"] / seconds, 1),
+           "mib_s": round(out["bytes"] / seconds / 2**20, 1),
+           "p50_ms": round(out["latency_us"]["p50"] / 1000, 1), "p99_ms": round(out["latency_us"]["p99"] / 1000, 1),
+           "errors": sum(out["errors"].values())}
+    if label == "blob":
+        row["short_bytes"] = out["bytes"] < out["requests"] * BLOB_SIZE
+    return row
+
+
+def summarize(runs):
+    """``(cells, ratios)`` from the run rows (each with round, target, path, rps, p50_ms,
+    p99_ms, errors). ``cells``: ``{"target path": {"rps": spread, "p50_ms", "p99_ms"
+    (medians), "errors" (sum), "runs"}}``; ``ratios``: ``{name: spread}`` of per-round
+    ratios, for each path ``pyruvate/waitress <path>`` and, with the off clients,
+    ``<server> blob on/off``. A ratio needs both runs of its round."""
+    by = {}
+    for r in runs:
+        by.setdefault((r["target"], r["path"]), {})[r["round"]] = r
+    cells = {}
+    for (target, path), rows in by.items():
+        rows = list(rows.values())
+        cells[f"{target} {path}"] = {
+            "rps": spread([r["rps"] for r in rows]),
+            "p50_ms": round(float(np.median([r["p50_ms"] for r in rows])), 1),
+            "p99_ms": round(float(np.median([r["p99_ms"] for r in rows])), 1),
+            "errors": sum(r["errors"] for r in rows), "runs": len(rows)}
+
+    def ratio(a, b):
+        first, second = by.get(a, {}), by.get(b, {})
+        return spread([first[n]["rps"] / second[n]["rps"] for n in first
+                       if n in second and second[n]["rps"] > 0])
+
+    ratios = {f"pyruvate/waitress {p}": ratio(("pyruvate", p), ("waitress", p)) for p in PATHS}
+    for server in SERVERS:
+        if (f"{server}-off", "blob") in by:
+            ratios[f"{server} blob on/off"] = ratio((server, "blob"), (f"{server}-off", "blob"))
+    return cells, {name: value for name, value in ratios.items() if value}
+
+
+def _columns(cells):
+    """The targets measured, in table order (keys of ``cells`` are ``"<target> <path>"``)."""
+    return [t for t in TARGETS + OFF if any(c.startswith(t + " ") for c in cells)]
+
+
+def to_markdown(meta, cells, ratios):
+    """report.md: the settings, req/s per path and target, the ratios, the latencies."""
+    columns = _columns(cells)
+    lines = [
+        f"# Headline figures, {meta['started']}",
+        "",
+        f"`{meta['command']}`: {meta['rounds']} round(s) × {meta['duration_s']} s per run, wrk "
+        f"{meta['connections']} connections, the order rotated per round; machine {meta['cores']} cores, "
+        f"load average {meta['load_before']} before and {meta['load_after']} after; {meta['minutes']} min.",
+        f"pyruvate = `{meta['clients']['pyruvate']}`, waitress = `{meta['clients']['waitress']}` directly; "
+        "haproxy = the stack's pool (leastconn over both); -off = the same client with blob-sendfile = off.",
+        "",
+        "Requests/s, median over the rounds (min–max):",
+        "",
+        markdown_table(["path"] + columns, [[path] + [format_spread(cells.get(f"{t} {path}", {}).get("rps"))
+                                                          for t in columns] for path in PATHS]),
+        "",
+        "Ratios of req/s in the same round, median (min–max); above 1: the first is faster:",
+        "",
+        markdown_table(["ratio", "median (min–max)"], [[name, format_spread(value, 2)] for name, value in ratios.items()]),
+        "",
+        "p50 / p99 latency in ms (medians over the rounds); errors summed over the rounds:",
+        "",
+        markdown_table(["path"] + columns, [[path] + [
+            "-" if f"{t} {path}" not in cells else
+            f"{cells[f'{t} {path}']['p50_ms']} / {cells[f'{t} {path}']['p99_ms']}"
+            + (f", {cells[f'{t} {path}']['errors']} errors" if cells[f"{t} {path}"]["errors"] else "")
+            for t in columns] for path in PATHS]),
+        "",
+        "![req/s per path and target](headline.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(cells, path):
+    """Grouped bars of req/s (log scale) per path, one bar per target, min-max whiskers."""
+    columns = _columns(cells)
+    fig, ax = new_figure(figsize=(9, 4.5))
+    spread_bars(ax, list(PATHS), [(t, {p: cells.get(f"{t} {p}", {}).get("rps") for p in PATHS}) for t in columns])
+    ax.set_yscale("log")
+    ax.set_ylabel("requests/s (median, min-max; log scale)")
+    ax.set_title("Headline: each server directly and through HAProxy")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    save_figure(fig, path)
+
+
+@exits_2_when_not_ready("headline")
+def main(argv=None):
+    args = parse_args(argv)
+    require_wrk()
+    config = load_stack(args.stack_config)
+    check_servers_up(config)
+    try:
+        urls, clients = targets(config)
+    except LookupError as exc:
+        print(f"headline: {exc}", file=sys.stderr)
+        return 2
+    from plonedeploy.stack.errors import StackError
+
+    started, clock = datetime.now(timezone.utc), time.monotonic()
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    off_config = None
+    runs, problems = [], []
+    try:
+        if not args.no_off:
+            names = [clients[s] for s in SERVERS]
+            ports = offclients.ports({clients[s]: urls[s] for s in SERVERS}, len(config["servers"]))
+            offclients.build(WORK_DIR, args.buildout_config or default_buildout_config(), names, ports,
+                             tool="loadtests.headline")
+            off_config = offclients.stack_config(WORK_DIR, names, ports)
+            extrabuild.start(off_config)
+            for server in SERVERS:
+                urls[f"{server}-off"] = f"http://127.0.0.1:{ports[clients[server]]}"
+        todo = plan(args.rounds, not args.no_off)
+        for target, label in sorted({(t, p) for _, t, p in todo}):
+            run_wrk(urls[target] + PATHS[label][0], 2, 2, accept=PATHS[label][1])  # warm-up, not counted
+        print(f"{len(todo)} wrk runs of {args.duration} s at {args.connections} connections "
+              f"(about {len(todo) * (args.duration + 1) / 60:.0f} min)", flush=True)
+        for done, (number, target, label) in enumerate(todo, 1):
+            row = {"round": number, "target": target, "path": label,
+                   **measure(urls[target], label, args.connections, args.duration)}
+            runs.append(row)
+            print(f"[{done}/{len(todo)}] round {number} {target:12} {label:7} {row['rps']:8.1f} req/s "
+                  f"p50 {row['p50_ms']} ms p99 {row['p99_ms']} ms errors {row['errors']}", flush=True)
+            if row["errors"] or row.get("short_bytes"):
+                problems.append(f"round {number} {target} {label}: {row['errors']} errors"
+                                + (", short blob bodies" if row.get("short_bytes") else ""))
+    except (RuntimeError, OSError, StackError) as exc:
+        problems.append(f"stopped: {exc}")
+        print(f"headline: {exc}", file=sys.stderr, flush=True)
+    finally:
+        if off_config:
+            extrabuild.stop(off_config)
+    cells, ratios = summarize(runs)
+    meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "command": " ".join(
+                ["python -m loadtests headline", *(argv if argv is not None else sys.argv[1:])]),
+            "connections": args.connections,
+            "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(),
+            "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
+            "minutes": round((time.monotonic() - clock) / 60, 1), "clients": clients, "urls": urls,
+            "problems": problems}
+    folder = report_folder(args.out, "headline")
+    text = to_markdown(meta, cells, ratios)
+    return finish_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "runs": runs}, text,
+                         [("headline.png", lambda path: plot(cells, path))] if cells else [], problems)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
