@@ -46,8 +46,6 @@ traffic must stay on this machine.
 """
 import json
 import logging
-import os
-import sys
 import time
 
 import gevent
@@ -55,9 +53,9 @@ from locust import FastHttpUser, constant, events, task
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 from locust.stats import RequestStats, StatsEntry
 
-# Locust puts only this file's folder on sys.path; the shared parser is in the package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from loadtests.weights import DEFAULT_WEIGHTS, SHAPE_NAMES, parse_weights  # noqa: E402
+# The shared parser, beside this file: Locust puts this file's folder on sys.path (and the
+# loadgenerator role copies weights.py beside it on the load generator hosts).
+from weights import DEFAULT_WEIGHTS, SHAPE_NAMES, parse_weights
 
 BLOB_SIZE = 5 * 1024 * 1024  # bytes; scripts/create_site.py makes the blob this size
 SITE_PATH = "/Plone"
