@@ -20,8 +20,8 @@ from ansible_deploy import (ANSIBLE, BIN, BLOB_SIZE, CRON_FILES, FRONTEND, LOAD_
                             VARNISH, playbook, recap, record, render_units)
 from conftest import ROOT, run, while_loaded
 from loadtests.core import haproxy_stats
-from plonedeploy.recipe import optiontables, storage, varnish
-from plonedeploy.stack import rules
+from plonedeploy.recipe import optiontables, varnish
+from plonedeploy.stack import rules, storage
 
 pytestmark = pytest.mark.ansible
 

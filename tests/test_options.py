@@ -441,15 +441,15 @@ def test_storage_and_blob_choices_name_allowed_values():
 
 
 def test_scram_verifier_format_and_salt():
-    from plonedeploy.recipe import postgresql
+    from plonedeploy.stack import storage
 
-    verifier = postgresql.scram_verifier("pencil", salt=b"\x00" * 16)
+    verifier = storage.scram_verifier("pencil", salt=b"\x00" * 16)
     assert re.fullmatch(r"SCRAM-SHA-256\$4096:AAAAAAAAAAAAAAAAAAAAAA==\$[A-Za-z0-9+/]{43}=:[A-Za-z0-9+/]{43}=",
                         verifier)
-    assert verifier == postgresql.scram_verifier("pencil", salt=b"\x00" * 16)
-    assert postgresql.scram_verifier("pencil") != postgresql.scram_verifier("pencil")  # random salt
+    assert verifier == storage.scram_verifier("pencil", salt=b"\x00" * 16)
+    assert storage.scram_verifier("pencil") != storage.scram_verifier("pencil")  # random salt
     with pytest.raises(ValueError):
-        postgresql.scram_verifier("p\u00e9ncil")
+        storage.scram_verifier("p\u00e9ncil")
 
 
 def test_grant_search_opens_exactly_the_closed_parents_by_acl():

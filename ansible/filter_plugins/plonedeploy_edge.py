@@ -37,7 +37,7 @@ And the ZEO clients' rules of ``plonedeploy.stack.rules`` (the recipe's ``instan
   ``name`` and ``wsgi_server``), ``rules.ab_contract``: the same document the stack recipe
   writes into ``stack.json`` for the A/B tool.
 
-And the storage rules of ``plonedeploy.recipe.storage`` (the recipe's ``instance`` and
+And the storage rules of ``plonedeploy.stack.storage`` (the recipe's ``instance`` and
 ``postgresql`` parts apply the same functions; the zeoclient and postgresql roles):
 
 - ``dsn | plonedeploy_dsn_errors``: list of messages (empty when ``dsn``, a libpq
@@ -55,8 +55,8 @@ And the storage rules of ``plonedeploy.recipe.storage`` (the recipe's ``instance
 import importlib.util
 
 # Installed in ansible/.venv (Makefile's ansible-venv: the recipe's distribution, editable).
-from plonedeploy.recipe import edge, storage, tls
-from plonedeploy.stack import rules
+from plonedeploy.recipe import edge, tls
+from plonedeploy.stack import rules, storage
 
 
 def module_file(name):

@@ -22,13 +22,13 @@ each; docs/recipe.md's table is generated from it). The reasons behind them:
 - ``storage = relstorage`` forces ``zeo-client`` off (the stock recipe refuses both), so a
   part made with ``<= instance`` switches by this one option; ``relstorage-dsn`` must not
   hold a password because zope.conf is world-readable (``options.parse_dsn``).
-- ``memory-limit`` (with ``metrics-address``; ``configure_memory_watchdog``): the memory
+- ``memory-limit`` (with ``metrics-address``; ``clientoptions.memory_watchdog``): the memory
   watchdog in the metrics filter (plonedeploy.runtime.watchdog); its default is
   ``rules.default_memory_limit`` over ``host-memory`` and ``clients-per-host``
   (docs/tuning.md, "Memory limit"); recycles are recorded in ``<client home>/memory-recycles``
   for the backoff (docs/operations.md, "Memory watchdog").
 
-- ``wsgi-server = mod_wsgi`` (``configure_mod_wsgi``): ``mod-wsgi-express`` must exist at
+- ``wsgi-server = mod_wsgi`` (``clientoptions.mod_wsgi``): ``mod-wsgi-express`` must exist at
   build time (scripts/install-system.sh builds it against the system Python); ``run-as``
   is who runs Apache when the client starts as root, so the part gets a Chameleon cache of
   its own (``var/<part>/chameleon``) that this user may write, and a server root per port
@@ -64,96 +64,33 @@ import zc.buildout
 from plone.recipe.zope2instance import make
 from plone.recipe.zope2instance.recipe import Recipe as Zope2InstanceRecipe
 
+from plonedeploy.recipe import clientoptions
 from plonedeploy.recipe.edge import default_body_cap
 from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
-from plonedeploy.stack.rules import CONFLICT_RETRIES, MOD_WSGI_EXPRESS, default_memory_limit, recycle_check_window
-from plonedeploy.recipe.stack import check_service_user, client_layout
+from plonedeploy.recipe.service import check_service_user, client_layout
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
     HELLO_APP,
     METRICS_EGG,
     METRICS_FILTER,
-    RELSTORAGE_BLOBS,
     RELSTORAGE_EGGS,
     RUNTIME_EGG,
     SERVERS,
-    STORAGES,
     add_pipeline_filter,
-    auto_threads,
     check_choice,
     fail,
     insert_pipeline_filter_after,
     insert_pool_size,
     parse_byte_size,
-    parse_dsn,
     parse_http_address,
     parse_positive_int,
     parse_switch,
     parse_threads,
-    relstorage_lines,
     render_template,
     template_option,
 )
 
 logger = logging.getLogger("plonedeploy.recipe")
-
-#: ``recipe =`` values that make a part a ZEO client of this recipe.
-_INSTANCE_RECIPES = ("plonedeploy.recipe", "plonedeploy.recipe:instance", "plonedeploy.recipe:default")
-
-
-def _is_instance_part(buildout, part):
-    """True if buildout section ``part`` uses this recipe (counted for ``clients-per-host``).
-
-    Reads the raw, unsubstituted sections (zc.buildout's ``_raw``, following ``<=``
-    macros) because ``buildout[part]`` would construct that part's recipe now, and the
-    haproxy part's recipe reads this client's ``threads`` before it is resolved.
-    """
-    raw = getattr(buildout, "_raw", {})
-    seen = set()
-    while part in raw and part not in seen:
-        seen.add(part)
-        data = raw[part]
-        if "recipe" in data:
-            return data["recipe"].strip() in _INSTANCE_RECIPES
-        macros = data.get("<", "").split()
-        if not macros:
-            return False
-        part = macros[-1]  # the last macro's options win, as in zc.buildout
-    return False
-
-
-def clients_per_host(buildout, name, opts):
-    """ZEO clients on the host, for ``threads = auto`` and the default ``memory-limit``:
-    ``clients-per-host`` when set, else the ``plonedeploy.recipe:instance`` parts of the
-    buildout (``name``'s included). Raises ``zc.buildout.UserError`` for a bad value."""
-    clients = opts.get("clients-per-host", "").strip()
-    if clients:
-        return parse_positive_int(name, clients, "clients-per-host")
-    return sum(1 for part in buildout["buildout"]["parts"].split()
-               if part == name or _is_instance_part(buildout, part))
-
-
-def positive_seconds(name, opts, option):
-    """``(text, seconds)`` of ``option`` (its default set when absent): a number of seconds
-    > 0; raises ``zc.buildout.UserError`` naming the option otherwise."""
-    value = opts.setdefault(option).strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not 0 < seconds < float("inf"):
-        fail(name, option, value, "a number of seconds > 0")
-    return value, seconds
-
-
-def mem_total():
-    """Bytes of RAM of this host (``MemTotal`` of /proc/meminfo)."""
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    raise zc.buildout.UserError("cannot read MemTotal from /proc/meminfo: set host-memory or memory-limit")
-
 
 class Recipe(Zope2InstanceRecipe):
     """ZEO client part; see the module docstring for its options."""
@@ -173,7 +110,7 @@ class Recipe(Zope2InstanceRecipe):
         self.host, self.port = parse_http_address(name, opts["http-address"])
         threads = opts.get("threads")
         if threads is not None and threads.strip() == "auto":
-            threads = self.auto_threads(buildout, name, options)
+            threads = clientoptions.resolve_auto_threads(buildout, name, options, self.server)
         self.threads = parse_threads(name, self.server, threads)
         options["threads"] = str(self.threads)
         options["pool-size"] = str(self.threads)
@@ -193,7 +130,7 @@ class Recipe(Zope2InstanceRecipe):
             name, cap, "max-request-body-size", "a number of bytes such as 1048576"))
         self.mod_wsgi = None
         if self.server == "mod_wsgi":
-            self.configure_mod_wsgi(buildout, name, options)
+            self.mod_wsgi = clientoptions.mod_wsgi(buildout, name, options)
         self.blob_sendfile = parse_switch(name, "blob-sendfile", opts.setdefault("blob-sendfile"))
         options["blob-sendfile"] = "on" if self.blob_sendfile else "off"
         if not self.blob_sendfile and BLOB_FILTER in opts.get("pipeline", "").split():
@@ -215,8 +152,8 @@ class Recipe(Zope2InstanceRecipe):
                 f"[{name}] pipeline names {METRICS_FILTER} but metrics-address is not set; "
                 "set metrics-address = host:port or remove it from pipeline"
             )
-        self.probes = self.configure_probes(name, opts, options)
-        self.probes.update(self.configure_memory_watchdog(buildout, name, options))
+        self.probes = clientoptions.probes(name, opts, options)
+        self.probes.update(clientoptions.memory_watchdog(buildout, name, options, self.metrics_address))
         self.hello_address = None
         if opts.get("hello-address", "").strip():
             hello = parse_http_address(name, opts["hello-address"], "hello-address")
@@ -226,8 +163,8 @@ class Recipe(Zope2InstanceRecipe):
             self.hello_address = hello
             options["hello-address"] = f"{hello[0]}:{hello[1]}"
 
-        self.storage = self.configure_storage(buildout, name, options)
-        self.configure_conflict_retries(name, options)
+        self.storage = clientoptions.storage_options(buildout, name, options)
+        clientoptions.conflict_retries(name, options)
 
         if "wsgi-ini-template" in opts:
             raise zc.buildout.UserError(
@@ -292,161 +229,6 @@ class Recipe(Zope2InstanceRecipe):
             # After blobsendfile, which must stay outermost; the metrics filter never wraps
             # the response body, so anything it sees is still the application's own.
             options["pipeline"] = insert_pipeline_filter_after(opts["pipeline"], METRICS_FILTER, BLOB_FILTER)
-
-    @staticmethod
-    def configure_probes(name, opts, options):
-        """``{"warmup_paths": str, "stall_timeout": float, "storage_grace": float}`` from the
-        options of the same names (plonedeploy.runtime.probes; used with metrics-address);
-        raises ``zc.buildout.UserError`` naming the option and its allowed values."""
-        paths = opts.setdefault("warmup-paths").split()
-        if paths == ["off"]:
-            paths = []
-        bad = [p for p in paths if not p.startswith("/")]
-        if bad:
-            fail(name, "warmup-paths", opts["warmup-paths"], "URL paths starting with /, or off")
-        probes = {"warmup_paths": " ".join(paths)}
-        for option in ("stall-timeout", "storage-grace"):
-            options[option], probes[option.replace("-", "_")] = positive_seconds(name, opts, option)
-        return probes
-
-    def configure_memory_watchdog(self, buildout, name, options):
-        """The memory watchdog's filter settings (plonedeploy.runtime.watchdog) from
-        ``memory-limit``, ``host-memory``, ``memory-limit-grace``, ``memory-limit-restarts``
-        and ``memory-limit-peers``: ``{"memory_limit": bytes or "off", ...}``. The default
-        limit is ``rules.default_memory_limit`` (docs/tuning.md). Without ``metrics-address``
-        there is no watchdog (it runs in the metrics filter): ``memory_limit`` is "off".
-        Raises ``zc.buildout.UserError`` naming the option and its allowed values."""
-        opts = DeclaredOptions(name, options, INSTANCE)
-        grace, _ = positive_seconds(name, opts, "memory-limit-grace")
-        restarts = opts.setdefault("memory-limit-restarts").strip()
-        if not restarts.isdigit():
-            fail(name, "memory-limit-restarts", restarts, "a whole number >= 0 (recycles per hour)")
-        peers = []
-        for peer in opts.setdefault("memory-limit-peers").split():
-            peer_host, peer_port = parse_http_address(name, peer, "memory-limit-peers")
-            peers.append(f"{peer_host}:{peer_port}")
-        if self.metrics_address and self.metrics_address in peers:
-            fail(name, "memory-limit-peers", opts["memory-limit-peers"],
-                 f"the other clients' metrics addresses, not this client's own ({self.metrics_address})")
-        limit = opts.get("memory-limit", "").strip()
-        if limit.lower() == "off":
-            limit = "off"
-        elif limit:
-            limit = parse_byte_size(name, "memory-limit", limit)
-        else:
-            host_memory = opts.get("host-memory", "").strip()
-            host_memory = (parse_byte_size(name, "host-memory", host_memory) if host_memory
-                           else mem_total())
-            limit, reason = default_memory_limit(host_memory, clients_per_host(buildout, name, opts))
-            if self.metrics_address:
-                logger.info("[%s] memory-limit -> %s MiB: %s", name, limit // 1048576, reason)
-        options["memory-limit"] = str(limit)
-        options["memory-limit-grace"], options["memory-limit-restarts"] = grace, restarts
-        options["memory-limit-peers"] = " ".join(peers)
-        home = options.get("client-home") or os.path.join(
-            options.get("var") or os.path.join(buildout["buildout"]["directory"], "var"), name)
-        return {"memory_limit": limit if self.metrics_address else "off", "memory_limit_grace": grace,
-                "memory_limit_restarts": restarts, "memory_limit_peers": " ".join(peers),
-                "memory_state_file": os.path.join(home, "memory-recycles"),
-                "check_window": recycle_check_window()}
-
-    def configure_mod_wsgi(self, buildout, name, options):
-        """``mod-wsgi-express`` (must exist) and ``run-as``; the part's own Chameleon cache.
-
-        The daemon runs as ``run-as`` when the client is started as root and cannot write the
-        shared ``var/cache`` (root's, files 0600): unless the part sets ``template-cache`` or
-        ``CHAMELEON_CACHE`` itself, its cache is ``var/<part>/chameleon``, which the runner
-        gives to that user.
-        """
-        opts = DeclaredOptions(name, options, INSTANCE)
-        express = opts.setdefault("mod-wsgi-express").strip()
-        if not os.path.isabs(express):
-            fail(name, "mod-wsgi-express", express, f"an absolute path such as {MOD_WSGI_EXPRESS}")
-        if not os.access(express, os.X_OK):
-            fail(name, "mod-wsgi-express", express,
-                 f"an existing program: mod_wsgi compiled against the system Python, which "
-                 f"scripts/install-system.sh (make system) installs as {MOD_WSGI_EXPRESS}")
-        run_as = opts.setdefault("run-as").strip()
-        if not run_as:
-            fail(name, "run-as", run_as, "a system user such as www-data")
-        var = os.path.join(buildout["buildout"]["directory"], "var")
-        writable = []
-        if "CHAMELEON_CACHE" not in options.get("environment-vars", ""):
-            cache = options.get("template-cache", "").strip()
-            if cache.lower() in ("", "on", "1", "true", "enabled"):
-                cache = os.path.join(var, name, "chameleon")
-                options["template-cache"] = cache
-            if cache.lower() not in ("off", "0", "false", "disabled"):
-                writable.append(cache)
-        self.mod_wsgi = {"mod_wsgi_express": express, "run_as": run_as,
-                         # + the port (mod_wsgi_context)
-                         "server_root": os.path.join(var, name, "mod_wsgi-"),
-                         "writable": " ".join(writable),
-                         # Apache's LimitRequestBody: the client's own body cap
-                         "limit_request_body": options["max-request-body-size"]}
-
-    def configure_conflict_retries(self, name, options):
-        """Append ``max-conflict-retries <n>`` (option ``max-conflict-retries``, one of
-        ``rules.CONFLICT_RETRIES``) to ``zope-conf-additional``, which the stock recipe puts
-        at the end of zope.conf. Raises ``zc.buildout.UserError`` for a value outside them,
-        or when ``zope-conf-additional`` sets the key itself (zope.conf would have it twice)."""
-        opts = DeclaredOptions(name, options, INSTANCE)
-        retries = check_choice(name, "max-conflict-retries", opts.setdefault("max-conflict-retries").strip(),
-                               CONFLICT_RETRIES)
-        options["max-conflict-retries"] = retries
-        additional = opts.get("zope-conf-additional", "")
-        if any(line.split()[:1] == ["max-conflict-retries"] for line in additional.splitlines()):
-            raise zc.buildout.UserError(
-                f"[{name}] zope-conf-additional sets max-conflict-retries; remove it there and set "
-                f"the part's option max-conflict-retries (one of: {', '.join(CONFLICT_RETRIES)})")
-        options["zope-conf-additional"] = f"{additional.rstrip()}\nmax-conflict-retries {retries}".lstrip("\n")
-
-    def configure_storage(self, buildout, name, options):
-        """Check ``storage`` and the ``relstorage-*`` options; return the storage.
-
-        With ``relstorage``, sets the stock recipe's ``rel-storage`` (``options.relstorage_lines``)
-        and turns ``zeo-client`` off, which the stock recipe requires (it refuses both).
-        Raises ``zc.buildout.UserError`` naming the option and the allowed values.
-        """
-        opts = DeclaredOptions(name, options, INSTANCE)
-        storage = check_choice(name, "storage", opts.setdefault("storage").strip(), STORAGES)
-        options["storage"] = storage
-        if storage != "relstorage":
-            return storage
-        if opts.get("rel-storage", "").strip():
-            raise zc.buildout.UserError(
-                f"[{name}] rel-storage is written by plonedeploy.recipe from storage = relstorage, "
-                "relstorage-dsn, relstorage-blobs and relstorage-blob-dir; remove it")
-        if not opts.get("relstorage-dsn", "").strip():
-            raise zc.buildout.UserError(
-                f"[{name}] relstorage-dsn is required with storage = relstorage: a libpq DSN such as "
-                "'host=127.0.0.1 port=5432 dbname=plone user=plone passfile=/path/pgpass'")
-        parse_dsn(name, "relstorage-dsn", opts["relstorage-dsn"])
-        dsn = " ".join(opts["relstorage-dsn"].split("\n")).strip()
-        blobs = check_choice(name, "relstorage-blobs",
-                             opts.setdefault("relstorage-blobs").strip(),
-                             tuple(RELSTORAGE_BLOBS))
-        var = os.path.join(buildout["buildout"]["directory"], "var")
-        default_dir = (os.path.join(var, "blobcache", name) if blobs == "database"
-                       else os.path.join(var, "relstorage-blobs"))
-        blob_dir = opts.get("relstorage-blob-dir", "").strip() or default_dir
-        if not os.path.isabs(blob_dir):
-            fail(name, "relstorage-blob-dir", blob_dir, "an absolute path")
-        options["relstorage-blobs"] = blobs
-        options["relstorage-blob-dir"] = blob_dir
-        options["rel-storage"] = relstorage_lines(dsn, blobs, blob_dir)
-        options["zeo-client"] = "off"
-        return storage
-
-    def auto_threads(self, buildout, name, options):
-        """Resolve ``threads = auto`` (``rules.auto_threads``); log the choice; return it as text."""
-        opts = DeclaredOptions(name, options, INSTANCE)
-        cores = opts.get("cpu-cores", "").strip()
-        cores = (parse_positive_int(name, cores, "cpu-cores") if cores
-                 else len(os.sched_getaffinity(0)))
-        threads, reason = auto_threads(self.server, cores, clients_per_host(buildout, name, opts))
-        logger.info("[%s] threads = auto -> %s: %s", name, threads, reason)
-        return str(threads)
 
     def install(self, update=False):
         if self.opts.get("user"):

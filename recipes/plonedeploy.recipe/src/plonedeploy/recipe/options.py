@@ -14,7 +14,7 @@ import tempfile
 
 import zc.buildout
 
-from plonedeploy.recipe import storage as _storage
+from plonedeploy.stack import storage as _storage
 
 # The server and thread rules live in rules.py (plain Python, which Ansible imports too);
 # re-exported here for the recipes and tools that import them from options.
@@ -39,7 +39,7 @@ from plonedeploy.stack.templates import HAPROXY_TEMPLATE, TEMPLATES_DIRECTORY, r
 
 # The storage rules (storages, blob modes, DSN keywords) live in storage.py, plain Python
 # that Ansible imports too; re-exported here for the recipes that import them from options.
-from plonedeploy.recipe.storage import (  # noqa: E402,F401
+from plonedeploy.stack.storage import (  # noqa: E402,F401
     DEFAULT_RELSTORAGE_BLOBS, DEFAULT_STORAGE, DSN_KEYWORDS, RELSTORAGE_BLOBS, STORAGES, redact_dsn)
 #: Eggs a client with ``storage = relstorage`` needs. psycopg2-binary, not psycopg2: the
 #: same module (``import psycopg2``, which RelStorage's PostgreSQL adapter loads) as a
@@ -285,7 +285,7 @@ def insert_pool_size(zope_conf, pool_size):
 def parse_dsn(part, option, value):
     """Parse a libpq keyword/value DSN (``host=127.0.0.1 port=5432 dbname=plone``) to a dict.
 
-    The rules are :func:`plonedeploy.recipe.storage.parse_dsn` (no password, no URI, known
+    The rules are :func:`plonedeploy.stack.storage.parse_dsn` (no password, no URI, known
     keywords once each, ``dbname`` required, no ``$``); here a refused value raises
     ``zc.buildout.UserError`` naming part and option. The message never repeats a
     password (:func:`redact_dsn`).

@@ -222,7 +222,7 @@ def become(user, layout):
     (``bin/instance run scripts/create_site.py``, the load tools' extra clients) writes its
     blobs, logs and caches as the user the ZEO server runs as, never as root. ``layout``:
     the part's ``{"directories", "files", "readable", "reach"}`` (lists of absolute paths,
-    plonedeploy.recipe.stack.client_layout): before dropping, the user gets search
+    plonedeploy.recipe.service.client_layout): before dropping, the user gets search
     permission on the way to ``reach``, to this interpreter and to every ``sys.path`` entry
     (:func:`grant_search`, which says what it granted on stderr), and owns the directories,
     the log files (made empty, 0640, where missing: their directory may be root's) and the
