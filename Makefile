@@ -84,7 +84,7 @@ venv: $(VENV)/.installed
 # The kit's own distributions, editable (their sources stay the checkout's): the load tools
 # and the tests import plonedeploy.stack, .recipe and .runtime as installed packages.
 # --no-deps: their requirements are pinned in requirements.txt; --no-build-isolation: built
-# with this venv's pinned setuptools (docs/architecture.md, "Packages").
+# with this venv's pinned setuptools (docs/explanation/architecture.md, "Packages").
 KIT_DISTRIBUTIONS := -e recipes/plonedeploy.runtime -e recipes/plonedeploy.recipe
 
 $(VENV)/.installed: requirements.txt constraints.txt recipes/plonedeploy.recipe/setup.py recipes/plonedeploy.runtime/setup.py
