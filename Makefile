@@ -6,9 +6,9 @@
 #
 # Other targets: multihost (Ansible over SSH into four network namespaces), blobbench (the
 # matrix's blob preset: blob-sendfile on/off, direct and through HAProxy, needs wrk), matrix (benchmark matrix of the
-# WSGI servers, needs wrk and the running stack; docs/servers.md), storagebench (ZEO vs RelStorage
-# on stacks of its own, needs wrk and PostgreSQL 15; docs/storage.md), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
-# Load tools: python -m loadtests <subcommand> (python -m loadtests --help; docs/bench.md).
+# WSGI servers, needs wrk and the running stack; docs/how-to/benchmarks.md), storagebench (ZEO vs RelStorage
+# on stacks of its own, needs wrk and PostgreSQL 15; docs/how-to/benchmarks.md), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
+# Load tools: python -m loadtests <subcommand> (python -m loadtests --help; docs/reference/loadtests.md).
 # Variables: AB_ARGS (passed to python -m loadtests ab, e.g. AB_ARGS="--rounds 6 --duration 30 --control";
 #            make demo uses DEMO_AB_ARGS unless AB_ARGS is given;
 #            AB_ARGS="--balance leastconn,roundrobin" compares HAProxy balance modes),
@@ -22,11 +22,11 @@
 #            root, empty otherwise; SERVICE_USER= runs everything as root), BALANCER_USER, VARNISH_JAIL.
 
 PYTHON ?= python3
-# .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/pins.md)
+# .venv: tests, Locust, reports; .venv-buildout: zc.buildout alone (see docs/how-to/pins.md)
 VENV := .venv
 BUILDOUT_VENV := .venv-buildout
-# make ab: 4 rounds with swapped slots, each also as A/A control (7.5 minutes, measured 23 Nov 2026: docs/usage.md);
-# make demo: 2 rounds of 20 s (about 4 minutes), intervals all the same (docs/usage.md).
+# make ab: 4 rounds with swapped slots, each also as A/A control (7.5 minutes, measured 23 Nov 2026: docs/results.md);
+# make demo: 2 rounds of 20 s (about 4 minutes), intervals all the same (docs/tutorial/ab-report.md).
 AB_ARGS ?= --rounds 4 --duration 30 --warmup 10 --control --users 10 --spawn-rate 10
 DEMO_AB_ARGS ?= --rounds 2 --duration 20 --warmup 10 --control --users 10 --spawn-rate 10
 PYTEST_ARGS ?=
@@ -42,7 +42,7 @@ STORAGEBENCH_ARGS ?=
 # Point it at a directory shared by several checkouts to download each file once.
 DOWNLOAD_CACHE ?= var/download-cache
 # The storage of the stack make build configures: zeo (buildout.cfg) or relstorage
-# (relstorage.cfg: PostgreSQL in var/postgresql instead of the ZEO server; docs/storage.md),
+# (relstorage.cfg: PostgreSQL in var/postgresql instead of the ZEO server; docs/how-to/relstorage.md),
 # e.g. make demo STORAGE=relstorage. The other targets use whatever the last build made.
 STORAGE ?= zeo
 # make multihost: zeo (inventories/multihost) or relstorage (inventories/multihost-relstorage:
@@ -52,7 +52,7 @@ BUILDOUT_CFG_zeo := buildout.cfg
 BUILDOUT_CFG_relstorage := relstorage.cfg
 BUILDOUT_CFG = $(or $(BUILDOUT_CFG_$(STORAGE)),$(error STORAGE=$(STORAGE) is invalid: expected zeo or relstorage))
 # Who runs the ZEO server and the ZEO clients when bin/stack runs as root ([service] user of
-# buildout.cfg, which [stack] and every client read; docs/operations.md "Users"): as root,
+# buildout.cfg, which [stack] and every client read; docs/how-to/operate.md "Users"): as root,
 # plonedeploy, a system user make service-user creates once; not root, empty: everything runs
 # as the invoking user, unchanged. Every ZEO client's script (bin/instance run for make site,
 # the load tools' extra clients) drops to it when root starts it, so the blobs it writes are
@@ -84,7 +84,7 @@ venv: $(VENV)/.installed
 # The kit's own distributions, editable (their sources stay the checkout's): the load tools
 # and the tests import plonedeploy.stack, .recipe and .runtime as installed packages.
 # --no-deps: their requirements are pinned in requirements.txt; --no-build-isolation: built
-# with this venv's pinned setuptools (docs/architecture.md, "Packages").
+# with this venv's pinned setuptools (docs/explanation/architecture.md, "Packages").
 KIT_DISTRIBUTIONS := -e recipes/plonedeploy.runtime -e recipes/plonedeploy.recipe
 
 $(VENV)/.installed: requirements.txt constraints.txt recipes/plonedeploy.recipe/setup.py recipes/plonedeploy.runtime/setup.py
@@ -162,7 +162,7 @@ matrix:
 	$(VENV)/bin/python -m loadtests matrix $(MATRIX_ARGS)
 
 # ZEO vs RelStorage on stacks of its own (var/storagebench, ports 9700-9744; no running
-# stack needed; docs/storage.md "Measured"): about 30 minutes on 2 cores, 53 on a busy machine.
+# stack needed; docs/results.md, 27 November 2026, "Measured"): about 30 minutes on 2 cores, 53 on a busy machine.
 storagebench: build
 	$(VENV)/bin/python -m loadtests storage $(STORAGEBENCH_ARGS)
 

@@ -1,4 +1,4 @@
-"""Figures in README.md, docs/*.md and the Makefile's comments that follow from the code.
+"""Figures in README.md, docs/**/*.md and the Makefile's comments that follow from the code.
 
 The rule (issue 30, item 4): a count that follows from the code -- pins, WSGI servers, test
 cases, hosts, Prometheus targets, a plan's rounds and runs, an estimate the code computes
@@ -194,63 +194,64 @@ def quick_matrix():
 #: ``truth()`` (a tuple), or to ``truth(found)`` when it takes the found values.
 CLAIMS = [
     # Pins: scripts/fetch_eggs.py counts versions.cfg's pins, those of .venv-buildout apart.
-    ("README.md", r"all (\d+) pins of `versions.cfg`; fetch_eggs fetches (\d+) of them, the other (\d+) run "
+    ("docs/tutorial/first-deploy.md", r"all (\d+) pins of `versions.cfg`; fetch_eggs fetches (\d+) of them, the other (\d+) run "
      r"buildout itself from `.venv-buildout`", pins),
-    ("docs/pins.md", r"\| `versions.cfg` \| (\d+) pins in `\[versions\]`: every egg of `buildout.cfg` \((\d+):[^|]*?"
-     r"\((\d+) more: \[servers.md\][^|]*?\((\d+) more: \[storage.md\][^|]*?`scripts/fetch_eggs.py` fetches (\d+) "
+    ("docs/how-to/pins.md", r"\| `versions.cfg` \| (\d+) pins in `\[versions\]`: every egg of `buildout.cfg` \((\d+):[^|]*?"
+     r"\((\d+) more: \[reference/servers.md\][^|]*?\((\d+) more: \[how-to/relstorage.md\][^|]*?`scripts/fetch_eggs.py` fetches (\d+) "
      r"of them, the other (\d+) run buildout itself from `.venv-buildout`", pins_split),
-    ("docs/pins.md", r"`pins.cfg` seeds the (\w+) servers and resolves them in its `\[servers\]` part", server_seeds),
+    ("docs/how-to/pins.md", r"`pins.cfg` seeds the (\w+) servers and resolves them in its `\[servers\]` part", server_seeds),
     # The recipe's WSGI servers (rules.SERVERS) and its entry points.
     ("README.md", r"ZEO client on ((?:\w+, )+\w+ or \w+);", server_list),
-    ("docs/recipe.md", r"wsgi-server = 'tornado' is invalid: expected one of: ((?:\w+, )+\w+)\b",
+    ("docs/reference/recipe.md", r"wsgi-server = 'tornado' is invalid: expected one of: ((?:\w+, )+\w+)\b",
      lambda: (", ".join(rules.SERVERS),)),
-    ("docs/ansible.md", r"must be one of: ((?:\w+, )+\w+), got: tornado", lambda: (", ".join(rules.SERVERS),)),
-    ("docs/ansible.md", r"any of the recipe's (\w+) but mod_wsgi, (\w+) \(", ansible_servers),
-    ("docs/servers.md", r"With mod_wsgi, (\d+) servers: (\d+) cells, (\d+) runs, (\d+\.\d) minutes estimated",
+    ("docs/how-to/ansible.md", r"must be one of: ((?:\w+, )+\w+), got: tornado", lambda: (", ".join(rules.SERVERS),)),
+    ("docs/how-to/ansible.md", r"any of the recipe's (\w+) but mod_wsgi, (\w+) \(", ansible_servers),
+    ("docs/how-to/benchmarks.md", r"With mod_wsgi, (\d+) servers: (\d+) cells, (\d+) runs, (\d+\.\d) minutes estimated",
      lambda: (matrix_plan_of()[4], *matrix_plan_of()[:2], matrix_plan_of()[5])),
-    ("docs/recipe.md", r"with (\w+) recipes \((\w+) `zc.buildout` entry points: `default` is `instance`\)",
+    ("docs/reference/recipe.md", r"with (\w+) recipes \((\w+) `zc.buildout` entry points: `default` is `instance`\)",
      entry_points),
-    # The cases of "bad configuration is refused" (docs/operations.md, promise 6).
-    ("docs/operations.md", r"tests/test_recipe_buildout.py \(`BAD`, (\d+) cases\)",
+    # The cases of "bad configuration is refused" (docs/how-to/operate.md, promise 6).
+    ("docs/how-to/operate.md", r"tests/test_recipe_buildout.py \(`BAD`, (\d+) cases\)",
      lambda: (cases("test_recipe_buildout", "test_bad_option_fails_buildout_with_named_error"),)),
-    ("docs/operations.md", r"tests/test_ansible.py \(`BAD`, (\d+) cases; `DATABASE_BAD`, (\d+) cases; "
+    ("docs/how-to/operate.md", r"tests/test_ansible.py \(`BAD`, (\d+) cases; `DATABASE_BAD`, (\d+) cases; "
      r"`LOADGENERATOR_BAD`, (\d+) cases\)",
      lambda: tuple(len(getattr(__import__("test_ansible"), name))
                    for name in ("BAD", "DATABASE_BAD", "LOADGENERATOR_BAD"))),
     # make multihost: tests/multihost.py's hosts, one network namespace each.
     ("Makefile", r"multihost \(Ansible over SSH into (\w+) network namespaces\)", multihost_hosts),
-    ("README.md", r"Ansible over SSH into (\w+) network namespaces", multihost_hosts),
-    ("docs/ansible.md", r"creates a bridge and (\w+) network namespaces", multihost_hosts),
+    ("docs/tutorial/first-deploy.md", r"Ansible over SSH into (\w+) network namespaces", multihost_hosts),
+    ("docs/how-to/ansible.md", r"creates a bridge and (\w+) network namespaces", multihost_hosts),
     # The Ansible converge's monitoring (tests/test_ansible.py, the monitoring role).
-    ("docs/ansible.md", r"Prometheus \(18190\) reports its (\w+) targets up", prometheus_targets),
-    ("docs/ansible.md", r"has loaded the (\w+) alert rules", alert_rules),
+    ("docs/how-to/ansible.md", r"Prometheus \(18190\) reports its (\w+) targets up", prometheus_targets),
+    ("docs/how-to/ansible.md", r"has loaded the (\w+) alert rules", alert_rules),
     # The A/B of make demo (DEMO_AB_ARGS) and make ab (AB_ARGS), through abtest's parser.
     ("Makefile", r"A/B load test \(DEMO_AB_ARGS: (\d+) rounds, each an A/B and an A/A control run of (\d+) s "
      r"warm-up \+ (\d+) s measured\)", lambda: ab("DEMO_AB_ARGS")[:3]),
     ("Makefile", r"make demo: (\d+) rounds of (\d+) s", lambda: (ab("DEMO_AB_ARGS")[0], ab("DEMO_AB_ARGS")[2])),
     ("Makefile", r"make ab: (\d+) rounds with swapped slots, each also as A/A control", lambda: ab("AB_ARGS")[:1]),
     ("README.md", r"make demo # the main job: [^#]*?A/B in (\d+) rounds", lambda: ab("DEMO_AB_ARGS")[:1]),
-    ("README.md", r"(\d+) rounds in which pyruvate and waitress swap ZEO client slots \(port and place in "
+    ("docs/tutorial/first-deploy.md", r"make demo # the main job: [^#]*?A/B in (\d+) rounds", lambda: ab("DEMO_AB_ARGS")[:1]),
+    ("docs/tutorial/first-deploy.md", r"(\d+) rounds in which pyruvate and waitress swap ZEO client slots \(port and place in "
      r"HAProxy's list\), each also as an A/A control, (\d+) s warm-up \+ (\d+) s measured per run",
      lambda: ab("DEMO_AB_ARGS")[:3]),
-    ("README.md", r"make ab # the A/B: (\d+) rounds with swapped slots \+ A/A control", lambda: ab("AB_ARGS")[:1]),
-    ("docs/usage.md", r"make ab # (\d+) rounds with swapped slots \+ A/A control", lambda: ab("AB_ARGS")[:1]),
-    ("docs/usage.md", r"runs `DEMO_AB_ARGS` \((\d+) rounds of (\d+) s with control",
+    ("docs/tutorial/first-deploy.md", r"make ab # the A/B: (\d+) rounds with swapped slots \+ A/A control", lambda: ab("AB_ARGS")[:1]),
+    ("docs/tutorial/ab-report.md", r"make ab # (\d+) rounds with swapped slots \+ A/A control", lambda: ab("AB_ARGS")[:1]),
+    ("docs/tutorial/ab-report.md", r"runs `DEMO_AB_ARGS` \((\d+) rounds of (\d+) s with control",
      lambda: (ab("DEMO_AB_ARGS")[0], ab("DEMO_AB_ARGS")[2])),
-    ("docs/usage.md", r"runs `AB_ARGS` \((\d+) rounds of (\d+) s with control",
+    ("docs/tutorial/ab-report.md", r"runs `AB_ARGS` \((\d+) rounds of (\d+) s with control",
      lambda: (ab("AB_ARGS")[0], ab("AB_ARGS")[2])),
-    ("docs/usage.md", r"The default `make ab` \(`([^`]+)`, (\d+) runs,",
+    ("docs/results.md", r"The default `make ab` \(`([^`]+)`, (\d+) runs,",
      lambda: (makefile_variable("AB_ARGS"), ab("AB_ARGS")[3])),
     # The benchmark matrix's plan and estimate (loadtests.matrix.matrix, matrix_plan; no run needed).
-    ("README.md", r"make matrix # [^#]*?\(estimated (\d+\.\d) min; MATRIX_ARGS=--quick: (\d+\.\d) min\)",
+    ("docs/tutorial/first-deploy.md", r"make matrix # [^#]*?\(estimated (\d+\.\d) min; MATRIX_ARGS=--quick: (\d+\.\d) min\)",
      lambda: (matrix_plan_of()[5], matrix_plan_of("--quick")[5])),
-    ("docs/servers.md", r"make matrix # full run \(estimated (\d+\.\d) min\)", lambda: matrix_plan_of()[5:]),
-    ("docs/servers.md", r"matrix --quick # CI: (\w+), (\w+), (\d+) and (\d+) connections \(estimated (\d+\.\d) min\)",
+    ("docs/how-to/benchmarks.md", r"make matrix # full run \(estimated (\d+\.\d) min\)", lambda: matrix_plan_of()[5:]),
+    ("docs/how-to/benchmarks.md", r"matrix --quick # CI: (\w+), (\w+), (\d+) and (\d+) connections \(estimated (\d+\.\d) min\)",
      quick_matrix),
-    ("docs/servers.md",
+    ("docs/how-to/benchmarks.md",
      r"Default: (\d+) cells, (\d+) runs \((\d+) per cell\), (\d+) parts \((\d+) servers since mod_wsgi",
      lambda: matrix_plan_of()[:5]),
-    ("docs/bench.md", r"The (\w+) subcommands are the matrix with other defaults", lambda: (len(matrix.PRESETS),)),
+    ("docs/reference/loadtests.md", r"The (\w+) subcommands are the matrix with other defaults", lambda: (len(matrix.PRESETS),)),
     # The Locust traffic shapes.
     ("README.md", r"`locustfile.py` \((\w+) traffic shapes\)", lambda: (len(SHAPE_NAMES),)),
 ]

@@ -586,23 +586,39 @@ def test_write_checked_replaces_only_what_the_check_accepts(tmp_path):
 # --------------------------------------------------------------- the option tables
 
 
+RECIPE_PAGE = os.path.join(ROOT, "docs", "reference", "recipe.md")
+
+
+def _gen_reference():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import gen_reference
+    finally:
+        sys.path.remove(os.path.join(ROOT, "scripts"))
+    return gen_reference
+
+
 def test_option_reference_is_generated_from_the_tables():
-    """docs/recipe.md's option tables are what ``python -m plonedeploy.recipe.optionsdoc``
-    writes from ``optiontables`` (run it after changing a table)."""
+    """docs/reference/recipe.md's option tables are what ``python -m plonedeploy.recipe.optionsdoc``
+    writes from ``optiontables``, their links taken to where the pages are now by
+    scripts/gen_reference.py (run it after changing a table)."""
     from plonedeploy.recipe import optionsdoc
 
-    path = os.path.join(ROOT, "docs", "recipe.md")
-    with open(path, encoding="utf-8") as fp:
+    with open(RECIPE_PAGE, encoding="utf-8") as fp:
         text = fp.read()
-    assert optionsdoc.render(text) == text
-    assert optionsdoc.main(["--check", path]) == 0
+    assert _gen_reference().render_recipe(text) == text
+    assert _gen_reference().main(["--check", os.path.relpath(RECIPE_PAGE, ROOT)]) == 0
+
+    def unlinked(page):
+        return re.sub(r"\]\([^)\s]*\)", "]()", page)
+    assert unlinked(optionsdoc.render(text)) == unlinked(text)  # only the links' targets moved
 
 
 def test_optionsdoc_check_fails_on_a_stale_page(tmp_path, capsys):
     from plonedeploy.recipe import optionsdoc
 
-    with open(os.path.join(ROOT, "docs", "recipe.md"), encoding="utf-8") as fp:
-        text = fp.read()
+    with open(RECIPE_PAGE, encoding="utf-8") as fp:
+        text = optionsdoc.render(fp.read())  # the page as optionsdoc alone writes it
     page = tmp_path / "recipe.md"
     page.write_text(text.replace("| `bind` | `127.0.0.1:8080` |", "| `bind` | `0.0.0.0:80` |"))
     assert optionsdoc.main(["--check", str(page)]) == 1

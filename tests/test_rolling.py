@@ -315,8 +315,8 @@ def test_ansible_runs_the_steps_in_the_modules_order():
     assert tuple(a or b for a, b in found) == rolling.STEPS
     assert "'plonedeploy.stack.rolling' | plonedeploy_module_file" in text and "community.general.haproxy" not in text
     assert "recipes/" not in text  # the installed package's file, not a path into the checkout
-    # and docs/ansible.md says so (it once named community.general.haproxy)
-    with open(os.path.join(ROOT, "docs", "ansible.md"), encoding="utf-8") as fp:
+    # and docs/how-to/ansible.md says so (it once named community.general.haproxy)
+    with open(os.path.join(ROOT, "docs", "how-to", "ansible.md"), encoding="utf-8") as fp:
         docs = fp.read()
     rolling_section = docs.split("## Rolling restart", 1)[1].split("\n## ", 1)[0]
     assert "plonedeploy.stack.rolling" in rolling_section and "community.general.haproxy" not in docs
