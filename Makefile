@@ -139,7 +139,7 @@ stop:
 	@if [ -x bin/stack ]; then bin/stack stop; fi
 
 multihost: build ansible-venv
-	$(VENV)/bin/python tests/multihost.py --storage $(MULTIHOST_STORAGE)
+	$(VENV)/bin/python tests/multihost --storage $(MULTIHOST_STORAGE)
 
 blobbench:
 	$(VENV)/bin/python -m loadtests blob $(BLOBBENCH_ARGS)
