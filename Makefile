@@ -150,7 +150,7 @@ stop:
 	@if [ -x bin/stack ]; then bin/stack stop; fi
 
 multihost: build ansible-venv
-	$(VENV)/bin/python tests/multihost.py --storage $(MULTIHOST_STORAGE)
+	cd tests && ../$(VENV)/bin/python -m multihost --storage $(MULTIHOST_STORAGE)
 
 blobbench:
 	$(VENV)/bin/python -m loadtests blob $(BLOBBENCH_ARGS)

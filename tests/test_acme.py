@@ -5,7 +5,7 @@ request for /.well-known/acme-challenge/ on the plain listener reaches the ACME 
 the https redirect and after the Host check; everything else there is still redirected; over
 TLS the path is the site's; without the client listening the path gets 503, never Zope.
 Without acme_challenge_server the template has no such route. Issuing, renewing and the
-reload against a real CA (pebble): make multihost (tests/multihost.py, acme_test)."""
+reload against a real CA (pebble): make multihost (tests/multihost/acme.py, acme_test)."""
 import http.client
 import http.server
 import os

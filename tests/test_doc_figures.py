@@ -135,7 +135,7 @@ def cases(module, function):
 
 
 def multihost_hosts():
-    """Network namespaces, one per host, of one tests/multihost.py run: ALL_HOSTS but the
+    """Network namespaces, one per host, of one tests/multihost run: ALL_HOSTS but the
     database hosts of the other storages (zeo1 or db1; app1, lb1, lg1)."""
     import multihost
     databases = {host for host, _ in multihost.STORAGES.values()}
@@ -217,7 +217,7 @@ CLAIMS = [
      r"`LOADGENERATOR_BAD`, (\d+) cases\)",
      lambda: tuple(len(getattr(__import__("test_ansible"), name))
                    for name in ("BAD", "DATABASE_BAD", "LOADGENERATOR_BAD"))),
-    # make multihost: tests/multihost.py's hosts, one network namespace each.
+    # make multihost: the hosts of tests/multihost (common.py), one network namespace each.
     ("Makefile", r"multihost \(Ansible over SSH into (\w+) network namespaces\)", multihost_hosts),
     ("docs/tutorial/first-deploy.md", r"Ansible over SSH into (\w+) network namespaces", multihost_hosts),
     ("docs/how-to/ansible.md", r"creates a bridge and (\w+) network namespaces", multihost_hosts),

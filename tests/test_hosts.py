@@ -5,7 +5,8 @@ machine); and the hardened systemd units of ``process_manager_kind: systemd`` wi
 ``systemd-analyze verify`` and ``security --offline=true``.
 
 The firewall for real (loaded in four network namespaces, probed from a fifth standing for
-the internet) and the crash test are ``make multihost``'s (tests/multihost.py).
+the internet) and the crash test are ``make multihost``'s (tests/multihost/exposure.py,
+resilience.py).
 """
 import os
 import pwd
