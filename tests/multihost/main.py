@@ -39,7 +39,7 @@ def playbook(inventory, title):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m multihost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave namespaces and processes running")
     parser.add_argument("--storage", choices=sorted(STORAGES), default="zeo",
                         help="zeo: ZEO server on zeo1 (inventories/multihost); relstorage: PostgreSQL on db1 "
