@@ -9,7 +9,7 @@ some of them:
 
 - ``maxconn`` (the frontend's, also its listen backlog): a connection beyond it waits in
   the kernel's accept queue until one closes, which with keep-alive clients can be never
-  (docs/performance.md, "Fair queueing under overload"); the global ``maxconn`` is 16
+  (docs/explanation/edge.md#fair-queueing-under-overload); the global ``maxconn`` is 16
   more so that the stats page stays reachable.
 - ``fd-limit``: every server has ``maxconn``, so HAProxy needs one descriptor per client
   connection, not the two it assumes; below its own 2 x (maxconn + 16) + 64 the config

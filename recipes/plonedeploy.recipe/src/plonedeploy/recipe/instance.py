@@ -25,8 +25,8 @@ each; docs/recipe.md's table is generated from it). The reasons behind them:
 - ``memory-limit`` (with ``metrics-address``; ``clientoptions.memory_watchdog``): the memory
   watchdog in the metrics filter (plonedeploy.runtime.watchdog); its default is
   ``rules.default_memory_limit`` over ``host-memory`` and ``clients-per-host``
-  (docs/tuning.md, "Memory limit"); recycles are recorded in ``<client home>/memory-recycles``
-  for the backoff (docs/operations.md, "Memory watchdog").
+  (docs/how-to/tuning.md#memory-limit); recycles are recorded in ``<client home>/memory-recycles``
+  for the backoff (docs/how-to/operate.md#memory-watchdog).
 
 - ``wsgi-server = mod_wsgi`` (``clientoptions.mod_wsgi``): ``mod-wsgi-express`` must exist at
   build time (scripts/install-system.sh builds it against the system Python); ``run-as``

@@ -1,6 +1,6 @@
 """``plonedeploy.recipe:varnish`` -- the cache tier: a VCL for Debian's varnish 7 and its command line.
 
-Layout (docs/operations.md, "Cache"): HAProxy's TLS frontend sends GET and HEAD requests
+Layout (docs/explanation/edge.md#cache): HAProxy's TLS frontend sends GET and HEAD requests
 to varnish while varnish is UP; varnish fetches misses from HAProxy's **cache-fill
 listener** (this part's ``backend``), which hands them to the same ZEO client pool. The
 haproxy part that names this part in its ``cache`` option binds that listener. The plain

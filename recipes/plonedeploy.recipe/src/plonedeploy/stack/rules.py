@@ -85,7 +85,7 @@ DEFAULT_THREADS = 2
 #: ConflictError is published again. Before retry *n* (from 1) Zope sleeps a random
 #: 0..2**(n-1) s in the worker thread, so *n* retries may add up to 2**n - 1 s: up to 6 keeps
 #: that (63 s) below HAProxy's 120 s ``timeout server``; more would answer 504 while Zope
-#: still retries. The default is measured (docs/tuning.md, "Conflict retries"): with Zope's
+#: still retries. The default is measured (docs/how-to/tuning.md#conflict-retries): with Zope's
 #: own 3, 4.6-6.2 % of concurrent document creations failed in the write benchmark on a
 #: loaded machine, with 5 0.3-0.7 %.
 CONFLICT_RETRIES = tuple(str(n) for n in range(0, 7))
@@ -119,7 +119,7 @@ def auto_threads(server, cores, clients):
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-#: The ``memory-limit`` rule (docs/tuning.md, "Memory limit"): what the rest of a client host
+#: The ``memory-limit`` rule (docs/how-to/tuning.md#memory-limit): what the rest of a client host
 #: keeps (ZEO server, HAProxy, varnish, the kernel and its page cache of Data.fs and blobs),
 #: the share of the remainder the clients' limits add up to (the rest is headroom for the
 #: growth during ``memory-limit-grace`` and for one spike), and the floor: 2x the 184-256 MiB

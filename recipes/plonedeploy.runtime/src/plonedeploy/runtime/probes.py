@@ -37,7 +37,7 @@ logger = logging.getLogger("plonedeploy.probes")
 LIVE, READY, STARTUP = "/livez", "/readyz", "/startupz"
 PROBES = (LIVE, READY, STARTUP)
 
-#: Defaults of the recipe options of the same names (seconds); docs/operations.md, "Probes".
+#: Defaults of the recipe options of the same names (seconds); docs/how-to/operate.md#probes.
 STORAGE_GRACE = 30.0
 STALL_TIMEOUT = 60.0
 
