@@ -1,4 +1,5 @@
-"""ZEO vs RelStorage on PostgreSQL, side by side in one run (issue 14; docs/storage.md).
+"""ZEO vs RelStorage on PostgreSQL, side by side in one run (issue 14;
+docs/results.md#zeo-vs-relstorage-under-load).
 
     python -m loadtests storage [--variants zeo,relstorage,relstorage-shared]
         [--paths /,/Plone,@json,blob,write] [--connections 1,10,100] [--server pyruvate]

@@ -4,7 +4,7 @@ The servers come from the client parts themselves (one source of truth): for eac
 named in ``backends`` its ``http-address`` gives address and port, its ``threads`` the
 server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and its
 ``wsgi-server`` a comment. Options: ``optiontables.HAPROXY`` (name, default, allowed
-values, one line each; docs/recipe.md's table is generated from it). The reasons behind
+values, one line each; docs/reference/recipe.md's table is generated from it). The reasons behind
 some of them:
 
 - ``maxconn`` (the frontend's, also its listen backlog): a connection beyond it waits in

@@ -5,12 +5,12 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``,
 ``zodb-cache-size``, ``event-log``, ...).
 
 Options read here: ``optiontables.INSTANCE`` (name, default, allowed values, one line
-each; docs/recipe.md's table is generated from it). The reasons behind them:
+each; docs/reference/recipe.md's table is generated from it). The reasons behind them:
 
 - ``threads`` is also the ZODB ``pool-size`` written into ``<zodb_db main>`` of
   ``etc/zope.conf``: each concurrent request holds one ZODB connection with its own object
   cache of ``zodb-cache-size`` objects (memory ~ threads x zodb-cache-size x object size).
-  ``auto`` is ``rules.auto_threads`` (docs/tuning.md); ``zodb-cache-memory`` is divided by
+  ``auto`` is ``rules.auto_threads`` (docs/how-to/tuning.md); ``zodb-cache-memory`` is divided by
   the threads for the same reason.
 - ``max-request-body-size`` defaults to 1 GiB (plone.recipe.zope2instance's own) for
   waitress, which spools bodies to disk and enforces it itself, and to 1 MiB (Zope's

@@ -7,7 +7,7 @@ haproxy part that names this part in its ``cache`` option binds that listener. T
 frontend (the load tests' :8080) never goes through the cache.
 
 Options: ``optiontables.VARNISH`` (name, default, allowed values, one line each;
-docs/recipe.md's table is generated from it).
+docs/reference/recipe.md's table is generated from it).
 
 Output: ``parts/<name>/varnish.vcl``, written only after ``varnishd -C`` compiled it (a
 rejected VCL raises ``zc.buildout.UserError`` with varnish's message), and the option

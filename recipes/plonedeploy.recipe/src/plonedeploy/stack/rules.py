@@ -48,7 +48,7 @@ def check_target(health_check, name, metrics_address):
 #: plonedeploy/runtime/servers/); ``uwsgi`` is the
 #: uWSGI project's ``pyuwsgi`` wheel (uWSGI as a Python extension). ``mod_wsgi`` needs no
 #: egg of the client: Apache embeds the system Python through mod_wsgi, which lives in a
-#: venv of its own (:data:`MOD_WSGI_EXPRESS`). See docs/servers.md.
+#: venv of its own (:data:`MOD_WSGI_EXPRESS`). See docs/reference/servers.md.
 SERVERS = {
     "pyruvate": ("pyruvate",),
     "waitress": ("waitress",),
@@ -102,7 +102,7 @@ def auto_threads(server, cores, clients):
     """The ``threads = auto`` rule: ``(threads, reason)`` for one ZEO client.
 
     ``cores``: CPUs the host gives the clients; ``clients``: ZEO clients on that host.
-    The rule and the data behind it are in docs/tuning.md: one Zope process uses about one
+    The rule and the data behind it are in docs/how-to/tuning.md: one Zope process uses about one
     core (the GIL), so threads add throughput only while a request waits (ZEO loads,
     network); on /Plone 2 threads were within noise of 1 and 4 were slower
     (``python -m loadtests scaling``), and with more clients than cores a second thread only adds a
@@ -123,7 +123,7 @@ GiB = 1024 * MiB
 #: keeps (ZEO server, HAProxy, varnish, the kernel and its page cache of Data.fs and blobs),
 #: the share of the remainder the clients' limits add up to (the rest is headroom for the
 #: growth during ``memory-limit-grace`` and for one spike), and the floor: 2x the 184-256 MiB
-#: peak RSS a client of the demo site reaches (docs/performance.md), since a limit below a
+#: peak RSS a client of the demo site reaches (docs/explanation/why-pyruvate.md), since a limit below a
 #: client's working size only recycles it into the backoff.
 MEMORY_RESERVE = 1 * GiB
 MEMORY_SHARE = 0.75
