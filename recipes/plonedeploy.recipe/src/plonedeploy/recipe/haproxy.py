@@ -18,8 +18,8 @@ some of them:
   http-buffer-request``) for at most ``timeout http-request`` (10 s) before any server is
   chosen, so a trickled body gets 408 and never takes a Zope thread; larger bodies go to
   the upload lane, whose server must spool them to disk (``edge.SPOOLING_SERVERS``).
-- ``write-lane``: writes one at a time (backend ``writes``, docs/operations.md "Write
-  lane"): a save that waits in HAProxy's queue is better than one lost to a ConflictError
+- ``write-lane``: writes one at a time (backend ``writes``,
+  docs/explanation/edge.md#write-lane): a save that waits in HAProxy's queue is better than one lost to a ConflictError
   on an object that cannot resolve it (CMFUid's counter) after the last retry.
 - ``tls-bind``: requests over it reach Zope through its VirtualHostMonster
   (``/VirtualHostBase/https/<Host>/...``), so every link in the page starts with
