@@ -71,7 +71,7 @@ setup(
             # metrics-address set: use = egg:plonedeploy.runtime#metrics (needs prometheus-client)
             "metrics = plonedeploy.runtime.metrics:filter_factory",
         ],
-        # hello-world app for loadtests/matrix.py: use = egg:plonedeploy.runtime#hello
+        # hello-world app for loadtests/matrix/matrix.py: use = egg:plonedeploy.runtime#hello
         "paste.app_factory": [
             "hello = plonedeploy.runtime.hello:app_factory",
         ],

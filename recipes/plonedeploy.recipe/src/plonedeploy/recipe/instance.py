@@ -45,7 +45,7 @@ each; docs/reference/recipe.md's table is generated from it). The reasons behind
 - ``hello-address`` writes ``etc/hello.ini`` beside ``etc/wsgi.ini``: the same template with
   ``hello_app`` true, so the hello-world app is served by exactly the server section the
   client has (same keys, same stage 2), on another address; the benchmark matrix compares
-  the two (loadtests/matrix_servers.py).
+  the two (loadtests/matrix/matrix_servers.py).
 
 The server template is rendered in two stages: Jinja2 fills ``{{ ... }}`` (server, address,
 threads), then plone.recipe.zope2instance fills ``%(...)s`` (log files, pipeline, zope.conf

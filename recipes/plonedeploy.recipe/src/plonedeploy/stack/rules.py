@@ -185,7 +185,7 @@ UPLOAD_BACKEND = "uploads"
 
 
 def ab_contract(page_servers, upload_servers, bind, stats_bind, tls_bind, balance, run_dir):
-    """The A/B tool's facts about a deployed stack (``loadtests.abtest --stack-config``), a dict.
+    """The A/B tool's facts about a deployed stack (``python -m loadtests ab --stack-config``), a dict.
 
     The one source of ``abtest.json`` (the Ansible haproxy role, through the filter
     ``plonedeploy_ab_contract``) and of those keys in ``parts/<stack>/stack.json`` (the
