@@ -4,7 +4,7 @@ Each subcommand is one module's ``main(argv)``; ``python -m loadtests <subcomman
 shows that module's own options. ``blob``, ``scaling`` and ``servers-wrk`` are presets of
 ``matrix`` (other defaults, same options). The old module commands (``python -m
 loadtests.abtest``, ...) still work as aliases for one release; loadtests.blobbench,
-loadtests.scaling and loadtests.servers_wrk are gone (docs/bench.md).
+loadtests.scaling and loadtests.servers_wrk are gone (docs/reference/loadtests.md).
 """
 import argparse
 import collections
@@ -14,7 +14,7 @@ import sys
 Subcommand = collections.namedtuple("Subcommand", "module summary preset", defaults=(None,))
 
 #: subcommand -> its module (whose ``main(argv)`` runs it), one line for --help, and for the
-#: matrix's presets the preset's name (``main(argv, preset=...)``; loadtests.matrix.matrix.matrix.PRESETS)
+#: matrix's presets the preset's name (``main(argv, preset=...)``; loadtests.matrix.matrix.PRESETS)
 SUBCOMMANDS = {
     "ab": Subcommand("loadtests.ab.abtest", "A/B of the two servers through HAProxy (Locust)"),
     "connections": Subcommand("loadtests.connections.connections",

@@ -1,5 +1,6 @@
 """``python -m loadtests.abtest``: the old module command of ``python -m loadtests ab``, an alias
-for this release (docs/bench.md, "Old names"); the code is in :mod:`loadtests.ab.abtest`."""
+for this release (docs/reference/loadtests.md, "Old names"); the code is in
+:mod:`loadtests.ab.abtest`."""
 import sys
 
 from loadtests.ab.abtest import main

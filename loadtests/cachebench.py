@@ -1,5 +1,6 @@
 """``python -m loadtests.cachebench``: the old module command of ``python -m loadtests cache``, an alias
-for this release (docs/bench.md, "Old names"); the code is in :mod:`loadtests.cache.cachebench`."""
+for this release (docs/reference/loadtests.md, "Old names"); the code is in
+:mod:`loadtests.cache.cachebench`."""
 import sys
 
 from loadtests.cache.cachebench import main

@@ -1,5 +1,6 @@
 """``python -m loadtests.conflicts``: the old module command of ``python -m loadtests conflicts``, an alias
-for this release (docs/bench.md, "Old names"); the code is in :mod:`loadtests.storage.conflicts`."""
+for this release (docs/reference/loadtests.md, "Old names"); the code is in
+:mod:`loadtests.storage.conflicts`."""
 import sys
 
 from loadtests.storage.conflicts import main

@@ -1,6 +1,7 @@
 """``python -m loadtests fairness``: alias of ``python -m loadtests connections --fairness``
-for this release; it goes in the next one (docs/bench.md). Same options, same report
-(``<out>/connections-<YYYYmmdd-HHMMSS>/``), same exit status; see :mod:`loadtests.connections.connections.connections`.
+for this release; it goes in the next one (docs/reference/loadtests.md). Same options, same
+report (``<out>/connections-<YYYYmmdd-HHMMSS>/``), same exit status; see
+:mod:`loadtests.connections.connections`.
 
 The one subcommand module that imports another: it is that subcommand under its old name.
 """

@@ -39,7 +39,7 @@ Options added to Locust's own (``locust -f loadtests/locustfile.py --help``):
     ``--per-server-stats`` also gets ``"windows": [{"start_s": s, "servers": {server:
     {request name or "all": {"n", "failures", "p50_ms", "p99_ms"}}}}]``: the same requests cut
     into consecutive windows of S seconds after the warm-up (the last one may be shorter),
-    the units over which loadtests.abstats resamples.
+    the units over which loadtests.ab.abstats resamples.
 
 Use the host ``http://127.0.0.1:8080`` (HAProxy) or a client directly (``:8081``);
 traffic must stay on this machine.

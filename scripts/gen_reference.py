@@ -190,52 +190,14 @@ def loadtests_help():
 
 # -- the pages ----------------------------------------------------------------------------------
 
-#: The pages the option tables' links (``optiontables.py``) name, as they were before docs/ was
-#: sorted into tutorial/, how-to/, reference/ and explanation/ (issue 31, item 6): where each
-#: page, or page#section, is now (relative to docs/). A link that already resolves from
-#: docs/reference/ is left alone, so once optiontables.py names the new pages this map is unused.
-MOVED_PAGES = {
-    "benchmarks.md": "results.md#benchmarks-every-wsgi-server-of-the-kit-on-real-plone",
-    "operations.md": "how-to/operate.md",
-    "operations.md#cache": "explanation/edge.md#cache",
-    "operations.md#write-lane": "explanation/edge.md#write-lane",
-    "performance.md#fair-queueing-under-overload": "explanation/edge.md#fair-queueing-under-overload",
-    "servers.md": "reference/servers.md",
-    "storage.md": "how-to/relstorage.md",
-    "tuning.md": "how-to/tuning.md",
-    "usage.md": "tutorial/ab-report.md",
-}
-
-
-def _relink(table, page_dir):
-    """The table's relative links, those that do not resolve from ``page_dir`` taken through
-    :data:`MOVED_PAGES`."""
-    def relink(match):
-        target = match.group(1)
-        path, _, anchor = target.partition("#")
-        if re.match(r"^[a-z]+:", target) or not path or os.path.exists(os.path.join(page_dir, path)):
-            return match.group(0)
-        moved = MOVED_PAGES.get(target) or MOVED_PAGES.get(path)
-        if moved is None:
-            return match.group(0)  # the link check (tests/test_docs.py) names it
-        new_path, _, new_anchor = moved.partition("#")
-        new = os.path.relpath(os.path.join(ROOT, "docs", new_path), os.path.join(ROOT, RECIPE_PAGE, ".."))
-        anchor = anchor or new_anchor
-        return f"]({new}{'#' + anchor if anchor else ''})"
-    return re.sub(r"\]\(([^)\s]+)\)", relink, table)
-
-
 def render_recipe(text):
     """The page with its option tables as ``plonedeploy.recipe.optionsdoc`` renders them (the one
-    renderer), their links taken to where the pages are now."""
+    renderer; the tables' links are relative to docs/reference/)."""
     from plonedeploy.recipe import optionsdoc
     try:
-        rendered = optionsdoc.render(text)
+        return optionsdoc.render(text)
     except ValueError as exc:
         raise MarkerError(str(exc)) from exc
-    page_dir = os.path.join(ROOT, os.path.dirname(RECIPE_PAGE))
-    return re.sub(r"(?ms)^(<!-- options: [a-z-]+ -->\n)(.*?)(^<!-- /options -->$)",
-                  lambda m: m.group(1) + _relink(m.group(2), page_dir) + m.group(3), rendered)
 
 
 PAGES = (

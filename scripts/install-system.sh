@@ -65,7 +65,8 @@ stop_system_apache() {
 }
 
 # mod_wsgi compiled against the system Python 3 (Debian's, the eggs' cp311 ABI) and Apache:
-# the daemon runs as a service user, who must be able to read that Python (docs/servers.md).
+# the daemon runs as a service user, who must be able to read that Python
+# (docs/reference/servers.md).
 install_mod_wsgi() {
   if [ -x "$MOD_WSGI_VENV/bin/mod_wsgi-express" ]; then
     return 0

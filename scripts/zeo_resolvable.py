@@ -10,7 +10,7 @@ looks each dotted class name up as ZODB's conflict resolution does
 the server's log) and whether it has ``_p_resolveConflict``; last, the process's resident
 memory (MiB, /proc/self/status) after importing ZEO.runzeo and after the classes, i.e. what
 the imports cost the server once. Exit status 0; 2 without a class name.
-docs/storage.md, "Conflicts", has the figures of buildout.cfg's [zeoserver].
+docs/explanation/conflicts.md has the figures of buildout.cfg's [zeoserver].
 """
 import sys
 

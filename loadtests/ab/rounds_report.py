@@ -56,8 +56,8 @@ def rounds_markdown(data):
               "counts HAProxy's requests (a check of Locust's); the p50/p99 ratios are of `Tr`, the "
               "time from sending the request to the server until its response headers arrived: "
               "without the wait in HAProxy's queue and without the body's transfer to Locust, "
-              "which set the pace of the share on this machine (docs/usage.md, Sensitivity). "
-              "HAProxy logs the URL only, so /Plone as page and as JSON are one row.", "",
+              "which set the pace of the share on this machine "
+              "(docs/explanation/ab-method.md#sensitivity-a-known-difference). HAProxy logs the URL only, so /Plone as page and as JSON are one row.", "",
               "A/B:", "", table(data["server_time"]["ab"]), ""]
     if data["server_time"]["aa"]:
         lines += ["A/A:", "", table(data["server_time"]["aa"]), ""]

@@ -69,7 +69,8 @@ def parse_modes(text):
             raise ValueError(
                 f"--balance item {item!r} is invalid: expected one or more of {allowed}, "
                 "comma-separated (source and uri hashing would send each Locust request "
-                "shape to a fixed server; see docs/performance.md)"
+                "shape to a fixed server; see "
+                "docs/explanation/ab-method.md#modes-offered-modes-left-out)"
             )
     if len(set(items)) != len(items):
         raise ValueError(f"--balance {text!r} names a mode twice")

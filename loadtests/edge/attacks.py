@@ -10,8 +10,8 @@ Each case is sent to the HAProxy frontend of ``stack.json`` (127.0.0.1 only; the
 also to each client of the page pool directly) while the RSS (MiB) of every stack process
 is sampled every 0.1 s; the table (case, answer, seconds to the answer, RSS before / peak /
 after per process) is printed and written to
-``var/reports/attacks-<timestamp>/{report.md,report.json}``. docs/operations.md, "Edge
-limits", embeds that table. The functions are the ones tests/test_edge.py asserts on.
+``var/reports/attacks-<timestamp>/{report.md,report.json}``.
+docs/explanation/edge.md#edge-limits embeds that table. The functions are the ones tests/test_edge.py asserts on.
 
 Cases: slow request bodies (N connections, each trickling a 100-byte body 1 byte per
 0.5 s) while ``GET /Plone`` is timed; the same with 100 MiB announced (upload lane); a POST of ``--big-post-mib`` MiB (upload lane,

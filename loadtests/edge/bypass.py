@@ -1,7 +1,7 @@
 """Ways around the edge's rules, tried from an address outside the admin networks.
 
 The cases of ``python -m loadtests attacks`` that try to walk around HAProxy's path rules
-rather than exhaust it (docs/operations.md, "Edge limits"); tests/test_edge_bypass.py
+rather than exhaust it (docs/explanation/edge.md#edge-limits); tests/test_edge_bypass.py
 asserts on the same functions against the running stack:
 
 - :data:`ZMI_PATHS`: the ZMI reached by an encoded or disguised path, a form directive

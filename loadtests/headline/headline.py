@@ -22,12 +22,13 @@ blob-sendfile on/off per server. The run-to-run spread of the same cell is the n
 difference has to beat (about 25 % on these shared machines).
 
 Output: the tables on stdout and ``<out>/headline-<YYYYmmdd-HHMMSS>/`` with
-``report.json``, ``report.md`` (the tables docs/performance.md embeds) and
-``headline.png``. Exit status 0; 1 if any run had errors or short blob bodies; 2 when the
+``report.json``, ``report.md`` (the tables docs/results.md#headline-figures-make-headline
+embeds) and ``headline.png``. Exit status 0; 1 if any run had errors or short blob bodies; 2 when the
 stack is not running, wrk is missing or the pool lacks a pyruvate or a waitress client.
 
 The default run (3 rounds of 14 runs of 8 s, plus warm-up, the off clients' build and
-start) took 6.5 minutes on 2 cores (24 Nov 2026, quiet machine; docs/performance.md).
+start) took 6.5 minutes on 2 cores (24 Nov 2026, quiet machine;
+docs/results.md#headline-figures-make-headline).
 """
 import os
 import sys
@@ -60,7 +61,7 @@ def parse_args(argv):
         "through HAProxy on the four paths, blob-sendfile on/off, each with its spread over rounds.")
     parser.add_argument("--connections", type=int, default=4,
                         help="wrk connections of every run (default 4: twice the pool's 2 slots per "
-                        "server, the figure docs/performance.md quotes)")
+                        "server, the figure docs/results.md#headline-figures-make-headline quotes)")
     add_run_arguments(parser, duration=8, rounds=3)
     parser.add_argument("--no-off", action="store_true",
                         help="leave out the blob-sendfile = off clients (no extra build)")

@@ -96,7 +96,7 @@ QUICK = {"servers": ["pyruvate", "waitress"], "paths": list(MATRIX_PATHS), "conn
          "threads": [2], "sweep_at": None, "runs": 4, "max_duration": 1, "clients": [0], "sendfile": ["on"]}
 #: Subcommands that are the matrix with other defaults: ``{name: (options, one line for
 #: --help)}``; the command line overrides any of them. They replace the separate tools
-#: servers_wrk, scaling and blobbench (removed; docs/bench.md).
+#: servers_wrk, scaling and blobbench (removed; docs/reference/loadtests.md).
 PRESETS = {
     "servers-wrk": ({"paths": ["/"], "connections": [10], "threads": [2], "sweep_at": "all", "duration": 5},
                     "every WSGI server on / at 10 connections, 2 threads (bjoern, gevent 1): the matrix"),
@@ -146,8 +146,8 @@ def parse_args(argv, preset=None):
     defaults; plan options still None are filled from DEFAULTS or QUICK (``--quick``).
     Exits with status 2 and a message naming the option on bad values."""
     description = PRESETS[preset][1] if preset else __doc__.split("\n\n")[0]
-    parser = new_parser(preset or "matrix", description, epilog="See docs/bench.md and docs/servers.md, "
-                        "'Benchmark matrix'.")
+    parser = new_parser(preset or "matrix", description, epilog="See docs/how-to/benchmarks.md#benchmark-matrix "
+                        "and docs/reference/servers.md.")
     parser.add_argument("--quick", action="store_true",
                         help="CI mode: pyruvate and waitress, connections 1,50, threads 2, 1 s runs")
     parser.add_argument("--servers", type=_list(parser, "--servers", SERVERS),

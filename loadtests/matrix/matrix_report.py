@@ -21,8 +21,8 @@ from its runs (results.jsonl records):
 - ``share``: for a cell through HAProxy (``clients`` >= 1), each ZEO client's mean part
   of HAProxy's sessions over the runs.
 
-The ratios and summary tables are in ``loadtests.matrix.matrix.matrix_summary``, what both say of
-a row in ``loadtests.matrix.matrix.matrix_rows``.
+The ratios and summary tables are in ``loadtests.matrix.matrix_summary``, what both say of
+a row in ``loadtests.matrix.matrix_rows``.
 """
 import csv
 import json

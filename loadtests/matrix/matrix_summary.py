@@ -74,7 +74,7 @@ def thread_ratios(rows, sweep, single_threaded):
 
 
 def summary(rows, meta, single_threaded, records=()):
-    """The tables docs/benchmarks.md embeds (markdown), from the cell rows:
+    """The tables docs/results.md embeds (markdown), from the cell rows:
 
     - per connection count, each server at its default threads against each path:
       ``req/s / errors / p99 ms`` (errors: socket errors + non-2xx over all runs), then the
@@ -94,7 +94,7 @@ def summary(rows, meta, single_threaded, records=()):
     cell = {(r["server"], r["path"], r["connections"]): r for r in defaults}
     servers = [s for s in meta["servers"] if any(r["server"] == s for r in defaults)]
     zope_paths = [p for p in paths if p != "hello"]
-    lines = ["## Summary (the tables of docs/benchmarks.md)", "",
+    lines = ["## Summary (the tables of docs/results.md)", "",
              "Each server at its default threads (2; bjoern, gevent 1). A cell: req/s / errors / p99 ms, "
              "then its marks: `U` not steady (fewer requests per connection than planned: bounds), "
              "`B` a run started on a server still busy with abandoned requests, `!` noisy (foreign CPU).", ""]

@@ -1,4 +1,5 @@
-"""ConflictErrors per class and oid, from ZEO clients' event logs (issue 33; docs/storage.md).
+"""ConflictErrors per class and oid, from ZEO clients' event logs (issue 33;
+docs/explanation/conflicts.md).
 
     python -m loadtests conflicts LOG [LOG ...] [--server-log ZEOSERVER_LOG ...] [--json]
 

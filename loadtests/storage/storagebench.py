@@ -1,4 +1,5 @@
-"""ZEO vs RelStorage on PostgreSQL, side by side in one run (issue 14; docs/storage.md).
+"""ZEO vs RelStorage on PostgreSQL, side by side in one run (issue 14;
+docs/results.md#zeo-vs-relstorage-under-load).
 
     python -m loadtests storage [--variants zeo,relstorage,relstorage-shared]
         [--paths /,/Plone,@json,blob,write] [--connections 1,10,100] [--server pyruvate]
@@ -31,7 +32,7 @@ the storage's. Writes go through the variant's HAProxy, whose **write lane** (bu
 default ``write-lane = on``) passes them to the client one at a time, as the kit deploys
 them: 100 writers straight into a client with 2 threads made its two transactions collide
 on Plone's uid counter, and some POSTs were answered 500 after the last retry, a load the
-kit's stack never lets reach a client (docs/storage.md, "Before and after"). wrk (Debian's) drives it, its own percentiles: per round, per (path,
+kit's stack never lets reach a client (docs/results.md, "Conflicts before and after"). wrk (Debian's) drives it, its own percentiles: per round, per (path,
 connections) group, one run per variant, right after each other, in a variant order that
 rotates per group and round, and the group order rotates per round, so the machine's drift
 hits every variant alike. Every run has ``--warmup`` seconds of uncounted load first. Paths:

@@ -6,7 +6,7 @@ zc.buildout, Jinja2 or psutil (the recipe's build-time dependencies). Its wsgi.i
 the entry points below as ``use = egg:plonedeploy.runtime#<name>``.
 
 PasteDeploy server runners for the WSGI servers that ship none usable with Zope
-(``plonedeploy.runtime.servers``; docs/servers.md):
+(``plonedeploy.runtime.servers``; docs/reference/servers.md):
 
 - ``paste.server_runner`` (in runwsgi's own process): ``cheroot``, ``bjoern``, ``uwsgi``
   (pyuwsgi), ``gevent``;
@@ -71,7 +71,7 @@ setup(
             # metrics-address set: use = egg:plonedeploy.runtime#metrics (needs prometheus-client)
             "metrics = plonedeploy.runtime.metrics:filter_factory",
         ],
-        # hello-world app for loadtests/matrix.py: use = egg:plonedeploy.runtime#hello
+        # hello-world app for loadtests/matrix/matrix.py: use = egg:plonedeploy.runtime#hello
         "paste.app_factory": [
             "hello = plonedeploy.runtime.hello:app_factory",
         ],

@@ -102,7 +102,7 @@ def memory_watchdog(buildout, name, options, metrics_address):
     """The memory watchdog's filter settings (plonedeploy.runtime.watchdog) from
     ``memory-limit``, ``host-memory``, ``memory-limit-grace``, ``memory-limit-restarts``
     and ``memory-limit-peers``: ``{"memory_limit": bytes or "off", ...}``. The default
-    limit is ``rules.default_memory_limit`` (docs/tuning.md). Without ``metrics-address``
+    limit is ``rules.default_memory_limit`` (docs/how-to/tuning.md). Without ``metrics-address``
     there is no watchdog (it runs in the metrics filter): ``memory_limit`` is "off".
     Raises ``zc.buildout.UserError`` naming the option and its allowed values."""
     opts = DeclaredOptions(name, options, INSTANCE)

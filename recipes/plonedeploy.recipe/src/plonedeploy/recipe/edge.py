@@ -5,7 +5,7 @@ One implementation for both deploy paths: ``plonedeploy.recipe:haproxy`` raises
 same functions through ``ansible/filter_plugins/plonedeploy_edge.py``. Nothing here imports
 zc.buildout, Jinja2 or Zope, so it runs in any Python 3.
 
-The rule (docs/operations.md, "Edge limits"): HAProxy buffers a request body whole
+The rule (docs/explanation/edge.md#edge-limits): HAProxy buffers a request body whole
 (``option http-buffer-request``, within ``timeout http-request``) before a server sees it,
 but only up to its buffer. So
 

@@ -4,12 +4,12 @@ The servers come from the client parts themselves (one source of truth): for eac
 named in ``backends`` its ``http-address`` gives address and port, its ``threads`` the
 server's ``maxconn`` (so requests wait in HAProxy's queue, not inside Zope) and its
 ``wsgi-server`` a comment. Options: ``optiontables.HAPROXY`` (name, default, allowed
-values, one line each; docs/recipe.md's table is generated from it). The reasons behind
+values, one line each; docs/reference/recipe.md's table is generated from it). The reasons behind
 some of them:
 
 - ``maxconn`` (the frontend's, also its listen backlog): a connection beyond it waits in
   the kernel's accept queue until one closes, which with keep-alive clients can be never
-  (docs/performance.md, "Fair queueing under overload"); the global ``maxconn`` is 16
+  (docs/explanation/edge.md#fair-queueing-under-overload); the global ``maxconn`` is 16
   more so that the stats page stays reachable.
 - ``fd-limit``: every server has ``maxconn``, so HAProxy needs one descriptor per client
   connection, not the two it assumes; below its own 2 x (maxconn + 16) + 64 the config
@@ -18,8 +18,8 @@ some of them:
   http-buffer-request``) for at most ``timeout http-request`` (10 s) before any server is
   chosen, so a trickled body gets 408 and never takes a Zope thread; larger bodies go to
   the upload lane, whose server must spool them to disk (``edge.SPOOLING_SERVERS``).
-- ``write-lane``: writes one at a time (backend ``writes``, docs/operations.md "Write
-  lane"): a save that waits in HAProxy's queue is better than one lost to a ConflictError
+- ``write-lane``: writes one at a time (backend ``writes``,
+  docs/explanation/edge.md#write-lane): a save that waits in HAProxy's queue is better than one lost to a ConflictError
   on an object that cannot resolve it (CMFUid's counter) after the last retry.
 - ``tls-bind``: requests over it reach Zope through its VirtualHostMonster
   (``/VirtualHostBase/https/<Host>/...``), so every link in the page starts with

@@ -5,12 +5,12 @@ through to it unchanged (``zeo-client``, ``zeo-address``, ``blob-storage``,
 ``zodb-cache-size``, ``event-log``, ...).
 
 Options read here: ``optiontables.INSTANCE`` (name, default, allowed values, one line
-each; docs/recipe.md's table is generated from it). The reasons behind them:
+each; docs/reference/recipe.md's table is generated from it). The reasons behind them:
 
 - ``threads`` is also the ZODB ``pool-size`` written into ``<zodb_db main>`` of
   ``etc/zope.conf``: each concurrent request holds one ZODB connection with its own object
   cache of ``zodb-cache-size`` objects (memory ~ threads x zodb-cache-size x object size).
-  ``auto`` is ``rules.auto_threads`` (docs/tuning.md); ``zodb-cache-memory`` is divided by
+  ``auto`` is ``rules.auto_threads`` (docs/how-to/tuning.md); ``zodb-cache-memory`` is divided by
   the threads for the same reason.
 - ``max-request-body-size`` defaults to 1 GiB (plone.recipe.zope2instance's own) for
   waitress, which spools bodies to disk and enforces it itself, and to 1 MiB (Zope's
@@ -25,8 +25,8 @@ each; docs/recipe.md's table is generated from it). The reasons behind them:
 - ``memory-limit`` (with ``metrics-address``; ``clientoptions.memory_watchdog``): the memory
   watchdog in the metrics filter (plonedeploy.runtime.watchdog); its default is
   ``rules.default_memory_limit`` over ``host-memory`` and ``clients-per-host``
-  (docs/tuning.md, "Memory limit"); recycles are recorded in ``<client home>/memory-recycles``
-  for the backoff (docs/operations.md, "Memory watchdog").
+  (docs/how-to/tuning.md#memory-limit); recycles are recorded in ``<client home>/memory-recycles``
+  for the backoff (docs/how-to/operate.md#memory-watchdog).
 
 - ``wsgi-server = mod_wsgi`` (``clientoptions.mod_wsgi``): ``mod-wsgi-express`` must exist at
   build time (scripts/install-system.sh builds it against the system Python); ``run-as``
@@ -45,7 +45,7 @@ each; docs/recipe.md's table is generated from it). The reasons behind them:
 - ``hello-address`` writes ``etc/hello.ini`` beside ``etc/wsgi.ini``: the same template with
   ``hello_app`` true, so the hello-world app is served by exactly the server section the
   client has (same keys, same stage 2), on another address; the benchmark matrix compares
-  the two (loadtests/matrix_servers.py).
+  the two (loadtests/matrix/matrix_servers.py).
 
 The server template is rendered in two stages: Jinja2 fills ``{{ ... }}`` (server, address,
 threads), then plone.recipe.zope2instance fills ``%(...)s`` (log files, pipeline, zope.conf

@@ -1,11 +1,12 @@
-"""Write the option tables of docs/recipe.md from the recipes' tables (``optiontables``).
+"""Write the option tables of docs/reference/recipe.md from the recipes' tables
+(``optiontables``).
 
 Usage::
 
     python -m plonedeploy.recipe.optionsdoc [--check] [PATH]
 
-``PATH`` (default ``docs/recipe.md`` of the current directory, the checkout) holds, for each recipe, a marker
-pair ``<!-- options: NAME -->`` ... ``<!-- /options -->`` (``NAME`` a key of
+``PATH`` (default ``docs/reference/recipe.md`` of the current directory, the checkout) holds, for
+each recipe, a marker pair ``<!-- options: NAME -->`` ... ``<!-- /options -->`` (``NAME`` a key of
 ``optiontables.TABLES``); the lines between them are replaced by a Markdown table with the
 columns option, default, allowed, meaning. The prose around the markers is left alone.
 Exit status: 0 when the file is (``--check``: already was) up to date; 1 with ``--check``
@@ -58,9 +59,11 @@ def render(text):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m plonedeploy.recipe.optionsdoc",
-                                     description="Write docs/recipe.md's option tables from the recipes' tables.")
-    parser.add_argument("path", nargs="?", default=os.path.join("docs", "recipe.md"),
-                        help="the Markdown file with the markers (default: docs/recipe.md of the current directory)")
+                                     description="Write docs/reference/recipe.md's option tables from the recipes' "
+                                                 "tables.")
+    parser.add_argument("path", nargs="?", default=os.path.join("docs", "reference", "recipe.md"),
+                        help="the Markdown file with the markers (default: docs/reference/recipe.md of the "
+                        "current directory)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if the file differs from what would be written")
     args = parser.parse_args(argv)

@@ -4,7 +4,7 @@ One table per recipe (``TABLES``, keyed by entry point), the single source of th
 reference: the recipes read their part's options only through :class:`DeclaredOptions`
 over their table (an undeclared name raises :class:`UndeclaredOption`, so a new option
 cannot be read without being declared), ``python -m plonedeploy.recipe.optionsdoc``
-writes docs/recipe.md's option tables from them (``tests/test_options.py`` fails when the
+writes docs/reference/recipe.md's option tables from them (``tests/test_options.py`` fails when the
 committed page differs), and ``tests/test_ansible.py`` compares the Ansible roles'
 defaults and choices with them.
 
@@ -109,7 +109,7 @@ _STOCK = "plone.recipe.zope2instance's option, passed on; "
 #: passes through to plone.recipe.zope2instance unread.
 INSTANCE = (
     Option("wsgi-server", rules.DEFAULT_SERVER, tuple(rules.SERVERS),
-           "the WSGI server ([servers.md](servers.md)); adds its eggs to `eggs` and renders "
+           "the WSGI server ([reference/servers.md](servers.md)); adds its eggs to `eggs` and renders "
            "`etc/wsgi.ini` from `<templates-directory>/<server>.ini.in`"),
     Option("http-address", None, _HOST_PORT + " (a bare port is taken by pyruvate as a Unix socket path)",
            "where the server listens (pyruvate `socket`, waitress `listen`, the others `host` and `port`)",
@@ -118,7 +118,7 @@ INSTANCE = (
            "the server's concurrency (pyruvate `workers`, waitress/cheroot/uWSGI/gunicorn-gthread "
            "`threads`, granian `blocking_threads`) **and** ZODB `pool-size` in `<zodb_db main>` of "
            "`etc/zope.conf`; `auto`: chosen from `cpu-cores` and `clients-per-host` by the rule in "
-           "[tuning.md](tuning.md), logged as `[part] threads = auto -> 2: <reason>`",
+           "[how-to/tuning.md](../how-to/tuning.md), logged as `[part] threads = auto -> 2: <reason>`",
            f"`{rules.DEFAULT_THREADS}`; `1` for {' and '.join(rules.SINGLE_THREADED)}"),
     Option("mod-wsgi-express", rules.MOD_WSGI_EXPRESS, "an absolute path",
            "only with `wsgi-server = mod_wsgi`: the `mod_wsgi-express` program (mod_wsgi compiled "
@@ -133,7 +133,7 @@ INSTANCE = (
            "starts it: it first gives that user the client's home, caches, blob directory and logs "
            "and search permission on the way to the build, then drops to it; the stack part requires "
            "its own `service-user` here (buildout.cfg sets both from `[service] user`, "
-           "[operations.md, Users](operations.md#users))", "empty (runs as whoever starts it)"),
+           "[how-to/operate.md, Users](../how-to/operate.md#users))", "empty (runs as whoever starts it)"),
     Option("cpu-cores", None, _POSITIVE,
            "only with `threads = auto`: cores of the host that runs the clients",
            "CPUs `bin/buildout` may run on"),
@@ -143,7 +143,7 @@ INSTANCE = (
     Option("zodb-cache-memory", "", "bytes such as `512MB`, `1GB`, `65536` (KB/MB/GB: powers of 1024)",
            "memory budget of the client's ZODB object caches together: sets `zodb-cache-size-bytes` "
            "= budget / threads (one connection cache per thread); ZODB counts pickle sizes, so RSS "
-           "grows by more ([tuning.md](tuning.md))", "unset"),
+           "grows by more ([how-to/tuning.md](../how-to/tuning.md))", "unset"),
     Option("zodb-cache-size-bytes", "", "bytes",
            _STOCK + "read here only to refuse it together with `zodb-cache-memory`", "unset"),
     Option("blob-sendfile", "on", _SWITCH,
@@ -156,13 +156,13 @@ INSTANCE = (
            "the client's Prometheus metrics (`/metrics`): the WSGI filter `metrics` "
            "(`plonedeploy.runtime.metrics`) and prometheus-client's HTTP server in a thread of the "
            "client; adds `prometheus-client` to `eggs`. A part made with `<= instance` inherits it: "
-           "set it per client ([operations.md, Metrics](operations.md#metrics))",
+           "set it per client ([how-to/operate.md, Metrics](../how-to/operate.md#metrics))",
            "unset (buildout.cfg: `127.0.0.1:8071`, `:8072`, `:8073`)"),
     Option("warmup-paths", "/Plone /Plone/++api++ /Plone/@@search",
            "URL paths starting with `/`, separated by white space, or `off`",
            "with `metrics-address`: rendered once each in the client's process (the page, its JSON, "
            "the search page) before `/readyz` says ready, so that HAProxy sends no visitor to empty "
-           "caches and uncompiled templates ([operations.md, Probes](operations.md#probes))"),
+           "caches and uncompiled templates ([how-to/operate.md, Probes](../how-to/operate.md#probes))"),
     Option("stall-timeout", "60", "seconds > 0",
            "with `metrics-address`: `/readyz` says not ready while every thread has held its request "
            "longer than this (a client whose threads are all stuck), so HAProxy takes it out"),
@@ -172,8 +172,8 @@ INSTANCE = (
     Option("memory-limit", None, "bytes such as `1GB`, `900MB`, `65536` (KB/MB/GB: powers of 1024), or `off`",
            "with `metrics-address`: the memory watchdog recycles the client (drained through `/readyz`, "
            "then SIGTERM to itself; supervisord starts it again) once its RSS has stayed above this for "
-           "`memory-limit-grace` ([operations.md, Memory watchdog](operations.md#memory-watchdog))",
-           "the rule of [tuning.md](tuning.md#memory-limit): 75 % of `host-memory` beyond 1 GiB, "
+           "`memory-limit-grace` ([how-to/operate.md, Memory watchdog](../how-to/operate.md#memory-watchdog))",
+           "the rule of [how-to/tuning.md](../how-to/tuning.md#memory-limit): 75 % of `host-memory` beyond 1 GiB, "
            "split over `clients-per-host`, at least 512 MiB"),
     Option("host-memory", None, "bytes such as `16GB`",
            "for the default `memory-limit`: RAM of the host that runs the clients",
@@ -191,7 +191,7 @@ INSTANCE = (
            "also write `etc/hello.ini`: the same server with the same settings on this address, "
            "serving the hello-world app `egg:plonedeploy.runtime#hello` instead of Zope (run as "
            "`bin/interpreter -m plonedeploy.runtime.hello etc/hello.ini`; the benchmark matrix's "
-           "`hello` path, [benchmarks.md](benchmarks.md)); adds `plonedeploy.runtime` to `eggs`",
+           "`hello` path, [how-to/benchmarks.md](../how-to/benchmarks.md#benchmark-matrix)); adds `plonedeploy.runtime` to `eggs`",
            "unset"),
     Option("max-request-body-size", None, _BYTES,
            "the largest request body this client may receive: waitress spools bodies to disk and "
@@ -202,7 +202,7 @@ INSTANCE = (
     Option("storage", DEFAULT_STORAGE, STORAGES,
            "`zeo`: plone.recipe.zope2instance's ZEO options apply; `relstorage`: a RelStorage "
            "client of PostgreSQL, `zeo-client` forced off, `RelStorage` and `psycopg2-binary` "
-           "added to `eggs` ([storage.md](storage.md))"),
+           "added to `eggs` ([how-to/relstorage.md](../how-to/relstorage.md))"),
     Option("relstorage-dsn", None, "libpq `key=value` pairs with `dbname`, without `password` (use `passfile`)",
            "the database of a `storage = relstorage` client (`${postgresql:dsn}`)",
            "required with `storage = relstorage`"),
@@ -219,7 +219,7 @@ INSTANCE = (
            "Zope's `max-conflict-retries` (written into `etc/zope.conf`): how often a request that "
            "hit a ZODB `ConflictError` is published again, after a random back-off of up to 1, 2, 4, "
            "... s in its worker thread; at most 6, whose back-offs (up to 63 s) stay within HAProxy's "
-           "120 s `timeout server` ([tuning.md](tuning.md#conflict-retries))"),
+           "120 s `timeout server` ([how-to/tuning.md](../how-to/tuning.md#conflict-retries))"),
     Option("zope-conf-additional", "", "zope.conf lines",
            _STOCK + "`max-conflict-retries` is appended to it (setting that key here is refused)", "empty"),
     Option("templates-directory", None, "a directory with `<server>.ini.in`",
@@ -250,14 +250,14 @@ HAPROXY = (
            "HTTP check path: `/readyz`, `/livez` or `/startupz` are asked on each client's "
            "`metrics-address` (which every backend must then have), any other path on its "
            "`http-address` through a Zope thread, e.g. `/Plone/@@ok` (plain TCP probes make pyruvate "
-           "log `Incomplete request`; [operations.md, Probes](operations.md#probes))"),
+           "log `Incomplete request`; [how-to/operate.md, Probes](../how-to/operate.md#probes))"),
     Option("timeout-queue", "60", _SECONDS, "how long a request may wait for a free server slot (then 503)"),
     Option("max-body-size", str(edge.SPOOLING_BODY_CAP), _BYTES,
            "largest request body: larger → 413 at once; chunked request bodies → 411. Checked with "
            "`upload-threshold` and every client's `max-request-body-size` (`edge.body_limit_errors`)"),
     Option("maxconn", "10000", _POSITIVE,
            "client connections the frontend holds, also its bind `backlog`; global `maxconn` is 16 "
-           "more, for the stats page ([fair queueing](performance.md#fair-queueing-under-overload))"),
+           "more, for the stats page ([fair queueing](../explanation/edge.md#fair-queueing-under-overload))"),
     Option("fd-limit", "20000", "a positive integer, at least maxconn + 16 + the servers' maxconn + 64",
            "HAProxy's `ulimit-n`, at most the hard limit (`ulimit -Hn`, systemd `LimitNOFILE`) of "
            "whoever starts HAProxy; below HAProxy's own 2 × (maxconn + 16) + 64 the config adds "
@@ -283,7 +283,7 @@ HAPROXY = (
            "backups, used only while it is not UP); the rest wait in HAProxy's queue (`timeout-queue`). "
            "On by default because a lost save is worse than waiting: concurrent creations conflict "
            "on CMFUid's counter, which cannot resolve conflicts, and run out of retries "
-           "([Write lane](operations.md#write-lane)); reads keep every client and thread"),
+           "([Write lane](../explanation/edge.md#write-lane)); reads keep every client and thread"),
     Option("server-names", None, "host names, IPv4 addresses or `[IPv6]`, without port",
            "the `Host` values the site answers to; another → 421, none → 400 "
            "(buildout.cfg: `127.0.0.1 localhost`)",
@@ -308,13 +308,13 @@ HAPROXY = (
            "`off`, load tests use the plain port)"),
     Option("tls-redirect-exempt", "", _NETWORKS,
            "with `tls-redirect`: networks whose plain requests are served, not redirected (remote "
-           "A/B load generators, [usage.md](usage.md))", "empty"),
+           "A/B load generators, [how-to/ansible.md](../how-to/ansible.md#load-generators-on-other-hosts))", "empty"),
     Option("hsts-max-age", str(tls.DEFAULT_HSTS_MAX_AGE), "seconds, or `0` for no header",
            "`Strict-Transport-Security` on HTTPS answers"),
     Option("cache", "", "a `plonedeploy.recipe:varnish` part",
            "over TLS, GET and HEAD without a body go to it (backend `cache`) while HAProxy's check "
            "of it passes; HAProxy binds its `backend` as the `cache_fill` listener. Needs `tls-bind` "
-           "(buildout.cfg: `varnish`, [Cache](operations.md#cache))", "empty (no cache)"),
+           "(buildout.cfg: `varnish`, [Cache](../explanation/edge.md#cache))", "empty (no cache)"),
     Option("template", None, "a Jinja2 template", "the config template (the Ansible role renders it too)",
            "the project's `haproxy/haproxy.cfg.j2`"),
     Option("user", "", "an existing system user other than root",
@@ -394,7 +394,7 @@ STACK = (
            "directories on the way to the build it cannot enter. Empty: they run as whoever runs "
            "`bin/<part>` (as root with a warning). Every client part's `service-user` must be the "
            "same (buildout.cfg sets both from `[service] user`; `make build` as root sets `plonedeploy` "
-           "and creates the user, [operations.md, Users](operations.md#users))", "empty"),
+           "and creates the user, [how-to/operate.md, Users](../how-to/operate.md#users))", "empty"),
 )
 
 #: ``plonedeploy.recipe:postgresql`` (postgresql.py): the buildout stack's database.

@@ -1,7 +1,7 @@
 """``plonedeploy.recipe:postgresql`` -- a local PostgreSQL cluster for RelStorage, run by ``bin/stack``.
 
 The buildout stack's database when the clients have ``storage = relstorage``
-(relstorage.cfg; docs/storage.md). Debian's PostgreSQL 15 binaries
+(relstorage.cfg; docs/how-to/relstorage.md). Debian's PostgreSQL 15 binaries
 (``scripts/install-system.sh`` installs the ``postgresql`` package), a cluster of its own
 in ``var/<part>``, its own port, TCP on a loopback address only. Options:
 

@@ -1,9 +1,9 @@
 """``plonedeploy.recipe:relstorage-tools`` -- the configs of RelStorage's ``zodbconvert`` and ``zodbpack``.
 
 RelStorage's own scripts take a ZConfig file naming the storages; this part writes those
-files for the RelStorage clients of this buildout (relstorage.cfg; docs/storage.md), so the
-migration from ZEO's FileStorage and the packing run against exactly the database and blob
-mode the clients use. The scripts themselves, ``bin/zodbconvert`` and ``bin/zodbpack``,
+files for the RelStorage clients of this buildout (relstorage.cfg; docs/how-to/relstorage.md),
+so the migration from ZEO's FileStorage and the packing run against exactly the database
+and blob mode the clients use. The scripts themselves, ``bin/zodbconvert`` and ``bin/zodbpack``,
 are RelStorage's console scripts, which the client parts generate from their ``RelStorage``
 egg (plone.recipe.zope2instance writes the console scripts of its eggs)::
 
@@ -120,7 +120,7 @@ class Recipe:
         """Write ``zodbconvert.conf`` and ``zodbpack.conf`` into ``parts/<part>``."""
         os.makedirs(self.options["location"], exist_ok=True)
         header = (f"# Written by bin/buildout ([{self.name}], plonedeploy.recipe:relstorage-tools); "
-                  "docs/storage.md.\n")
+                  "docs/how-to/relstorage.md.\n")
         convert = zodbconvert_config(
             self.file_storage, self.blob_storage,
             relstorage_section("destination", self.dsn, self.blob_dir, self.shared_blob_dir))

@@ -1,13 +1,13 @@
 """``plonedeploy.recipe:varnish`` -- the cache tier: a VCL for Debian's varnish 7 and its command line.
 
-Layout (docs/operations.md, "Cache"): HAProxy's TLS frontend sends GET and HEAD requests
+Layout (docs/explanation/edge.md#cache): HAProxy's TLS frontend sends GET and HEAD requests
 to varnish while varnish is UP; varnish fetches misses from HAProxy's **cache-fill
 listener** (this part's ``backend``), which hands them to the same ZEO client pool. The
 haproxy part that names this part in its ``cache`` option binds that listener. The plain
 frontend (the load tests' :8080) never goes through the cache.
 
 Options: ``optiontables.VARNISH`` (name, default, allowed values, one line each;
-docs/recipe.md's table is generated from it).
+docs/reference/recipe.md's table is generated from it).
 
 Output: ``parts/<name>/varnish.vcl``, written only after ``varnishd -C`` compiled it (a
 rejected VCL raises ``zc.buildout.UserError`` with varnish's message), and the option

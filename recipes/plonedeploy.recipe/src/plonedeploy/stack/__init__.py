@@ -1,5 +1,5 @@
 """``bin/stack``: start, stop and inspect the whole stack that ``plonedeploy.recipe:stack``
-describes in ``parts/<name>/stack.json`` (or any config of that shape: loadtests.extrabuild
+describes in ``parts/<name>/stack.json`` (or any config of that shape: loadtests.core.extrabuild
 writes its own). Its own package, separate from the recipe that writes its configuration; the
 load tools and the tests use its modules' functions, never the recipe class. This module
 imports nothing, so that Ansible's controller can import :mod:`.rules` and :mod:`.rolling`

@@ -57,7 +57,7 @@ def cache_state(config, timeout=2.0):
 
 def restart_client(config, proc, timeout=rolling.TIMEOUT):
     """Rolling restart of the ZEO client ``proc`` (a ``processes`` entry of ``config``):
-    :func:`plonedeploy.recipe.rolling.restart_client`, the steps the Ansible playbooks run
+    :func:`plonedeploy.stack.rolling.restart_client`, the steps the Ansible playbooks run
     too (drain in HAProxy, restart, health check, enable), with the stop and start through
     the stack's supervisord (:func:`stop_process`, :func:`start_stage`) as the restart step.
 

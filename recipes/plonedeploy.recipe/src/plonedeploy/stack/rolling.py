@@ -163,9 +163,9 @@ def drain(socket_path, backend, server, timeout=TIMEOUT):
     in ``backend`` and in every other backend that has the server (:func:`backends_of`):
     first wait (at most ``timeout`` seconds) until every other server of ``backend`` is UP
     (or in MAINT: an operator's), so that a client is never taken out while a peer is DOWN
-    (a memory watchdog's recycle, docs/operations.md); then state drain, wait (at most
-    ``timeout`` seconds) until it holds no session and has no queued request in any of
-    them, then state maint. Where it is in MAINT already it only gets the wait.
+    (a memory watchdog's recycle, docs/how-to/operate.md#memory-watchdog); then state drain,
+    wait (at most ``timeout`` seconds) until it holds no session and has no queued request in
+    any of them, then state maint. Where it is in MAINT already it only gets the wait.
 
     Returns ``(status before, status after)`` in ``backend`` (``after`` is ``MAINT``).
     Raises RollingError as :func:`server_stats`, when a peer stays DOWN for ``timeout``

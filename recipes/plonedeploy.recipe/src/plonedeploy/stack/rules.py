@@ -48,7 +48,7 @@ def check_target(health_check, name, metrics_address):
 #: plonedeploy/runtime/servers/); ``uwsgi`` is the
 #: uWSGI project's ``pyuwsgi`` wheel (uWSGI as a Python extension). ``mod_wsgi`` needs no
 #: egg of the client: Apache embeds the system Python through mod_wsgi, which lives in a
-#: venv of its own (:data:`MOD_WSGI_EXPRESS`). See docs/servers.md.
+#: venv of its own (:data:`MOD_WSGI_EXPRESS`). See docs/reference/servers.md.
 SERVERS = {
     "pyruvate": ("pyruvate",),
     "waitress": ("waitress",),
@@ -85,7 +85,7 @@ DEFAULT_THREADS = 2
 #: ConflictError is published again. Before retry *n* (from 1) Zope sleeps a random
 #: 0..2**(n-1) s in the worker thread, so *n* retries may add up to 2**n - 1 s: up to 6 keeps
 #: that (63 s) below HAProxy's 120 s ``timeout server``; more would answer 504 while Zope
-#: still retries. The default is measured (docs/tuning.md, "Conflict retries"): with Zope's
+#: still retries. The default is measured (docs/how-to/tuning.md#conflict-retries): with Zope's
 #: own 3, 4.6-6.2 % of concurrent document creations failed in the write benchmark on a
 #: loaded machine, with 5 0.3-0.7 %.
 CONFLICT_RETRIES = tuple(str(n) for n in range(0, 7))
@@ -102,7 +102,7 @@ def auto_threads(server, cores, clients):
     """The ``threads = auto`` rule: ``(threads, reason)`` for one ZEO client.
 
     ``cores``: CPUs the host gives the clients; ``clients``: ZEO clients on that host.
-    The rule and the data behind it are in docs/tuning.md: one Zope process uses about one
+    The rule and the data behind it are in docs/how-to/tuning.md: one Zope process uses about one
     core (the GIL), so threads add throughput only while a request waits (ZEO loads,
     network); on /Plone 2 threads were within noise of 1 and 4 were slower
     (``python -m loadtests scaling``), and with more clients than cores a second thread only adds a
@@ -119,11 +119,11 @@ def auto_threads(server, cores, clients):
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-#: The ``memory-limit`` rule (docs/tuning.md, "Memory limit"): what the rest of a client host
+#: The ``memory-limit`` rule (docs/how-to/tuning.md#memory-limit): what the rest of a client host
 #: keeps (ZEO server, HAProxy, varnish, the kernel and its page cache of Data.fs and blobs),
 #: the share of the remainder the clients' limits add up to (the rest is headroom for the
 #: growth during ``memory-limit-grace`` and for one spike), and the floor: 2x the 184-256 MiB
-#: peak RSS a client of the demo site reaches (docs/performance.md), since a limit below a
+#: peak RSS a client of the demo site reaches (docs/explanation/why-pyruvate.md), since a limit below a
 #: client's working size only recycles it into the backoff.
 MEMORY_RESERVE = 1 * GiB
 MEMORY_SHARE = 0.75
@@ -185,7 +185,7 @@ UPLOAD_BACKEND = "uploads"
 
 
 def ab_contract(page_servers, upload_servers, bind, stats_bind, tls_bind, balance, run_dir):
-    """The A/B tool's facts about a deployed stack (``loadtests.abtest --stack-config``), a dict.
+    """The A/B tool's facts about a deployed stack (``python -m loadtests ab --stack-config``), a dict.
 
     The one source of ``abtest.json`` (the Ansible haproxy role, through the filter
     ``plonedeploy_ab_contract``) and of those keys in ``parts/<stack>/stack.json`` (the

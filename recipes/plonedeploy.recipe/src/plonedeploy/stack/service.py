@@ -23,7 +23,7 @@ LOG_DIRECTORY_MODE = 0o1770
 #: What ``bin/stack start`` says on stderr when root starts a stack without a service user.
 ROOT_WARNING = ("bin/stack: warning: running as root without [{part}] service-user: the ZEO server and the "
                 "ZEO clients run as root. Set service-user = plonedeploy (an unprivileged system user; "
-                "make build SERVICE_USER=plonedeploy) and run bin/buildout again (docs/operations.md, Users).")
+                "make build SERVICE_USER=plonedeploy) and run bin/buildout again (docs/how-to/operate.md#users).")
 
 
 def service_users(config):

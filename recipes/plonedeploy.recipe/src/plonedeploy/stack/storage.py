@@ -13,7 +13,7 @@ import os
 import re
 
 #: ``storage`` values of the ``instance`` recipe (and ``zeoclient_storage`` of the Ansible
-#: role): a ZEO client, or a RelStorage client of PostgreSQL (docs/storage.md).
+#: role): a ZEO client, or a RelStorage client of PostgreSQL (docs/how-to/relstorage.md).
 STORAGES = ("zeo", "relstorage")
 DEFAULT_STORAGE = "zeo"
 #: ``relstorage-blobs`` values mapped to RelStorage's ``shared-blob-dir``: ``database``

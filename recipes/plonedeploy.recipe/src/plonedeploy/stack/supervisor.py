@@ -34,7 +34,7 @@ _STOPPABLE = _ALIVE + ("BACKOFF",)
 
 def supervisor_config(config):
     """Path of the supervisord.conf of ``config`` (stack.json's ``supervisor_config``, else
-    ``<run_dir>/supervisor/supervisord.conf`` for the run configs of loadtests.extrabuild)."""
+    ``<run_dir>/supervisor/supervisord.conf`` for the run configs of loadtests.core.extrabuild)."""
     return config.get("supervisor_config") or os.path.join(config["run_dir"], "supervisor", "supervisord.conf")
 
 

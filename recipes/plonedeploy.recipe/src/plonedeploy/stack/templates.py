@@ -1,6 +1,6 @@
 """Where the kit's templates are, and how they are rendered.
 
-One copy of each template, in the project's folders (docs/architecture.md, "Templates"):
+One copy of each template, in the project's folders (docs/reference/recipe.md#templates):
 ``templates/`` holds what the recipe and the Ansible roles share (the wsgi ini of each WSGI
 server, ``<server>.ini.in`` and ``_common.ini.in``; ``varnish.vcl.j2``; supervisord's
 ``supervisord.conf.j2`` and ``program.conf.j2``; ``logrotate.conf.in``), ``haproxy/`` the

@@ -1,6 +1,6 @@
 """``egg:plonedeploy.runtime#hello``: a hello-world WSGI app, and a runner that serves it.
 
-The benchmark matrix (loadtests/matrix.py) measures each WSGI server on a trivial app
+The benchmark matrix (loadtests/matrix/matrix.py) measures each WSGI server on a trivial app
 as well as on Zope, so its figures compare with the old server benchmarks (which served
 hello world) and show what the server costs by itself. The app answers every request
 with ``200 OK``, ``Content-Type: text/plain`` and the 13 bytes ``Hello, world!``.

@@ -51,7 +51,7 @@ Series (units in the names; all per client process):
   ``plonedeploy_memory_recycle_blocked{reason}``: 1 while RSS is above the limit and it
   does not recycle (``backoff``: ``memory-limit-restarts`` per hour reached; ``no_peer``);
   ``plonedeploy_memory_limit_bytes``. Only with ``memory_limit``
-  (:mod:`plonedeploy.runtime.watchdog`, docs/operations.md, "Memory watchdog").
+  (:mod:`plonedeploy.runtime.watchdog`, docs/how-to/operate.md#memory-watchdog).
 - ``process_*`` (resident memory, CPU seconds, open file descriptors) and
   ``python_gc_*``, ``python_info`` from prometheus-client's own collectors.
 

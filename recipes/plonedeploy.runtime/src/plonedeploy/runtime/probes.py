@@ -16,8 +16,8 @@ the client's process, so each answers in milliseconds while every Zope thread is
   reads keep being answered from the object and ZEO caches: taking every client out for it
   would turn a blip into an outage). Stuck: every worker thread has held its request longer
   than ``stall_timeout`` seconds (a client with one slow export is busy, not broken).
-  HAProxy checks this path on every client (``check addr/port``, docs/operations.md,
-  "Probes").
+  HAProxy checks this path on every client (``check addr/port``,
+  docs/how-to/operate.md#probes).
 
 Every answer is ``text/plain``; anything else on the port but ``/metrics`` is 404.
 """
@@ -37,7 +37,7 @@ logger = logging.getLogger("plonedeploy.probes")
 LIVE, READY, STARTUP = "/livez", "/readyz", "/startupz"
 PROBES = (LIVE, READY, STARTUP)
 
-#: Defaults of the recipe options of the same names (seconds); docs/operations.md, "Probes".
+#: Defaults of the recipe options of the same names (seconds); docs/how-to/operate.md#probes.
 STORAGE_GRACE = 30.0
 STALL_TIMEOUT = 60.0
 

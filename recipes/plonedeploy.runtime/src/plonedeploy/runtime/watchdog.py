@@ -1,6 +1,6 @@
 """The memory watchdog of a ZEO client: recycle the process when its RSS stays above a limit,
-drained first, one client at a time and never the last one (docs/operations.md, "Memory
-watchdog").
+drained first, one client at a time and never the last one
+(docs/how-to/operate.md#memory-watchdog).
 
 A thread of the client (started by the ``metrics`` filter next to the probes) calls
 :meth:`Watchdog.tick` every ``INTERVAL`` seconds. The steps:

@@ -11,7 +11,7 @@ mod_wsgi daemon process (``--processes 1``: one ZEO client) with ``threads`` thr
 so loads Zope from the same ini (:func:`plonedeploy.runtime.servers.load_app`). SIGTERM
 to the process group stops all three.
 
-Two things differ from the other servers (docs/servers.md):
+Two things differ from the other servers (docs/reference/servers.md):
 
 - **another Python**: mod_wsgi embeds the Python it was compiled against. It is built
   against the system's ``/usr/bin/python3`` (Debian's 3.11, the same cp311 ABI as the
