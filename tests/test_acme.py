@@ -1,4 +1,4 @@
-"""The ACME route of haproxy.cfg.j2 (the Ansible role's haproxy_acme_*, docs/operations.md
+"""The ACME route of haproxy.cfg.j2 (the Ansible role's haproxy_acme_*, docs/how-to/tls.md,
 "ACME certificates"), on a real HAProxy of the test's own (ports of the OS's choosing, an
 HTTP server in this process standing for certbot's standalone server): the CA's HTTP-01
 request for /.well-known/acme-challenge/ on the plain listener reaches the ACME client before

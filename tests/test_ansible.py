@@ -584,7 +584,7 @@ def test_processes_run_under_supervisor(deployed):
         assert re.search(rf"^{name}\s+RUNNING", status, re.MULTILINE), status
 
 
-#: Prometheus' targets in the local converge, ``(job, instance)``; docs/ansible.md names them
+#: Prometheus' targets in the local converge, ``(job, instance)``; docs/how-to/ansible.md names them
 #: and their number (tests/test_doc_figures.py checks it).
 PROMETHEUS_TARGETS = frozenset({
     ("prometheus", "127.0.0.1:18190"), ("haproxy", "127.0.0.1:18404"), ("varnish", "127.0.0.1:19131"),

@@ -200,7 +200,7 @@ def test_varnish_down_sends_requests_straight_to_the_pool(stack, edge):
     answered 200, with https links and no varnish header; started again, they go through
     varnish again. A GET that HAProxy sent to varnish before it was DOWN gets HAProxy's 503
     after its connect retries (a second apart, measured ~3 s) and nothing worse: there is no
-    other server in the cache backend to retry on (docs/operations.md, "Cache")."""
+    other server in the cache backend to retry on (docs/explanation/edge.md, "Cache")."""
     from plonedeploy.stack.balancer import cache_state
     from plonedeploy.stack.supervisor import stop_process
 

@@ -1,5 +1,5 @@
 """loadtests.cache.cachebench: its argument checks and its summary, without a stack (the
-benchmark itself is run by hand: docs/operations.md, "Cache")."""
+benchmark itself is run by hand: docs/explanation/edge.md, "Cache")."""
 import pytest
 
 from loadtests.cache import cachebench

@@ -3,7 +3,7 @@ generator, one run's accounting around either generator, the report, and on the 
 the fairness mechanism: under 50x more connections than HAProxy has server slots, every
 connection is served. The 1,000-connection wrk run on every path is in
 tests/test_reliability.py; the closed-loop client's own tests in tests/test_closedloop.py.
-Timing figures come from the command (docs/performance.md), not from here."""
+Timing figures come from the command (docs/results.md), not from here."""
 import json
 import os
 import stat

@@ -82,7 +82,7 @@ def pins_split(found):
     total, fetched, own = pins()
     _, build, servers, relstorage, _, _ = found
     assert build + servers + relstorage == total, (
-        f"docs/pins.md: the split {build} + {servers} + {relstorage} of versions.cfg's pins is "
+        f"docs/how-to/pins.md: the split {build} + {servers} + {relstorage} of versions.cfg's pins is "
         f"{build + servers + relstorage}, not its {total} pins")
     return total, build, servers, relstorage, fetched, own
 

@@ -2,7 +2,7 @@
 blob downloads whole and aborted.
 
 Each attack goes to the running HAProxy (``stack`` fixture, conftest.py) with the functions
-of ``loadtests.edge.attacks`` (the same that print the table of docs/operations.md). A request
+of ``loadtests.edge.attacks`` (the same that print the table of docs/explanation/edge.md). A request
 "never reached Zope" when no ZEO client's access log gained a line for it.
 """
 import glob

@@ -2,7 +2,7 @@
 by every disguise Zope decodes, client-sent virtual hosting, and the headers a visitor sees.
 
 The requests are ``loadtests.edge.bypass``'s (the same that ``python -m loadtests attacks``
-reports in docs/operations.md's edge table). buildout.cfg's manage-networks and
+reports in docs/explanation/edge.md's edge table). buildout.cfg's manage-networks and
 per-source-exempt are 127.0.0.1/32; the outsider is 127.0.0.6 on the same loopback.
 """
 import re

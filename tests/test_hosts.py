@@ -171,8 +171,8 @@ UNITS = [
 
 def test_hardened_systemd_units(tmp_path):
     """process_manager_kind: systemd: each unit passes systemd-analyze verify, has the
-    hardening of docs/ansible.md, and systemd-analyze security --offline=true rates it; the
-    ratings are the table of docs/ansible.md."""
+    hardening of docs/how-to/ansible.md, and systemd-analyze security --offline=true rates it; the
+    ratings are the table of docs/how-to/ansible.md."""
     paths = render_units(UNITS, tmp_path)
     for unit, path in zip(UNITS, paths):
         text = open(path, encoding="utf-8").read()
@@ -187,7 +187,7 @@ def test_hardened_systemd_units(tmp_path):
     exposure = {name: (float(value), rating) for name, value, rating in re.findall(
         r"Overall exposure level for plonedeploy-(\S+)\.service: ([0-9.]+) (\w+)", security.stdout)}
     print("\nsystemd-analyze security --offline=true:", exposure)
-    # docs/ansible.md's table: the programs with a user of their own 1.7, the root masters
+    # docs/how-to/ansible.md's table: the programs with a user of their own 1.7, the root masters
     # with their capabilities (HAProxy 2.4, varnish 2.9); systemd rates all "OK"
     assert set(exposure) == {unit["name"] for unit in UNITS}, security.stdout[-2000:]
     assert {rating for _value, rating in exposure.values()} == {"OK"}, exposure

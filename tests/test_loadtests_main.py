@@ -46,7 +46,7 @@ def test_the_subcommand_gets_its_arguments_untouched():
     assert "--paths: nowhere not allowed" in result.stderr
 
 
-# The old module commands (docs/bench.md, "Old names"): top-level aliases or the packages'
+# The old module commands (docs/reference/loadtests.md, "Old names"): top-level aliases or the packages'
 # __main__ since the subcommands moved into packages of their own; one option each.
 OLD_NAMES = {"abtest": "--users", "connections": "--connections", "fairness": "--connections",
              "matrix": "--servers", "cachebench": "--connections", "attacks": "--slow-connections",

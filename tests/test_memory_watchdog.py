@@ -1,4 +1,4 @@
-"""The memory watchdog on the running stack (issue 28, item 3; docs/operations.md, "Memory
+"""The memory watchdog on the running stack (issue 28, item 3; docs/how-to/operate.md, "Memory
 watchdog"): a client whose memory-limit is below its working size, under a wrk load
 through HAProxy, is recycled (drained through /readyz, SIGTERM to itself, started again by
 the stack's supervisord, warm) until its backoff stops it; no request fails and the two page

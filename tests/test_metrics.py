@@ -2,7 +2,7 @@
 
 Uses the session fixture ``stack`` (conftest.py): the built stack, started once. Each test
 scrapes the real endpoints named in ``parts/stack/stack.json`` (``metrics``,
-``haproxy_metrics_url``) and checks named series; docs/operations.md, "Metrics".
+``haproxy_metrics_url``) and checks named series; docs/how-to/operate.md, "Metrics".
 """
 import os
 import re
@@ -143,7 +143,7 @@ def test_each_client_answers_scrapes_while_every_thread_is_busy(stack, clients):
     front), so every thread is busy all the time; meanwhile 10 scrapes of its exporter each
     answer within 2 s, and at least one sees every ZODB connection of the pool in use (the
     load really took every thread). The exporter's own thread and socket do not wait for a
-    Zope thread (docs/operations.md, "Metrics"; measured 7-66 ms with both workers busy)."""
+    Zope thread (docs/how-to/operate.md, "Metrics"; measured 7-66 ms with both workers busy)."""
     import threading
 
     for part, url in clients.items():

@@ -1,5 +1,5 @@
 """Writes are never replayed: a POST whose ZEO client died after its transaction committed is
-not sent again to another client by HAProxy's layer-7 retries (docs/operations.md,
+not sent again to another client by HAProxy's layer-7 retries (docs/explanation/edge.md,
 "Security defaults").
 
 The test runs a copy of the stack's waitress client (``client2``: its eggs, its zope.conf

@@ -382,7 +382,7 @@ def test_threads_refuses_words_other_than_auto():
                               "expected a positive integer such as 2, or auto")
 
 
-# storage = relstorage (docs/storage.md)
+# storage = relstorage (docs/how-to/relstorage.md)
 
 @pytest.mark.parametrize("value, expected", [
     ("host=127.0.0.1 port=5432 dbname=plone user=plone passfile=/srv/var/pgpass",

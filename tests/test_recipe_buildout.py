@@ -197,7 +197,7 @@ def test_haproxy_config_from_client_parts(built):
     # no manage-networks: the ZMI from no address (it was open to all before)
     assert "\n    acl admin_network always_false\n" in text
     assert "\n    http-request deny deny_status 403 if zmi !admin_network\n" in text
-    # the edge (docs/operations.md, "Edge limits"): the body is held before a server is
+    # the edge (docs/explanation/edge.md, "Edge limits"): the body is held before a server is
     # chosen, larger bodies go to the upload lane, Host is the bind's host unless set
     assert "\n    http-request wait-for-body time 10s\n" in text
     assert "acl body_large req.hdr(content-length) -m int gt 8192" in text
@@ -707,7 +707,7 @@ def test_no_metrics_filter_without_address(built):
 
 def test_threads_auto_follows_cores_and_clients(tmp_path):
     """threads = auto: 3 clients (the upload client counts) on 4 cores -> 2 threads; on 1
-    core -> 1 (docs/tuning.md). The choice is logged with its reason and flows into
+    core -> 1 (docs/how-to/tuning.md). The choice is logged with its reason and flows into
     pool-size, the connection cache budget and HAProxy's maxconn. One buildout: client2
     claims 1 core, instance 4."""
     result = buildout(tmp_path, "[instance]\nthreads = auto\ncpu-cores = 4\nzodb-cache-memory = 256MB\n"

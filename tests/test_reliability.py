@@ -1,6 +1,6 @@
 """The kit's promises under failure and abuse (issue #5), on the real stack.
 
-Short versions for CI; ``loadtests.connections.connections`` and the figures in docs/operations.md are
+Short versions for CI; ``loadtests.connections.connections`` and the figures in docs/how-to/operate.md are
 the full-length runs. Every test leaves the stack as it found it: all servers UP.
 """
 import json

@@ -1,4 +1,4 @@
-"""The stack on RelStorage against a real PostgreSQL 15 (relstorage.cfg; docs/storage.md).
+"""The stack on RelStorage against a real PostgreSQL 15 (relstorage.cfg; docs/how-to/relstorage.md).
 
 One module-scoped build of relstorage.cfg in a directory of its own, on ports 9650-9663
 (``PORTS``): a postgresql part, the page clients ``instance`` (pyruvate) and ``client2``
@@ -10,7 +10,7 @@ converting that Data.fs into a database of its own) and ``converted`` (a RelStor
 that database, started by the conversion test alone, on 9658). It starts the stack, creates the site with
 scripts/create_site.py (its 5 MiB blob goes into PostgreSQL), and checks pages, the blob,
 a rolling restart under load and a PostgreSQL restart under writes; then the operations of
-docs/storage.md: the demo site moved from a Data.fs by bin/zodbconvert and served from
+docs/how-to/relstorage.md: the demo site moved from a Data.fs by bin/zodbconvert and served from
 PostgreSQL, bin/postgresql dump and restore in place of a dropped database, bin/zodbpack,
 and last the cluster's files. Everything is stopped by PID (bin/stack stop) and the
 directory removed at the end.
@@ -23,7 +23,7 @@ Most of its time is the clients' start-ups (twice: the restore needs them stoppe
 converted site's client) and the site creation (twice: into PostgreSQL and into the Data.fs
 to convert). 130-175 s on a quiet 2-core machine before the demo site's conversion was
 added; 878 s on 25 Nov 2026 with other test runs beside it (load average 5-7), of it 96 s
-for the conversion test (docs/storage.md, "What is tested").
+for the conversion test (docs/how-to/relstorage.md, "What is tested").
 """
 import hashlib
 import json
@@ -373,7 +373,7 @@ def _wait_http(url, process, timeout=180):
 
 
 def test_zodbconvert_moves_the_demo_site_into_postgresql(relstack):
-    """docs/storage.md's migration on the demo site: scripts/create_site.py writes the site
+    """docs/how-to/relstorage.md's migration on the demo site: scripts/create_site.py writes the site
     with its 5 MiB blob into a FileStorage Data.fs and blob directory (where a ZEO build keeps
     them); with the built config bin/zodbconvert --dry-run lists its transactions and
     bin/zodbconvert copies all of them (history too) into an empty database; a RelStorage client
@@ -437,7 +437,7 @@ def test_zodbconvert_moves_the_demo_site_into_postgresql(relstack):
 def test_dump_and_restore_bring_back_content_and_blob(relstack):
     """bin/postgresql dump while the clients run; a document written after it; a restore
     refused while the clients are connected; the stack stopped and PostgreSQL started alone
-    (docs/storage.md's steps); a truncated dump refused with the database untouched; the
+    (docs/how-to/relstorage.md's steps); a truncated dump refused with the database untouched; the
     site's database dropped, bin/postgresql restore, the stack started with empty blob
     caches: the document from before the dump is there, the one from after it is not, and
     the 5 MiB blob downloads with the sha256 it had."""

@@ -1,5 +1,5 @@
 """Self-healing on the running stack (issue 28): the probes each ZEO client answers on its
-metrics address, HAProxy's checks on them, the warm-up (docs/operations.md, "Probes").
+metrics address, HAProxy's checks on them, the warm-up (docs/how-to/operate.md, "Probes").
 
 Each test leaves the stack as it found it: every server UP, ZEO running.
 """
@@ -84,7 +84,7 @@ def test_busy_client_stays_up_and_a_stopped_one_goes_down(stack):
     ZEO server, whose connection stays open): HAProxy keeps it UP, as /readyz answers from
     the metrics thread (with /Plone/@@ok through a Zope thread the check had waited behind
     them). Then the client itself SIGSTOPped: DOWN within inter x fall (6 s), the promise of
-    docs/operations.md (11.9 s before timeout check and fastinter, 6.3-7.7 s while the
+    docs/how-to/operate.md (11.9 s before timeout check and fastinter, 6.3-7.7 s while the
     defaults' timeout connect 5s made each timed-out check last 1.5 s); SIGCONT: UP again."""
     name = "instance"
     base, threads = stack.client_urls[name], stack.config["clients"][name]["threads"]
@@ -161,7 +161,7 @@ def test_a_restarted_client_is_warm_before_haproxy_sends_it_traffic(stack):
     own first request was 60-100 ms slower: CI saw 2.6-3.3x before) and froze the heap, so
     the first /Plone sent to it afterwards
     takes at most 2x the p50 of the 10 after it (a cold first /Plone after a restart took
-    1.8 s against a warm 0.1 s: docs/operations.md, "Probes"). One request's time varies
+    1.8 s against a warm 0.1 s: docs/how-to/operate.md, "Probes"). One request's time varies
     by half on this shared machine, so a first that misses gets one more restart; both
     tries are printed."""
     name = "instance"

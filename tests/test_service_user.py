@@ -1,4 +1,4 @@
-"""Who runs what on the buildout path (docs/operations.md, "Users"): bin/stack started as root
+"""Who runs what on the buildout path (docs/how-to/operate.md, "Users"): bin/stack started as root
 with ``[service] user`` (make build sets plonedeploy as root) runs the ZEO server and the
 ZEO clients as that unprivileged user, HAProxy as ``[service] balancer-user`` (Debian's
 haproxy) once it has bound its ports, and varnishd's cache process as Debian's vcache

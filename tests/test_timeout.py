@@ -1,4 +1,4 @@
-"""The per-test timeout (pytest-timeout, pytest.ini; docs/testing.md, "Timeouts").
+"""The per-test timeout (pytest-timeout, pytest.ini; docs/how-to/testing.md, "Timeouts").
 
 A hanging test must not eat CI's 90 minutes: an inner pytest, independent of this suite's
 conftest and ini but with pytest.ini's ``timeout_method``, runs tests that wait for a
