@@ -69,6 +69,7 @@ def test_mod_wsgi_one_daemon_process_with_threads():
     assert value("--processes") == "1" and value("--threads") == "3"
     assert value("--host") == "127.0.0.1" and value("--port") == "9391"
     assert value("--server-root") == "/b/var/c/mod_wsgi-9391"
+    assert value("--python-path") == value("--server-root")  # its eggs.pth lists the part's eggs
     assert value("--locale") == "C.UTF-8"  # express's default en_US.UTF-8 is not installed
     assert value("--startup-timeout") == "180" and value("--limit-request-body") == "1048576"
     assert "--user" not in args  # never switched by Apache: the factory drops privileges itself

@@ -17,8 +17,11 @@ Two things differ from the other servers (docs/reference/servers.md):
   against the system's ``/usr/bin/python3`` (Debian's 3.11, the same cp311 ABI as the
   eggs) in a venv of its own (``express``, made by scripts/install-system.sh): the
   project's own interpreter may live where the service user cannot read it (pyenv under
-  ``/root``). The WSGI script puts this process's ``sys.path`` (the part's eggs), minus
-  the interpreter's own library, on the daemon's path.
+  ``/root``). This process's ``sys.path`` (the part's eggs), minus the interpreter's own
+  library, reaches the daemon's path as ``eggs.pth`` in the server root, which
+  mod_wsgi-express's ``--python-path`` names: mod_wsgi adds it with ``site.addsitedir``,
+  which reads the ``.pth`` file (one line per egg; Apache's config lines are too short for
+  the list itself).
 - **not as root**: Apache refuses to serve as root (``AH00526 ... Apache has not been
   designed to serve pages while running as root``), and switching to another user would
   happen in Apache. When ``bin/<part>`` runs as root, this factory makes ``run_as`` own
@@ -52,12 +55,13 @@ KEYS = ("host", "port", "threads", "express", "run_as", "server_root", "writable
         "keep_alive_timeout", "request_timeout", "startup_timeout", "queue_timeout",
         "socket_timeout", "limit_request_body")
 
+#: The file in the server root that lists the part's eggs for the daemon's ``site.addsitedir``.
+PATH_FILE = "eggs.pth"
+
 SCRIPT = '''\
 # Written by plonedeploy.runtime.servers.mod_wsgi: the WSGI script of mod_wsgi's daemon
-# process, which embeds the system Python. The part's eggs, then the ini's app.
-import sys
-sys.path[0:0] = {path!r}
-
+# process, which embeds the system Python; the part's eggs are on its path by eggs.pth
+# beside this file (mod_wsgi-express --python-path). The ini's app:
 from plonedeploy.runtime.servers.mod_wsgi import daemon_app
 application = daemon_app({ini!r})
 '''
@@ -74,6 +78,7 @@ def express_args(conf, script):
             "--server-root", conf["server_root"],
             "--locale", conf["locale"],
             "--log-to-terminal",                # Apache's error log to bin/<part>'s output
+            "--python-path", conf["server_root"],  # its eggs.pth: the part's eggs
             "--application-type", "script", "--callable-object", "application"]
     for key in ("keep_alive_timeout", "request_timeout", "startup_timeout", "queue_timeout",
                 "socket_timeout", "limit_request_body"):
@@ -164,12 +169,16 @@ def server_factory(global_conf, **conf):
     prepare(conf, user)
     script = args[2]
     with open(script, "w", encoding="utf-8") as fp:
-        fp.write(SCRIPT.format(path=eggs_path(), ini=ini))
+        fp.write(SCRIPT.format(ini=ini))
+    path_file = os.path.join(conf["server_root"], PATH_FILE)
+    with open(path_file, "w", encoding="utf-8") as fp:
+        fp.write("".join(entry + "\n" for entry in eggs_path()))
     env = {key: value for key, value in os.environ.items() if key in ("PATH", "TZ")}
     env["LANG"] = conf["locale"]
     if user is not None:
         env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
         os.chown(script, user.pw_uid, user.pw_gid)
+        os.chown(path_file, user.pw_uid, user.pw_gid)
         os.setgroups([g.gr_gid for g in grp.getgrall() if user.pw_name in g.gr_mem])
         os.setgid(user.pw_gid)
         os.setuid(user.pw_uid)
