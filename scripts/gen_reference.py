@@ -34,7 +34,6 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "recipes", "plonedeploy.recipe", "src"))
 
 RECIPE_PAGE = os.path.join("docs", "reference", "recipe.md")
 ANSIBLE_PAGE = os.path.join("docs", "reference", "ansible-variables.md")

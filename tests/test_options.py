@@ -590,11 +590,8 @@ RECIPE_PAGE = os.path.join(ROOT, "docs", "reference", "recipe.md")
 
 
 def _gen_reference():
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    try:
-        import gen_reference
-    finally:
-        sys.path.remove(os.path.join(ROOT, "scripts"))
+    import gen_reference  # scripts/ (pytest.ini: pythonpath)
+
     return gen_reference
 
 
