@@ -43,6 +43,7 @@ from plonedeploy.recipe import edge, tls, varnish
 from plonedeploy.recipe.optiontables import HAPROXY, INSTANCE, DeclaredOptions
 from plonedeploy.recipe.options import (
     BALANCE_ALGORITHMS,
+    HAPROXY_TEMPLATE,
     check_choice,
     fail,
     find_program,
@@ -166,7 +167,8 @@ class Recipe:
             for value in opts.setdefault("manage-networks").split()
         ]
         self.user, self.group = self.parse_user(name, options)
-        options["template"] = template_option(name, opts, "template", "haproxy.cfg.j2")
+        options["template"] = template_option(name, opts, "template", "haproxy.cfg.j2",
+                                              os.path.dirname(HAPROXY_TEMPLATE))
         options["location"] = os.path.join(buildout["buildout"]["parts-directory"], name)
         self.chroot = self.parse_chroot(name, options, self.user)
         options["config"] = os.path.join(options["location"], "haproxy.cfg")

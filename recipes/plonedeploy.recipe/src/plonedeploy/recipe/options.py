@@ -234,19 +234,18 @@ def check_choice(part, option, value, choices):
     return value
 
 
-def template_option(part, options, option, filename):
+def template_option(part, options, option, filename, directory=TEMPLATES_DIRECTORY):
     """Resolve a part's template option; return the template file's absolute path.
 
     ``option`` is ``templates-directory`` (a directory that must hold ``filename``) or
     ``template`` (the file itself); unset, it defaults to the package's own
-    (:data:`TEMPLATES_DIRECTORY`, or ``filename`` in it; HAProxy's :data:`HAPROXY_TEMPLATE`) and is written back into
+    (``directory``, default :data:`TEMPLATES_DIRECTORY`, or ``filename`` in it) and is written back into
     ``options`` so that ``bin/buildout annotate`` shows what was used.
 
     Raises ``zc.buildout.UserError`` naming the part, the option and the value when the
     directory or the file does not exist.
     """
-    default = (TEMPLATES_DIRECTORY if option == "templates-directory"
-               else HAPROXY_TEMPLATE if filename == "haproxy.cfg.j2" else os.path.join(TEMPLATES_DIRECTORY, filename))
+    default = directory if option == "templates-directory" else os.path.join(directory, filename)
     value = options.get(option, "").strip() or default
     options[option] = value
     path = os.path.join(value, filename) if option == "templates-directory" else value
