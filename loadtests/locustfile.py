@@ -32,9 +32,10 @@ Options added to Locust's own (``locust -f loadtests/locustfile.py --help``):
 ``--warmup S`` (seconds, default 0)
     Requests that finish in the first S seconds after the test started are left out of
     ``--per-server-stats`` (only counted in ``"warmup_requests": {server: count}``);
-    ``elapsed_s`` then counts from the end of the warm-up. With ``--warm-mark PATH`` the
+    ``elapsed_s`` then counts from the end of the warm-up (``warm_at``, epoch seconds). With ``--warm-mark PATH`` the
     file PATH is written when the warm-up is over, so that the caller can read HAProxy's
-    counters at the same moment.
+    counters at the same moment; it holds the end of the warm-up in epoch seconds, the
+    instant the windows below start from (also when the file came late).
 ``--window S`` (seconds, default 5)
     ``--per-server-stats`` also gets ``"windows": [{"start_s": s, "servers": {server:
     {request name or "all": {"n", "failures", "p50_ms", "p99_ms"}}}}]``: the same requests cut
@@ -220,6 +221,7 @@ class PerServerStats:
     def as_dict(self):
         return {
             "elapsed_s": max(time.time() - self.warm_at, 0.0),
+            "warm_at": self.warm_at,
             "warmup_s": self.warmup_s,
             "window_s": self.window_s,
             "warmup_requests": dict(sorted(self.warmup_requests.items())),
@@ -298,10 +300,16 @@ def _reset(environment, **_kwargs):
     if isinstance(environment.runner, MasterRunner):
         environment.runner.send_message("plonedeploy_warm_at", _per_server.warm_at)
     if options and options.warm_mark and not isinstance(environment.runner, WorkerRunner):
+        warm_at = _per_server.warm_at
+
         def mark():
-            gevent.sleep(warmup)
+            # The file says when the warm-up ended by the same clock value that cuts the
+            # per-server windows, not when this greenlet woke up: on a busy machine the
+            # wake-up can come seconds late, and the caller's HAProxy-log windows would
+            # then start later than Locust's.
+            gevent.sleep(max(warm_at - time.time(), 0.0))
             with open(options.warm_mark, "w", encoding="utf-8") as fp:
-                fp.write(f"{time.time()}\n")
+                fp.write(f"{warm_at}\n")
         gevent.spawn(mark)
 
 

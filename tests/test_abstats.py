@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from loadtests.ab import abstats, abtest
+from loadtests.core import haproxy_log
 from loadtests.ab.measure import locust_generator_args
 from loadtests.ab.plan import round_plan
 
@@ -139,7 +140,7 @@ def test_server_time_windows_from_haproxy_log(tmp_path, monkeypatch, zone):
         time.tzset()
         try:
             warm = datetime(2026, 11, 23, 12, 0, 1).timestamp()  # 12:00:01 local, as the log's clock
-            windows = abstats.server_time_windows(str(log), "zeoclients", warm, 2.0)
+            windows = haproxy_log.server_time_windows(str(log), "zeoclients", warm, 2.0)
         finally:
             patch.undo()
             time.tzset()  # the rest of this process back in the machine's zone

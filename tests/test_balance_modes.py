@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from conftest import ROOT, boundary, port_taken, run
-from loadtests.core import balancers, stack as core_stack
+from loadtests.core import balancers, haproxy_log, stack as core_stack
 
 DEPLOYED_CONFIG = os.path.join(ROOT, "parts", "haproxy", "haproxy.cfg")
 
@@ -104,8 +104,8 @@ def test_queue_waits_counts_queued_requests(tmp_path):
         '127.0.0.1:39350 [22/Nov/2026:09:51:49.918] plone zeoclients/client2 0/0/0/34/49 200 2200 - - ---- '
         '10/10/8/1/+1 2/0 "GET /Plone HTTP/1.1"\n'
     )
-    assert balancers.queue_waits(str(log), "zeoclients") == (3, 2)
-    assert balancers.queue_waits(str(log), "other") == (0, 0)
+    assert haproxy_log.queue_waits(str(log), "zeoclients") == (3, 2)
+    assert haproxy_log.queue_waits(str(log), "other") == (0, 0)
 
 
 @pytest.mark.integration

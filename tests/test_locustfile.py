@@ -72,3 +72,26 @@ def test_master_waits_for_every_workers_last_report(slow_server, tmp_path):
     assert {name: s["num_requests"] for name, s in data["server_totals"].items()} == counts
     assert sum(e["num_requests"] for e in data["total"].values()) == sum(counts.values())
     assert data["missing_final_reports"] == 0
+
+
+def test_warm_mark_holds_the_instant_the_windows_start_from(slow_server, tmp_path):
+    """The --warm-mark file (which the A/B reads to cut HAProxy's log into windows) holds
+    the same epoch second as the per-server windows' origin (``warm_at``), whenever the
+    file itself was written: a late file must not shift the log's windows (CI, 27 Nov: the
+    HAProxy-log windows of a 6 s A/B run had no window with both servers)."""
+    url, counts = slow_server
+    out, mark = tmp_path / "per_server.json", tmp_path / "warm.mark"
+    started = time.time()
+    result = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", os.path.join(ROOT, "loadtests", "locustfile.py"),
+         "--headless", "--only-summary", "--users", "2", "--spawn-rate", "2", "--run-time", "4s",
+         "--stop-timeout", "10", "--warmup", "1.5", "--warm-mark", str(mark), "--window", "1",
+         "--host", url, "--weights", "root=1,plone=0,json=0,blob=0", "--per-server-stats", str(out),
+         "--loglevel", "WARNING"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    data = json.loads(out.read_text())
+    warm_at = float(mark.read_text())
+    assert warm_at == data["warm_at"]
+    assert started + 1.5 <= warm_at <= mark.stat().st_mtime
+    assert sum(data["warmup_requests"].values()) > 0 and data["windows"], data

@@ -3,6 +3,8 @@
 ``abtest`` (options, ``main``) -> ``plan`` -> one module per mode (``rounds``, ``deployed``,
 ``balance``) -> ``measure`` (a Locust run and its measurements) -> ``abstats`` (statistics,
 rounds) -> ``report``, ``rounds_report``, ``modes_report`` (the reports); ``abslots`` builds
-the rounds' slot clients. Each stage hands the next plain lists and dicts; ``measure`` still
-returns a run's measurements as ``report.build``'s dict, built there.
+the rounds' slot clients. Each stage hands the next plain lists and dicts: ``measure``
+returns a run's measurement (Locust's per-server statistics, HAProxy's counters, CPU),
+``loadtests.core.haproxy_log`` reads the temporary HAProxy's log (server times, queue
+waits), and the run module hands both to the statistics and report stages.
 """

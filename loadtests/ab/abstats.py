@@ -23,14 +23,14 @@ that.
 
 The statistics stage of the A/B: :func:`rounds_report` turns the runs (plain dicts) into
 the report dict (statistics, verdicts, warnings) that ``loadtests.ab.rounds_report``
-renders; :func:`server_time_windows` reads the servers' own time from HAProxy's log.
+renders, from the runs' Locust windows and their ``server_time_windows``
+(:func:`loadtests.core.haproxy_log.server_time_windows`).
 """
-import re
-from datetime import datetime
-
 import numpy as np
 
 from scipy import stats
+
+from loadtests.core.haproxy_log import LOG_PATHS
 
 #: Request names of the locustfile, and "all" (every path of a window together).
 PATHS = ("/", "/Plone", "@json", "blob 5MB", "all")
@@ -54,48 +54,6 @@ def _samples(runs, kind, path):
             rows.append((na, nb, (a or {}).get("p50_ms") if na else np.nan, (b or {}).get("p50_ms") if nb else np.nan,
                          (a or {}).get("p99_ms") if na else np.nan, (b or {}).get("p99_ms") if nb else np.nan))
     return np.array(rows, dtype=float).reshape(-1, 6).T
-
-
-#: HAProxy logs the URL, not the Accept header: /Plone as a page and as JSON are one row.
-LOG_PATHS = {"/": "/", "/Plone": "/Plone + @json", "/Plone/blob-5mb/@@download/file": "blob 5MB"}
-_LOG_LINE = re.compile(
-    r"\[(\d+/\w+/\d+:\d+:\d+:\d+\.\d+)\] \S+ (\S+)/(\S+) -?\d+/-?\d+/-?\d+/(-?\d+)/(-?\d+) (\d{3}) "
-    r'.* "GET (\S+) HTTP')
-
-
-def server_time_windows(log_path, backend, warm_epoch, window_s):
-    """Per-window server times from a temporary HAProxy's ``option httplog`` log.
-
-    ``Tr`` (ms from the request sent to the server until its response headers arrived) is
-    the server's own time: without HAProxy's queue (``Tw``) and without the transfer of the
-    body to Locust (``Ta - Tr``), which on this machine is set by Locust's reading speed.
-    Requests accepted before ``warm_epoch`` (the warm-up mark, epoch seconds) are left out.
-    Returns windows shaped like the locustfile's (``[{"start_s", "servers": {server:
-    {path: {"n", "p50_ms", "p99_ms"}}}}]``, p50/p99 of Tr by ``numpy.percentile``), with
-    the paths of ``LOG_PATHS`` and "all".
-    """
-    times = {}  # (window, server, path) -> [Tr ms]
-    with open(log_path, encoding="utf-8", errors="replace") as fp:
-        for line in fp:
-            match = _LOG_LINE.search(line)
-            if not match or match.group(2) != backend or match.group(6) != "200":
-                continue
-            # HAProxy logs its local time (localtime_r: TZ, else /etc/localtime), which a
-            # naive datetime's timestamp() reads back the same way; a CI host behind UTC
-            # dropped every line as "before the warm-up" when this assumed UTC.
-            accepted = datetime.strptime(match.group(1), "%d/%b/%Y:%H:%M:%S.%f").timestamp()
-            if accepted < warm_epoch:
-                continue
-            path = LOG_PATHS.get(match.group(7))
-            window = int((accepted - warm_epoch) // window_s)
-            for name in (path, "all") if path else ("all",):
-                times.setdefault((window, match.group(3), name), []).append(int(match.group(4)))
-    windows = {}
-    for (window, server, path), values in times.items():
-        p50, p99 = np.percentile(values, [50, 99])
-        windows.setdefault(window, {}).setdefault(server, {})[path] = {
-            "n": len(values), "p50_ms": float(p50), "p99_ms": float(p99)}
-    return [{"start_s": w * window_s, "servers": windows[w]} for w in sorted(windows)]
 
 
 def _share(a, b, axis=-1):

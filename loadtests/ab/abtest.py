@@ -44,12 +44,11 @@ import os
 import signal
 import sys
 from datetime import datetime, timezone
-from urllib.parse import urlsplit
 
 from loadtests.ab import abslots
 from loadtests.ab.balance import run_modes
 from loadtests.ab.deployed import run_deployed
-from loadtests.ab.plan import can_vary
+from loadtests.ab.plan import can_vary, ports as plan_ports
 from loadtests.ab.rounds import run_rounds
 from loadtests.core import balancers
 from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
@@ -177,8 +176,7 @@ def main(argv=None):
         return run_rounds(args, config, directory)
     if deployed_only:
         return run_deployed(args, config, directory)
-    if args.balancer_port is None:
-        args.balancer_port = urlsplit(config["frontend_url"]).port + 10
+    args.balancer_port, _ = plan_ports(args, config)
     return run_modes(args, config, directory, modes)
 
 

@@ -9,7 +9,7 @@ import psutil
 
 from loadtests.ab import modes_report, report
 from loadtests.ab.measure import measure
-from loadtests.core import balancers
+from loadtests.core import balancers, haproxy_log
 
 
 def run_modes(args, config, directory, modes):
@@ -48,7 +48,8 @@ def run_modes(args, config, directory, modes):
                   flush=True)
             if result is None:
                 return 2
-            data, code, per_server = result
+            measurement, code = result
+            data, per_server = report.build(measurement), measurement["per_server"]
             report.write(data, run_dir)
             shares = ", ".join(f"{n} {100 * (s['share'] or 0):.1f}%" for n, s in data["servers"].items()
                                if n in config["server_kinds"])
@@ -57,7 +58,7 @@ def run_modes(args, config, directory, modes):
                   f"foreign CPU {data['meta']['cpu']['foreign_percent']}%", flush=True)
             worst = max(worst, 0 if data["totals"]["failures"] == 0 and code == 0 else 1)
             # The log is complete now that this HAProxy has stopped.
-            logged, queued = balancers.queue_waits(balancer.log_path, config["backend"])
+            logged, queued = haproxy_log.queue_waits(balancer.log_path, config["backend"])
             runs.append({"mode": mode, "round": round_no, "directory": name, "report": data,
                          "per_server": per_server, "balancer_pid": balancer.pid,
                          "queue": {"logged": logged, "queued": queued}})

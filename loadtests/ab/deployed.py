@@ -12,7 +12,8 @@ def run_deployed(args, config, directory):
     result = measure(args, config, directory)
     if result is None:
         return 2
-    data, code, _ = result
+    measurement, code = result
+    data = report.build(measurement)
     _, md_path, png_path = report.write(data, directory)
     print()
     print(report.summary_table(data))

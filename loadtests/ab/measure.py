@@ -13,7 +13,6 @@ from datetime import datetime, timezone
 
 import psutil
 
-from loadtests.ab import report
 from loadtests.core import haproxy_stats
 from loadtests.core.procs import cpu_seconds, free_local_port, machine_busy_seconds, own_cpu_seconds
 from loadtests.core.stack import HERE, stack_pids
@@ -147,9 +146,11 @@ def measure(args, config, directory, label="", balancer=None, extra_procs=None):
     (a psutil.Process) is a temporary HAProxy whose CPU counts as the stack's, and so do
     ``extra_procs`` (``{name: psutil.Process}``, e.g. the A/B slot clients). Every figure
     (HAProxy counters, CPU, Locust's per-server statistics) covers the time after
-    ``args.warmup`` seconds. Returns
-    ``(report dict, Locust exit code, per-server JSON)``, or ``None`` (message printed) when
-    Locust did not produce its results.
+    ``args.warmup`` seconds. Returns ``(measurement, Locust exit code)``, or ``None``
+    (message printed) when Locust did not produce its results. ``measurement`` is the
+    plain dict ``loadtests.ab.report.build`` reads: ``{"meta": run facts and CPU
+    accounting (seconds), "haproxy": {server: stats counter deltas}, "per_server": the
+    locustfile's per_server.json, "server_kinds": {server: WSGI server}}``.
     """
     procs = stack_pids(config)
     procs.update(extra_procs or {})
@@ -229,10 +230,10 @@ def measure(args, config, directory, label="", balancer=None, extra_procs=None):
             "foreign_percent": round(100.0 * foreign / (wall * cores), 1),
         },
     }
-    data = report.build(
-        meta,
-        haproxy_stats.deltas(before, after, config["backend"]),
-        per_server,
-        {name: config["server_kinds"][name] for name in config["servers"]},
-    )
-    return data, code, per_server
+    measurement = {
+        "meta": meta,
+        "haproxy": haproxy_stats.deltas(before, after, config["backend"]),
+        "per_server": per_server,
+        "server_kinds": {name: config["server_kinds"][name] for name in config["servers"]},
+    }
+    return measurement, code

@@ -5,7 +5,7 @@ Input: ``runs``, one dict per Locust run (a mode in one round), each with ``mode
 (that run's ``loadtests.ab.report.build`` dict, computed from the run's own temporary
 HAProxy's stats), ``per_server`` (the locustfile's per-server JSON, for its
 response-time histograms), ``balancer_pid`` and ``queue`` (``{"logged", "queued"}`` from
-``balancers.queue_waits`` on that HAProxy's log).
+``loadtests.core.haproxy_log.queue_waits`` on that HAProxy's log).
 
 Per mode and server, over all rounds of that mode: ``requests`` and ``failures`` (Locust,
 grouped by ``X-Served-By``), ``haproxy_sessions`` (``stot`` delta of that mode's HAProxy),

@@ -1,7 +1,15 @@
 """The A/B's plan: whether the stack's config allows variants of the deployed HAProxy
-(``can_vary``) and the runs of a rounds invocation in order (``round_plan``).
+(``can_vary``), the ports of the temporary HAProxy and slot clients (``ports``) and the
+runs of a rounds invocation in order (``round_plan``).
 """
+from urllib.parse import urlsplit
+
 from loadtests.ab import abslots
+
+#: Offsets from the deployed frontend's port (8080 in buildout.cfg): the temporary HAProxy
+#: on +10 and its stats on +11, slot a on +12 and slot b on +13 (8090-8093), which
+#: buildout.cfg leaves free (docs/reference/loadtests.md).
+BALANCER_OFFSET, SLOT_OFFSET = 10, 12
 
 
 def can_vary(config):
@@ -9,6 +17,17 @@ def can_vary(config):
     it (``haproxy_context`` of a buildout's stack.json); the Ansible role's ``abtest.json``
     describes only the frontend and stats URLs."""
     return bool(config.get("haproxy_context") and config.get("haproxy_template"))
+
+
+def ports(args, config):
+    """``(balancer port, {"a": slot a's port, "b": slot b's})``: ``--balancer-port`` and
+    ``--slot-port`` when given, else the deployed frontend's port (``config["frontend_url"]``)
+    plus ``BALANCER_OFFSET`` and ``SLOT_OFFSET``. The balancer's stats take the port after
+    its frontend's."""
+    frontend_port = urlsplit(config["frontend_url"]).port
+    balancer = args.balancer_port if args.balancer_port is not None else frontend_port + BALANCER_OFFSET
+    slot = args.slot_port if args.slot_port is not None else frontend_port + SLOT_OFFSET
+    return balancer, {"a": slot, "b": slot + 1}
 
 
 def round_plan(args):

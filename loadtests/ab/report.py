@@ -1,10 +1,11 @@
 """Turn one A/B run into ``report.json``, ``report.md`` and ``ab.png``.
 
-Inputs (all produced by ``loadtests.ab.abtest``):
+Input: one run's measurement from ``loadtests.ab.measure.measure``, a dict of
 
 - ``haproxy``: ``{server: {counter: delta}}`` from ``haproxy_stats.deltas``;
 - ``per_server``: the locustfile's ``--per-server-stats`` JSON
   (``{"elapsed_s": s, "servers": {server: {request name: {...}}}}``);
+- ``server_kinds``: ``{server: WSGI server}`` of the servers compared, in order;
 - ``meta``: run parameters and machine facts (a dict, copied into the report).
 
 Units: times in milliseconds, rates in requests/s over Locust's elapsed run time, sizes in
@@ -42,8 +43,9 @@ def _path_entry(entry, elapsed):
     }
 
 
-def build(meta, haproxy, per_server, server_kinds):
-    """Assemble the report dict (see the module docstring for inputs).
+def build(measurement):
+    """Assemble the report dict from ``loadtests.ab.measure.measure``'s measurement
+    (``{"meta", "haproxy", "per_server", "server_kinds"}``; see the module docstring).
 
     Returns ``{"meta", "servers", "paths", "ratios", "totals"}``; ``servers[name]`` has
     ``wsgi_server``, ``haproxy`` (counter deltas), ``share`` (of HAProxy sessions),
@@ -51,6 +53,8 @@ def build(meta, haproxy, per_server, server_kinds):
     ``server_totals``) and ``paths[name]`` with requests, failures, share (of that path's
     requests), rps, avg/p50/p95/p99/max latency and bytes.
     """
+    meta, haproxy = measurement["meta"], measurement["haproxy"]
+    per_server, server_kinds = measurement["per_server"], measurement["server_kinds"]
     elapsed = per_server.get("elapsed_s") or meta.get("duration_s") or 1.0
     by_server = per_server.get("servers", {})
     names = list(server_kinds) + sorted(s for s in by_server if s not in server_kinds)

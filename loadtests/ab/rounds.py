@@ -7,16 +7,15 @@ import os
 import signal
 import sys
 import time
-from urllib.parse import urlsplit
 
 import psutil
 
-from loadtests.ab import abslots, abstats, report
+from loadtests.ab import abslots, report
 from loadtests.ab.abstats import rounds_report
 from loadtests.ab.measure import measure
-from loadtests.ab.plan import round_plan
+from loadtests.ab.plan import ports as plan_ports, round_plan
 from loadtests.ab.rounds_report import write_rounds_report
-from loadtests.core import balancers
+from loadtests.core import balancers, haproxy_log
 
 
 class Freezer:
@@ -64,12 +63,7 @@ def run_rounds(args, config, directory):
     report (``loadtests.ab.abstats``) into ``<directory>/``.
     """
     binary, haproxy_name = config["haproxy_binary"], config["haproxy_context"]["part"]
-    frontend_port = urlsplit(config["frontend_url"]).port
-    if args.balancer_port is None:
-        args.balancer_port = frontend_port + 10
-    if args.slot_port is None:
-        args.slot_port = frontend_port + 12
-    ports = {"a": args.slot_port, "b": args.slot_port + 1}
+    args.balancer_port, ports = plan_ports(args, config)
     plan = round_plan(args)
     per_run = args.warmup + args.duration
     print(f"A/B in {args.rounds} round(s) with swapped slots: {len(plan)} runs of {args.warmup:g} s warm-up + "
@@ -112,13 +106,17 @@ def run_rounds(args, config, directory):
                     result = measure(args, run_config, run_dir, label, balancer.process, extra)
             if result is None:
                 return 2
-            data, code, per_server = result
+            measurement, code = result
+            data, per_server = report.build(measurement), measurement["per_server"]
             report.write(data, run_dir)
-            with open(os.path.join(run_dir, "warm.mark"), encoding="utf-8") as fp:
-                warm_epoch = float(fp.read())
-            # The log is complete now that this HAProxy has stopped.
-            server_windows = abstats.server_time_windows(balancer.log_path, config["backend"], warm_epoch,
-                                                         args.window)
+            # The log is complete now that this HAProxy has stopped; its windows start where
+            # Locust's do (the locustfile's warm_at, epoch seconds).
+            server_windows = haproxy_log.server_time_windows(balancer.log_path, config["backend"],
+                                                             per_server["warm_at"], args.window)
+            warnings = list(data["meta"]["warnings"])
+            if not server_windows:
+                warnings.append(f"{name}: {balancer.log_path} has no answered GET after the warm-up mark: "
+                                "no server times from this run")
             counts = {role: data["servers"].get(n, {}).get("requests", 0) for role, n in roles.items()}
             share = counts["A"] / max(sum(counts.values()), 1)
             print(f"{label}{data['totals']['requests']} requests, {data['totals']['failures']} failures, "
@@ -131,7 +129,7 @@ def run_rounds(args, config, directory):
             runs.append({"kind": kind, "round": round_no, "directory": name, "slots": {"a": server_a, "b": server_b},
                          "slot_names": names, "labels": roles, "windows": per_server.get("windows", []),
                          "server_time_windows": server_windows,
-                         "totals": data["totals"], "cpu": data["meta"]["cpu"], "warnings": data["meta"]["warnings"],
+                         "totals": data["totals"], "cpu": data["meta"]["cpu"], "warnings": warnings,
                          "warmup_requests": data["meta"]["warmup_requests"], "restart_s": round(restart_s, 1)})
     first, second = abslots.SERVERS
     name_a = (f"{args.control_server} frozen {args.calibrate:g}%" if args.calibrate is not None else first)

@@ -7,7 +7,8 @@ packages import from here and never from each other:
 - ``procs``: process, CPU and RSS accounting, descriptors, waiting for quiet;
 - ``stats``: percentiles, Little's law, spreads over rounds;
 - ``reports``: the report folder, report.json/report.md, Markdown tables, plots;
-- ``haproxy_stats``: HAProxy's stats CSV; ``balancers``: temporary HAProxys;
+- ``haproxy_stats``: HAProxy's stats CSV; ``haproxy_log``: its request log (queue waits,
+  server times); ``balancers``: temporary HAProxys;
 - ``extrabuild``: builds and runs ZEO clients beside the stack.
 
 Units: seconds for times and CPU, bytes for sizes, requests/s for rates, unless a name

@@ -82,29 +82,6 @@ def slug(mode):
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", mode).strip("-")
 
 
-def queue_waits(log_path, backend):
-    """Count the requests of ``backend`` in an HAProxy ``option httplog`` log that queued.
-
-    Returns ``(requests, queued)``: ``queued`` counts the log lines whose ``Tw`` (ms spent
-    in HAProxy's queues) is above 0 or whose ``srv_queue``/``backend_queue`` position is
-    above 0, i.e. requests that waited for a free ``maxconn`` slot instead of being sent
-    at once to the server the balance algorithm chose. (HAProxy hands a queued request in
-    the backend queue to whichever server frees a slot first.) Lines of other proxies
-    (the stats page) are skipped.
-    """
-    line_re = re.compile(
-        rf" {re.escape(backend)}/\S+ -?\d+/(-?\d+)/-?\d+/-?\d+/-?\d+ \d{{3}} \d+ \S+ \S+ \S+ "
-        r"\d+/\d+/\d+/\d+/\+?\d+ (\d+)/(\d+) ")
-    requests = queued = 0
-    with open(log_path, encoding="utf-8", errors="replace") as fp:
-        for line in fp:
-            match = line_re.search(line)
-            if match:
-                requests += 1
-                queued += int(match.group(1)) > 0 or int(match.group(2)) > 0 or int(match.group(3)) > 0
-    return requests, queued
-
-
 def port_free(port, host="127.0.0.1"):
     """True if nothing accepts TCP connections on host:port."""
     with socket.socket() as sock:
