@@ -596,8 +596,8 @@ def _gen_reference():
 
 
 def test_option_reference_is_generated_from_the_tables():
-    """docs/reference/recipe.md's option tables are what ``python -m plonedeploy.recipe.optionsdoc``
-    writes from ``optiontables``, links and all (scripts/gen_reference.py writes them with it:
+    """docs/reference/recipe.md's option tables are what ``plonedeploy.recipe.optionsdoc.render``
+    makes of ``optiontables``, links and all (scripts/gen_reference.py writes them with it:
     run it after changing a table)."""
     from plonedeploy.recipe import optionsdoc
 
@@ -608,20 +608,28 @@ def test_option_reference_is_generated_from_the_tables():
     assert optionsdoc.render(text) == text  # the links too: optiontables names the pages as they are
 
 
-def test_optionsdoc_check_fails_on_a_stale_page(tmp_path, capsys):
+def test_stale_or_badly_marked_option_tables_fail_the_check(tmp_path, capsys):
+    """A hand edit in a table fails ``gen_reference.py --check`` (exit 1, naming the page) and
+    a run writes the table back; an unknown or missing marker exits 2 naming both."""
     from plonedeploy.recipe import optionsdoc
 
+    gen = _gen_reference()
+    page = os.path.join("docs", "reference", "recipe.md")
+    (tmp_path / "docs" / "reference").mkdir(parents=True)
     with open(RECIPE_PAGE, encoding="utf-8") as fp:
-        text = optionsdoc.render(fp.read())  # the page as optionsdoc alone writes it
-    page = tmp_path / "recipe.md"
-    page.write_text(text.replace("| `bind` | `127.0.0.1:8080` |", "| `bind` | `0.0.0.0:80` |"))
-    assert optionsdoc.main(["--check", str(page)]) == 1
-    assert "differs from the recipes' option tables" in capsys.readouterr().err
-    assert optionsdoc.main([str(page)]) == 0
-    assert page.read_text() == text
-    page.write_text(text.replace("<!-- options: stack -->", "<!-- options: stak -->"))
-    assert optionsdoc.main(["--check", str(page)]) == 2
+        text = fp.read()
+    stale = text.replace("| `bind` | `127.0.0.1:8080` |", "| `bind` | `0.0.0.0:80` |")
+    assert stale != text
+    (tmp_path / page).write_text(stale)
+    assert gen.main(["--root", str(tmp_path), "--check", page]) == 1
+    assert f"{page} differs from its source" in capsys.readouterr().err
+    assert gen.main(["--root", str(tmp_path), page]) == 0
+    assert (tmp_path / page).read_text() == text
+    (tmp_path / page).write_text(text.replace("<!-- options: stack -->", "<!-- options: stak -->"))
+    assert gen.main(["--root", str(tmp_path), "--check", page]) == 2
     assert "unknown ['stak'], missing ['stack']" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="has no '<!-- /options -->' after it"):
+        optionsdoc.render(text + "<!-- options: stack -->\n")
 
 
 @pytest.mark.parametrize("recipe", sorted(optiontables.TABLES))

@@ -3,9 +3,10 @@
 One table per recipe (``TABLES``, keyed by entry point), the single source of the option
 reference: the recipes read their part's options only through :class:`DeclaredOptions`
 over their table (an undeclared name raises :class:`UndeclaredOption`, so a new option
-cannot be read without being declared), ``python -m plonedeploy.recipe.optionsdoc``
-writes docs/reference/recipe.md's option tables from them (``tests/test_options.py`` fails when the
-committed page differs), and ``tests/test_ansible.py`` compares the Ansible roles'
+cannot be read without being declared), ``scripts/gen_reference.py`` writes
+docs/reference/recipe.md's option tables from them (rendered by
+``plonedeploy.recipe.optionsdoc``; ``tests/test_options.py`` fails when the committed page
+differs), and ``tests/test_ansible.py`` compares the Ansible roles'
 defaults and choices with them.
 
 The tables live here rather than in each recipe module so that they import without
