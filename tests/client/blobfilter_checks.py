@@ -69,15 +69,27 @@ class Recorder:
 
 
 def zope_app(make_body, status="200 OK", headers=None):
-    """A WSGI app ending like ZPublisher.WSGIPublisher.publish_module (Zope 6.3)."""
+    """A WSGI app ending like ZPublisher.WSGIPublisher.publish_module (Zope 6.3); every body
+    ``make_body()`` made is kept in ``app.bodies``, in order."""
     def app(environ, start_response):
         body = make_body()
+        app.bodies.append(body)
         start_response(status, list(headers or []))
         if hasattr(body, "read") and "wsgi.file_wrapper" in environ:
             return environ["wsgi.file_wrapper"](body)
         return body
     app.bodies = []
     return app
+
+
+def assert_normal_path(app, data, body_type):
+    """Through the filter, ``app``'s response is served as without it: the body is ``data``
+    (bytes), the server's file wrapper got ``app``'s own body (of ``body_type``), and the
+    filter handed nothing over."""
+    wrapper = Recorder()
+    filt = blobfilter.BlobSendfile(app)
+    assert call(filt, wrapper)[2] == data
+    assert type(wrapper.got[0]) is body_type and filt.handed_over == 0
 
 
 def blob_headers(length, *extra):
@@ -144,18 +156,16 @@ def captured_logs(level, logger):
 def whole_file_reaches_the_wrapper_as_its_file(blob):
     range_iterator = range_iterator_class()
     path, data = blob
-    iterators = []
-    app = zope_app(lambda: iterators.append(range_iterator(path, "rb")) or iterators[-1],
-                   headers=blob_headers(SIZE))
+    app = zope_app(lambda: range_iterator(path, "rb"), headers=blob_headers(SIZE))
     filt = blobfilter.BlobSendfile(app)
     wrapper = Recorder()
     status, headers, body, _ = call(filt, wrapper)
     (given,) = wrapper.got
     assert isinstance(given, blobfilter.BlobFile)
-    assert given.iterator is iterators[0] and given.raw is iterators[0]._io
+    assert given.iterator is app.bodies[0] and given.raw is app.bodies[0]._io
     assert status == "200 OK" and ("Content-Length", str(SIZE)) in headers
     assert sha(body) == sha(data) and len(body) == SIZE
-    assert iterators[0]._io.closed  # the wrapper's close() closed the iterator's file
+    assert app.bodies[0]._io.closed  # the wrapper's close() closed the iterator's file
     assert filt.handed_over == 1
 
 
@@ -251,10 +261,7 @@ def zope_filestream_iterator_is_left_alone(blob):
     filestream_iterator = egg_module("ZPublisher.Iterators").filestream_iterator
     path, data = blob
     app = zope_app(lambda: filestream_iterator(path, "rb"), headers=blob_headers(SIZE))
-    wrapper = Recorder()
-    filt = blobfilter.BlobSendfile(app)
-    assert call(filt, wrapper)[2] == data
-    assert type(wrapper.got[0]) is filestream_iterator and filt.handed_over == 0
+    assert_normal_path(app, data, filestream_iterator)
 
 
 @check
@@ -264,11 +271,9 @@ def bytes_bodies_and_no_file_wrapper_pass_through(blob):
     app = zope_app(lambda: [b"<html>page</html>"], headers=[("Content-Length", "17")])
     assert call(blobfilter.BlobSendfile(app), Recorder())[2] == b"<html>page</html>"
     # a server without wsgi.file_wrapper: the application's iterator, untouched
-    iterators = []
-    app = zope_app(lambda: iterators.append(range_iterator(path, "rb")) or iterators[-1],
-                   headers=blob_headers(SIZE))
+    app = zope_app(lambda: range_iterator(path, "rb"), headers=blob_headers(SIZE))
     _, _, body, result = call(blobfilter.BlobSendfile(app), None)
-    assert result is iterators[0] and body == data
+    assert result is app.bodies[0] and body == data
 
 
 @check
@@ -281,10 +286,7 @@ def wrapper_called_before_start_response_is_normal(blob):
         start_response("200 OK", blob_headers(SIZE))
         return wrapped
 
-    wrapper = Recorder()
-    filt = blobfilter.BlobSendfile(app)
-    assert call(filt, wrapper)[2] == data
-    assert type(wrapper.got[0]) is range_iterator and filt.handed_over == 0
+    assert_normal_path(app, data, range_iterator)
 
 
 @check
@@ -307,10 +309,7 @@ def middleware_that_wraps_the_iterable_gets_the_normal_path(blob):
             return chunks()
         return middleware
 
-    wrapper = Recorder()
-    filt = blobfilter.BlobSendfile(wrapping(app))
-    assert call(filt, wrapper)[2] == data
-    assert type(wrapper.got[0]) is range_iterator and filt.handed_over == 0
+    assert_normal_path(wrapping(app), data, range_iterator)
 
 
 @check
@@ -336,23 +335,21 @@ def pyruvate_gets_a_descriptor_only_with_the_filter(blob):
     FileWrapper = egg_module("pyruvate").FileWrapper
     range_iterator = range_iterator_class()
     path, data = blob
-    iterators = []
-    app = zope_app(lambda: iterators.append(range_iterator(path, "rb")) or iterators[-1],
-                   headers=blob_headers(SIZE))
+    app = zope_app(lambda: range_iterator(path, "rb"), headers=blob_headers(SIZE))
 
     # without the filter: no descriptor, read path (documents the problem)
     _, _, _, plain = call(app, FileWrapper, iterate=False)
     assert type(plain) is FileWrapper and not plain.has_file()
     assert b"".join(plain) == data
     plain.close()
-    assert iterators[-1]._io.closed
+    assert app.bodies[-1]._io.closed
 
     # with it: the server's own wrapper around the blob's descriptor
     _, _, _, result = call(blobfilter.BlobSendfile(app), FileWrapper, iterate=False)
     assert type(result) is FileWrapper and result.has_file()
-    assert not iterators[-1]._io.closed
+    assert not app.bodies[-1]._io.closed
     result.close()  # what the server does when the response is sent or the client left
-    assert iterators[-1]._io.closed
+    assert app.bodies[-1]._io.closed
 
     # a range stays on the read path (pyruvate's sendfile would start at offset 0)
     ranged = zope_app(lambda: range_iterator(path, "rb", start=10, end=20), status="206 Partial Content",
@@ -389,9 +386,7 @@ def waitress_streams_the_file_only_with_the_filter(blob):
     ReadOnlyFileBasedBuffer = egg_module("waitress.buffers").ReadOnlyFileBasedBuffer
     range_iterator = range_iterator_class()
     path, data = blob
-    iterators = []
-    app = zope_app(lambda: iterators.append(range_iterator(path, "rb")) or iterators[-1],
-                   headers=blob_headers(SIZE))
+    app = zope_app(lambda: range_iterator(path, "rb"), headers=blob_headers(SIZE))
 
     _, _, _, plain = call(app, ReadOnlyFileBasedBuffer, iterate=False)
     assert plain.prepare(SIZE) == 0
@@ -408,7 +403,7 @@ def waitress_streams_the_file_only_with_the_filter(blob):
         sent += chunk
     assert sent == data
     result.close()
-    assert iterators[-1]._io.closed
+    assert app.bodies[-1]._io.closed
 
 
 def _open_fds():
