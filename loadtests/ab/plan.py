@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 from loadtests.ab import abslots
 
 #: Offsets from the deployed frontend's port (8080 in buildout.cfg): the temporary HAProxy
-#: on +10 and its stats on +11, slot a on +12 and slot b on +13 (8090-8093), which
-#: buildout.cfg leaves free (docs/reference/loadtests.md).
+#: on +10 and its stats on +11, slot a on +12 and slot b on +13 (8090-8093), none of which
+#: buildout.cfg's [ports] uses.
 BALANCER_OFFSET, SLOT_OFFSET = 10, 12
 
 
