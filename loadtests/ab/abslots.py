@@ -25,9 +25,11 @@ the pair a round needs with :mod:`loadtests.core.extrabuild`'s start/stop.
 """
 import os
 import time
+import urllib.request
 
 from loadtests.core import extrabuild
-from loadtests.core.stack import ROOT, load_stack
+from loadtests.core.stack import PATHS, ROOT, load_stack
+from plonedeploy.stack.errors import StackError
 from plonedeploy.stack.rules import ZOPE_HEALTH_CHECK
 
 WORK_DIR = os.path.join(ROOT, "var", "abslots")
@@ -92,6 +94,31 @@ def pair_config(server_a, server_b):
     return load_stack(os.path.join(WORK_DIR, "parts", stack_part(server_a, server_b), "stack.json"))
 
 
+def warm(port, timeout=300.0):
+    """GET every path of the Locust tests (``loadtests.core.stack.PATHS``: /, /Plone, its
+    JSON, the 5 MiB blob) once from the slot client on 127.0.0.1:``port``, directly, one
+    after the other; return the seconds it took.
+
+    A slot client starts cold: no compiled templates, an empty ZODB cache. The A/B compares
+    warm servers, as HAProxy only sends the deployed clients traffic after their warm-up
+    (``warmup-paths``, which the slots cannot use: they have no metrics address). Left to
+    the measured run, a cold first /Plone on a busy machine (CI, 27 Nov: 98 % busy) took
+    waitress more than 10 s, and pyruvate's slot got every request of the run. Raises
+    plonedeploy.stack.StackError naming the path when one does not answer 200 within
+    ``timeout`` seconds.
+    """
+    started = time.monotonic()
+    for name, (path, accept) in PATHS.items():
+        url = f"http://127.0.0.1:{port}{path}"
+        request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                response.read()
+        except OSError as exc:  # urllib.error.HTTPError (not 2xx) and URLError are OSErrors
+            raise StackError(f"A/B slot on :{port}: warming {name} ({url}) failed: {exc}") from exc
+    return time.monotonic() - started
+
+
 class Slots:
     """The running slot clients; ``ensure(server_a, server_b)`` makes exactly that pair run.
 
@@ -101,16 +128,16 @@ class Slots:
     """
 
     def __init__(self, ports, log_dir, timeout=300):
-        self.timeout = timeout
+        self.ports, self.timeout = ports, timeout
         self.config = extrabuild.run_config(WORK_DIR, [
             extrabuild.client_process(WORK_DIR, part(slot, server), f"http://127.0.0.1:{ports[slot]}")
             for slot in SLOTS for server in SERVERS], log_dir=log_dir)
         self.running = {}  # slot -> (server, psutil.Process)
 
     def ensure(self, server_a, server_b):
-        """Stop the slot clients not wanted, start the missing ones (together); return the
-        seconds spent. Raises plonedeploy.stack.StackError if one does not start
-        (the other one started with it is stopped again)."""
+        """Stop the slot clients not wanted, start the missing ones (together) and warm them
+        (:func:`warm`); return the seconds spent. Raises plonedeploy.stack.StackError if one
+        does not start (the other one started with it is stopped again) or not warm up."""
         started = time.monotonic()
         wanted = {"a": server_a, "b": server_b}
         unwanted = [slot for slot, (server, _) in self.running.items() if wanted[slot] != server]
@@ -119,6 +146,8 @@ class Slots:
         procs = extrabuild.start(self.config, [part(s, wanted[s]) for s in missing], self.timeout)
         for slot in missing:
             self.running[slot] = (wanted[slot], procs[part(slot, wanted[slot])])
+        for slot in missing:
+            warm(self.ports[slot], self.timeout)
         return time.monotonic() - started
 
     def pids(self):

@@ -123,7 +123,7 @@ def run_rounds(args, config, directory):
                   f"{data['totals']['rps']:.1f} req/s; A ({roles['A']}) {100 * share:.1f}%; Locust "
                   f"{data['meta']['cpu']['load_generator_cores']} cores, machine "
                   f"{data['meta']['cpu']['machine_busy_percent']}% busy, foreign "
-                  f"{data['meta']['cpu']['foreign_percent']}%; clients (re)started in {restart_s:.0f} s",
+                  f"{data['meta']['cpu']['foreign_percent']}%; clients (re)started and warmed in {restart_s:.0f} s",
                   flush=True)
             worst = max(worst, 0 if data["totals"]["failures"] == 0 and code == 0 else 1)
             runs.append({"kind": kind, "round": round_no, "directory": name, "slots": {"a": server_a, "b": server_b},
