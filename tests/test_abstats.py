@@ -179,35 +179,21 @@ def test_interval_narrows_with_rounds():
 def test_warm_requests_every_locust_path_once_and_names_a_failing_one():
     """abslots.warm: each path of the Locust tests once, with its Accept header, directly
     on the slot's port; a path answered with an error stops it with StackError naming it."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
+    from conftest import answering_server
     from loadtests.ab import abslots
     from loadtests.core.stack import PATHS
     from plonedeploy.stack.errors import StackError
 
     seen, failing = [], set()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            seen.append((self.path, self.headers.get("Accept", "")))
-            self.send_response(404 if self.path in failing else 200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
+    def answer(path, headers):
+        seen.append((path, headers.get("Accept", "")))
+        return (404 if path in failing else 200), {}
 
-        def log_message(self, *_args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        port = server.server_address[1]
+    with answering_server(answer) as url:
+        port = int(url.rsplit(":", 1)[1])
         assert abslots.warm(port, timeout=10) >= 0
         assert seen == list(PATHS.values())  # e.g. ("/Plone", "application/json") for @json
         failing.add("/Plone/blob-5mb/@@download/file")
         with pytest.raises(StackError, match=r"warming blob \(http://127.0.0.1:\d+/Plone/blob-5mb"):
             abslots.warm(port, timeout=10)
-    finally:
-        server.shutdown()
-        server.server_close()

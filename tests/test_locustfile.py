@@ -7,47 +7,29 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, answering_server
 from loadtests.core.procs import free_local_port
 
 
 @pytest.fixture
 def slow_server():
-    """A server that answers every GET after ``delay`` seconds, alternately as "a" and "b"
-    in X-Served-By (as HAProxy names its server), and counts what it answered per name."""
+    """A server that answers every GET after 0.8 s, alternately as "a" and "b" in
+    X-Served-By (as HAProxy names its server), and counts what it answered per name."""
     counts = {}
     lock = threading.Lock()
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        delay = 0.8
+    def answer(_path, _headers):
+        time.sleep(0.8)
+        with lock:
+            name = "ab"[sum(counts.values()) % 2]
+            counts[name] = counts.get(name, 0) + 1
+        return 200, {"X-Served-By": name}
 
-        def do_GET(self):
-            time.sleep(self.delay)
-            with lock:
-                name = "ab"[sum(counts.values()) % 2]
-                counts[name] = counts.get(name, 0) + 1
-            self.send_response(200)
-            self.send_header("X-Served-By", name)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *_args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", counts
-    finally:
-        server.shutdown()
-        server.server_close()
+    with answering_server(answer) as url:
+        yield url, counts
 
 
 def test_master_waits_for_every_workers_last_report(slow_server, tmp_path):
