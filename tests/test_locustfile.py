@@ -59,8 +59,8 @@ def test_master_waits_for_every_workers_last_report(slow_server, tmp_path):
 def test_warm_mark_holds_the_instant_the_windows_start_from(slow_server, tmp_path):
     """The --warm-mark file (which the A/B reads to cut HAProxy's log into windows) holds
     the same epoch second as the per-server windows' origin (``warm_at``), whenever the
-    file itself was written: a late file must not shift the log's windows (CI, 27 Nov: the
-    HAProxy-log windows of a 6 s A/B run had no window with both servers)."""
+    file itself was written: a late file (its greenlet wakes late on a busy machine) must not
+    shift the log's windows against Locust's."""
     url, counts = slow_server
     out, mark = tmp_path / "per_server.json", tmp_path / "warm.mark"
     started = time.time()
