@@ -145,12 +145,16 @@ def test_start_failure_stops_what_it_started_and_names_the_process(tmp_path):
 def test_ab_slots_swap_servers_through_the_one_start_stop_path(tmp_path, monkeypatch):
     """abslots.Slots on real processes: each slot part runs Python's http.server on its
     slot's port (a slot client needs the stack's ZEO server), so ensure() must stop the
-    part a slot no longer wants before starting the other one on the same port."""
+    part a slot no longer wants before starting the other one on the same port, and warm
+    exactly the ones it started (http.server has no Plone to warm: ``abslots.warm`` is
+    recorded here, and tested on its own in test_abstats.py)."""
     import sys
 
     from loadtests.ab import abslots
 
     monkeypatch.setattr(abslots, "WORK_DIR", str(tmp_path))
+    warmed = []
+    monkeypatch.setattr(abslots, "warm", lambda port, timeout: warmed.append(port) or 0.0)
     ports = {"a": 9990, "b": 9991}
     slots = abslots.Slots(ports, str(tmp_path / "log"), timeout=30)
     for proc in slots.config["processes"]:
@@ -160,8 +164,10 @@ def test_ab_slots_swap_servers_through_the_one_start_stop_path(tmp_path, monkeyp
         slots.ensure("pyruvate", "waitress")
         first = slots.pids()
         assert set(first) == {"ab-a-pyruvate", "ab-b-waitress"}
+        assert sorted(warmed) == [9990, 9991]
         slots.ensure("pyruvate", "pyruvate")  # slot b switches server; slot a stays as it is
         second = slots.pids()
+        assert sorted(warmed) == [9990, 9991, 9991]  # only the restarted slot b again
         assert set(second) == {"ab-a-pyruvate", "ab-b-pyruvate"}
         assert second["ab-a-pyruvate"] == first["ab-a-pyruvate"]
         assert not psutil.pid_exists(first["ab-b-waitress"]) or \
