@@ -335,12 +335,14 @@ class Stack:
         return {r["svname"]: r["status"] for r in rows if r["pxname"] == self.backend}
 
 
-def wait_for(condition, timeout, what, interval=0.2):
+def wait_for(condition, timeout, what, interval=0.2, detail=None):
     """Poll ``condition()`` every ``interval`` seconds; return the seconds it took (a float);
-    fail the test (AssertionError naming ``what``) after ``timeout`` seconds."""
+    fail the test (AssertionError naming ``what``, and ``detail()``'s answer when given: the
+    state that kept the condition false) after ``timeout`` seconds."""
     started = time.monotonic()
     while not condition():
-        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
+        if time.monotonic() - started >= timeout:
+            raise AssertionError(f"{what}: not within {timeout} s" + (f"; {detail()}" if detail else ""))
         time.sleep(interval)
     return time.monotonic() - started
 

@@ -42,21 +42,21 @@ def test_not_ready_until_every_warmup_path_was_rendered():
 def test_storage_disconnect_counts_only_after_the_grace():
     clock, state = Clock(), {"connected": True}
     health = probes.Health(2, storage_grace=30, connected=lambda: state["connected"], clock=clock)
-    assert health.ready()[0]
+    assert health.ready() == (True, "ready")
     state["connected"] = False
-    assert health.ready()[0]            # first seen down now
+    assert health.ready() == (True, "ready; storage disconnected for 0 s (storage-grace 30 s)")  # first seen down
     clock.now += 30
-    assert health.ready()[0]            # 30 s: not more than the grace
+    assert health.ready() == (True, "ready; storage disconnected for 30 s (storage-grace 30 s)")  # not more than the grace
     clock.now += 1
     assert health.ready() == (False, "storage disconnected for 31 s (storage-grace 30 s)")
     state["connected"] = True
-    assert health.ready()[0]            # back: ready at once, and the count starts again
+    assert health.ready() == (True, "ready")  # back: ready at once, and the count starts again
     state["connected"] = False
     clock.now += 20
     assert health.ready()[0] and health.storage_down_for() == 0.0
     # unknown (no ZEO) and a storage that raises count as connected
-    assert probes.Health(1, connected=lambda: None).storage_down_for() == 0.0
-    assert probes.Health(1, connected=lambda: 1 / 0).storage_down_for() == 0.0
+    assert probes.Health(1, connected=lambda: None).storage_down_for() is None
+    assert probes.Health(1, connected=lambda: 1 / 0).storage_down_for() is None
 
 
 def test_busy_is_ready_stuck_is_not():

@@ -14,7 +14,8 @@ the client's process, so each answers in milliseconds while every Zope thread is
   to the zeoserver, or RelStorage's database answering a ping every 5 s; it counts as
   disconnected only after ``storage_grace`` seconds without it (a ZEO restart takes a few seconds and
   reads keep being answered from the object and ZEO caches: taking every client out for it
-  would turn a blip into an outage). Stuck: every worker thread has held its request longer
+  would turn a blip into an outage); within the grace the answer is 200 "ready; storage
+  disconnected for N s (storage-grace G s)". Stuck: every worker thread has held its request longer
   than ``stall_timeout`` seconds (a client with one slow export is busy, not broken).
   HAProxy checks this path on every client (``check addr/port``,
   docs/how-to/operate.md#probes).
@@ -186,9 +187,10 @@ class Health:
             self.started = True
 
     def storage_down_for(self):
-        """Seconds the storage has been seen disconnected without a break (0.0: connected
-        or unknown). Measured from the first probe that saw it down: HAProxy asks every
-        ``inter`` seconds, so the grace may end up to one ``inter`` late."""
+        """Seconds the storage has been seen disconnected without a break (0.0 at the first
+        probe that sees it down), None while connected or unknown. Measured from the first
+        probe that saw it down: HAProxy asks every ``inter`` seconds, so the grace may end up
+        to one ``inter`` late."""
         try:
             connected = self.connected()
         except Exception:  # a storage that cannot say counts as unknown, not down
@@ -201,23 +203,27 @@ class Health:
                     self._down_since = now
                 return now - self._down_since
             self._down_since = None
-            return 0.0
+            return None
 
     def ready(self):
-        """``(True, "ready")`` or ``(False, reason)``: the answer of ``/readyz``."""
+        """``(True, "ready")``, ``(True, "ready; storage disconnected for N s ...")`` within
+        the storage grace, or ``(False, reason)``: the answer of ``/readyz``."""
         if not self.started:
             return False, f"warming up: {len(self.warmed)} of {self.warmup_total} paths rendered"
         draining = self.draining
         if draining:
             return False, draining
         down = self.storage_down_for()
-        if down > self.storage_grace:
-            return False, f"storage disconnected for {down:.0f} s (storage-grace {self.storage_grace:g} s)"
+        outage = down is not None and f"storage disconnected for {down:.0f} s (storage-grace {self.storage_grace:g} s)"
+        if down is not None and down > self.storage_grace:
+            return False, outage
         stuck = self.stuck()
         if stuck >= self.threads:
             return False, (f"stuck: {stuck} requests in the application for more than "
                            f"{self.stall_timeout:g} s (stall-timeout), {self.threads} threads")
-        return True, "ready"
+        # Within the grace the client still serves (200), and says that the clock runs: an
+        # operator (or a test) can tell a client that counts an outage from one that does not.
+        return True, f"ready; {outage}" if outage else "ready"
 
 
 def probe_app(health, metrics_app):
