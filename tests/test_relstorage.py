@@ -338,8 +338,8 @@ def test_postgresql_away_longer_than_the_grace_makes_clients_not_ready_but_live(
     # whose ping had not yet seen PostgreSQL back after the restart test before this one
     # counts on from that outage and reaches the grace early (CI, 27 Nov: client2 503 at 5 s).
     # HAProxy's UP says neither. Up to two pings (5 s each) and the check interval.
-    wait_for(lambda: set(readiness().values()) == {(200, "ready")}, 30,
-             "/readyz 'ready' on every client before PostgreSQL is stopped", detail=readiness)
+    settled = wait_for(lambda: set(readiness().values()) == {(200, "ready")}, 30,
+                       "/readyz 'ready' on every client before PostgreSQL is stopped", detail=readiness)
     assert set(states().values()) == {"UP"}, states()
     stack_supervisor.stop_process(config, "postgresql")
     try:
@@ -361,7 +361,8 @@ def test_postgresql_away_longer_than_the_grace_makes_clients_not_ready_but_live(
         run([os.path.join(directory, "bin", "stack"), "start", "postgresql"], timeout=120, cwd_override=directory)
     back = wait_for(lambda: set(states().values()) == {"UP"}, 120, "every server UP after PostgreSQL came back")
     timings["postgresql away, readyz"] = after
-    print(f"\nPostgreSQL stopped: every /readyz 503 after {after:.1f} s (storage-grace {grace:g} s), "
+    print(f"\nEvery /readyz 'ready' {settled:.1f} s after the test began; "
+          f"PostgreSQL stopped: every /readyz 503 after {after:.1f} s (storage-grace {grace:g} s), "
           f"/livez 200, /Plone through HAProxy {page}; PostgreSQL back: all UP after {back:.1f} s")
     assert after > grace
     assert page == 503
