@@ -35,8 +35,6 @@ FRONTEND = "http://127.0.0.1:18080"
 TLS_FRONTEND = "https://127.0.0.1:18443"
 VARNISH = "http://127.0.0.1:16081"
 BLOB_SIZE = 5 * 1024 * 1024
-#: Requests per second per loop of the load under which the clients restart (conftest.while_loaded).
-LOAD_RATE = 50
 
 
 def playbook(*args, extra, timeout=900, check=True):

@@ -226,6 +226,30 @@ def while_loaded(url, action, threads=4, send=None, expect=200, log=None, rate=N
     return result, seconds, done[0], failures
 
 
+#: Requests per second per loop (while_loaded's ``rate``) of the load under which the rolling
+#: restarts are tested: enough that every drain and restart step sees requests (a loop sends
+#: one every 0.1 s), little enough to leave the CPU to the restarting clients. 25-50/s per
+#: loop (2-8 loops) kept a 2-core CI machine saturated for the length of each restart test.
+RESTART_LOAD_RATE = 10
+
+
+def longest_gap(log):
+    """The longest time (s) between the ends of two successive successful requests of
+    ``log`` (while_loaded's): how long nothing got through; inf with fewer than two."""
+    ends = sorted(finished for _, _, finished, ok in log if ok)
+    return max((b - a for a, b in zip(ends, ends[1:])), default=float("inf"))
+
+
+def assert_loaded_throughout(log, seconds, gap=30.0):
+    """Fail unless the load of a while_loaded run (its ``log``) went on for the whole
+    ``seconds`` of its action: successful requests finished over at least 90 % of them, never
+    ``gap`` seconds apart. Not a rate: a rate says more about the machine (20 requests/s held
+    on a quiet one, 9/s at load average 9) than about the load."""
+    ends = sorted(finished for _, _, finished, ok in log if ok)
+    assert len(ends) >= 2 and ends[-1] - ends[0] > 0.9 * seconds, (len(ends), seconds)
+    assert longest_gap(log) < gap, (longest_gap(log), seconds)
+
+
 def give_to_service_user(stack, directory):
     """Hand ``directory`` (where a test wrote its copy of one of the stack's ZEO clients:
     wsgi.ini, zope.conf, logs) to the stack's service user when root runs the tests: the

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import STACK, admin_auth, run, while_loaded
+from conftest import RESTART_LOAD_RATE, STACK, admin_auth, assert_loaded_throughout, run, while_loaded
 from loadtests.edge.blobs import abort_download
 
 pytestmark = pytest.mark.integration
@@ -305,9 +305,9 @@ LOAD_PATHS = (("/", "text/html"), ("/Plone", "text/html"), ("/Plone", "applicati
 
 def test_rolling_restart_under_load_fails_no_request(stack):
     """bin/stack restart (every client in turn, drained in HAProxy first: the rolling restart
-    of plonedeploy.stack.rolling) while 8 loops GET the four paths in turn through HAProxy
-    (each loop at most 25 requests/s, the blob's 5 MiB read in full): 0 failed requests,
-    every path served meanwhile, every client UP afterwards.
+    of plonedeploy.stack.rolling) while 4 loops GET the four paths in turn through HAProxy
+    (each loop at most RESTART_LOAD_RATE requests/s, the blob's 5 MiB read in full): 0 failed
+    requests, every path served meanwhile, every client UP afterwards.
 
     The load lasts exactly as long as the restart (a fixed-length Locust run had to outlast
     it: 60 s for four clients on a quiet machine, 83-131 s on a loaded one)."""
@@ -321,8 +321,8 @@ def test_rolling_restart_under_load_fails_no_request(stack):
     restart, took, done, failures = while_loaded(
         # --timeout 300 per client: with the other xdist group converging beside it, a client
         # took 62-77 s to start and the upload client more than 120 s (26 Nov, load 5)
-        stack.frontend_url, lambda: run([STACK, "restart", "--timeout", "300"], timeout=1000), threads=8,
-        send=send, log=by_path, rate=25)
+        stack.frontend_url, lambda: run([STACK, "restart", "--timeout", "300"], timeout=1000), threads=4,
+        send=send, log=by_path, rate=RESTART_LOAD_RATE)
     # Every client HAProxy balances is rolled (plonedeploy.stack.rolling), the upload lane's
     # only one too.
     balanced = stack.config["servers"] + stack.config.get("upload_servers", [])
@@ -332,12 +332,8 @@ def test_rolling_restart_under_load_fails_no_request(stack):
           f"{done} requests, {len(failures)} failed")
     served = {LOAD_PATHS[number % len(LOAD_PATHS)] for number, _, _, ok in by_path if ok}
     assert served == set(LOAD_PATHS), served  # every path was served during the restart
-    # The load ran all along: no 30 s of the restart without a request finishing (not a rate:
-    # 20 requests/s held on a quiet machine, 9/s at load average 9).
-    finished = sorted(end for _, _, end, _ in by_path)
-    gaps = [b - a for a, b in zip(finished, finished[1:])]
-    assert done == len(by_path) and finished[-1] - finished[0] > 0.9 * took, (done, took)
-    assert max(gaps) < 30, (max(gaps), took)
+    assert done == len(by_path)
+    assert_loaded_throughout(by_path, took)
     assert failures == [], failures[:10]
     assert stack.states() == {**{n: "UP" for n in stack.client_urls}, "BACKEND": "UP"}
 

@@ -39,7 +39,8 @@ import psutil
 import pytest
 import requests
 
-from conftest import ROOT, port_taken, run, setup_budget, stop_group, wait_for, while_loaded
+from conftest import (RESTART_LOAD_RATE, ROOT, assert_loaded_throughout, longest_gap, port_taken, run, setup_budget,
+                      stop_group, wait_for, while_loaded)
 from loadtests.core.extrabuild import BUILDOUT, checkout_header
 
 pytestmark = pytest.mark.integration
@@ -204,32 +205,26 @@ def test_rolling_restart_fails_no_request(relstack):
     through HAProxy: none fails, on RelStorage as on ZEO (tests/test_reliability.py)."""
     directory, timings = relstack
     stack = os.path.join(directory, "bin", "stack")
+    log = []
     restart, seconds, done, failures = while_loaded(
         f"http://127.0.0.1:{PORTS['haproxy']}/Plone/@@ok",
         # --timeout 300 per client: the upload client took more than 120 s to start beside the
         # other xdist group on a loaded machine (26 Nov)
         lambda: run([stack, "restart", "--timeout", "300"], timeout=1000, cwd_override=directory), threads=2,
-        rate=50)  # paced: unpaced loops take the CPU the restarting clients need
+        log=log, rate=RESTART_LOAD_RATE)
     timings["rolling restart"] = seconds
     print(f"\nrolling restart on RelStorage: {seconds:.0f} s, {done} requests, {len(failures)} failed")
     # every client HAProxy balances is drained and comes back UP, the upload lane's too
     assert [line for line in restart.stdout.splitlines() if line.endswith("UP again")] == [
         "instance: UP again", "client2: UP again", "uploads: UP again"], restart.stdout
     assert "uploads: ready after" in restart.stdout, restart.stdout
-    assert done > 20 * seconds, (done, seconds)  # the load ran all along
+    assert_loaded_throughout(log, seconds)
     assert failures == [], failures[:10]
 
 
 def _postmaster(directory):
     with open(os.path.join(directory, "var", "postgresql", "data", "postmaster.pid"), encoding="ascii") as fp:
         return int(fp.readline())
-
-
-def _longest_gap(log):
-    """The longest time (s) between the ends of two successive successful requests of
-    ``log`` (while_loaded's): how long nothing got through."""
-    ends = sorted(finished for _, _, finished, ok in log if ok)
-    return max((b - a for a, b in zip(ends, ends[1:])), default=float("inf"))
 
 
 def test_postgresql_restart_loses_no_committed_write(relstack):
@@ -284,7 +279,7 @@ def test_postgresql_restart_loses_no_committed_write(relstack):
     log = open(os.path.join(directory, "var", "log", "postgresql.stdout.log"), encoding="utf-8").read()
     assert "received fast shutdown request" in log
     committed = sorted(number for number, _, _, ok in writes if ok)
-    write_gap, read_gap = _longest_gap(writes), _longest_gap(reads)
+    write_gap, read_gap = longest_gap(writes), longest_gap(reads)
     failed = sorted((started, finished) for _, started, finished, ok in writes if not ok)
     # A closed loop: a failure returns in milliseconds, so the count says little; the window
     # (seconds from the start of bin/stack restart) and the gap say how long writes failed.
