@@ -136,8 +136,8 @@ def test_zeo_away_longer_than_the_grace_makes_clients_not_ready_but_live(stack):
     bases = {name: probe_base(stack, name) for name in stack.config["clients"]}
 
     def readiness():  # {client: (status, text)}
-        return {name: (code, body.strip()) for name, (code, body, _) in
-                ((name, probe(base + "/readyz")) for name, base in bases.items())}
+        answers = {name: probe(base + "/readyz") for name, base in bases.items()}
+        return {name: (code, body.strip()) for name, (code, body, _) in answers.items()}
 
     # No client still counting an earlier outage (a ZEO restart test before this one).
     wait_for(lambda: set(readiness().values()) == {(200, "ready")}, 30,

@@ -214,8 +214,9 @@ class Health:
         if draining:
             return False, draining
         down = self.storage_down_for()
-        outage = down is not None and f"storage disconnected for {down:.0f} s (storage-grace {self.storage_grace:g} s)"
-        if down is not None and down > self.storage_grace:
+        outage = None if down is None else \
+            f"storage disconnected for {down:.0f} s (storage-grace {self.storage_grace:g} s)"
+        if outage and down > self.storage_grace:
             return False, outage
         stuck = self.stuck()
         if stuck >= self.threads:
