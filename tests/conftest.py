@@ -233,10 +233,14 @@ def while_loaded(url, action, threads=4, send=None, expect=200, log=None, rate=N
 RESTART_LOAD_RATE = 10
 
 
+def _successful_ends(log):
+    return sorted(finished for _, _, finished, ok in log if ok)
+
+
 def longest_gap(log):
     """The longest time (s) between the ends of two successive successful requests of
     ``log`` (while_loaded's): how long nothing got through; inf with fewer than two."""
-    ends = sorted(finished for _, _, finished, ok in log if ok)
+    ends = _successful_ends(log)
     return max((b - a for a, b in zip(ends, ends[1:])), default=float("inf"))
 
 
@@ -245,9 +249,10 @@ def assert_loaded_throughout(log, seconds, gap=30.0):
     ``seconds`` of its action: successful requests finished over at least 90 % of them, never
     ``gap`` seconds apart. Not a rate: a rate says more about the machine (20 requests/s held
     on a quiet one, 9/s at load average 9) than about the load."""
-    ends = sorted(finished for _, _, finished, ok in log if ok)
+    ends = _successful_ends(log)
     assert len(ends) >= 2 and ends[-1] - ends[0] > 0.9 * seconds, (len(ends), seconds)
-    assert longest_gap(log) < gap, (longest_gap(log), seconds)
+    longest = max(b - a for a, b in zip(ends, ends[1:]))
+    assert longest < gap, (longest, seconds)
 
 
 def give_to_service_user(stack, directory):

@@ -42,6 +42,7 @@ import requests
 from conftest import (RESTART_LOAD_RATE, ROOT, assert_loaded_throughout, longest_gap, port_taken, run, setup_budget,
                       stop_group, wait_for, while_loaded)
 from loadtests.core.extrabuild import BUILDOUT, checkout_header
+from test_selfheal import readiness
 
 pytestmark = pytest.mark.integration
 
@@ -313,18 +314,11 @@ def test_postgresql_away_longer_than_the_grace_makes_clients_not_ready_but_live(
     config = json.load(open(os.path.join(directory, "parts", "stack", "stack.json"), encoding="utf-8"))
     bases = {name: f"http://127.0.0.1:{PORTS[name + '-metrics']}" for name in ("instance", "client2", "uploads")}
 
-    def answer(url):  # (status, first line of the body) or (None, the error)
-        try:
-            response = requests.get(url, timeout=5)
-        except requests.RequestException as exc:
-            return None, repr(exc)
-        return response.status_code, response.text.strip().splitlines()[0] if response.text.strip() else ""
-
     def status(url):
-        return answer(url)[0]
-
-    def readiness():
-        return {name: answer(base + "/readyz") for name, base in bases.items()}
+        try:
+            return requests.get(url, timeout=5).status_code
+        except requests.RequestException as exc:
+            return repr(exc)
 
     def states():  # {client: HAProxy status}, each in its own backend (pool, upload lane)
         return stack_balancer.server_states(config, timeout=5)
@@ -333,19 +327,20 @@ def test_postgresql_away_longer_than_the_grace_makes_clients_not_ready_but_live(
     # whose ping had not yet seen PostgreSQL back after the restart test before this one
     # counts on from that outage and reaches the grace early (CI, 27 Nov: client2 503 at 5 s).
     # HAProxy's UP says neither. Up to two pings (5 s each) and the check interval.
-    settled = wait_for(lambda: set(readiness().values()) == {(200, "ready")}, 30,
-                       "/readyz 'ready' on every client before PostgreSQL is stopped", detail=readiness)
+    settled = wait_for(lambda: set(readiness(bases).values()) == {(200, "ready")}, 30,
+                       "/readyz 'ready' on every client before PostgreSQL is stopped",
+                       detail=lambda: readiness(bases))
     assert set(states().values()) == {"UP"}, states()
     stack_supervisor.stop_process(config, "postgresql")
     try:
         stopped = time.monotonic()
         time.sleep(grace / 2)
-        half = readiness()
+        half = readiness(bases)
         assert {code for code, _ in half.values()} == {200}, half
         assert all(text.startswith("ready; storage disconnected for ") for _, text in half.values()), half
         assert set(states().values()) == {"UP"}, states()
-        wait_for(lambda: all(code == 503 for code, _ in readiness().values()),
-                 grace + 3 * ping + 10, "/readyz 503 on every client", detail=readiness)
+        wait_for(lambda: all(code == 503 for code, _ in readiness(bases).values()),
+                 grace + 3 * ping + 10, "/readyz 503 on every client", detail=lambda: readiness(bases))
         after = time.monotonic() - stopped
         answers = {name: requests.get(base + "/readyz", timeout=5).text for name, base in bases.items()}
         assert all(text.startswith("storage disconnected for ") for text in answers.values()), answers

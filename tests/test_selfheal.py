@@ -35,6 +35,20 @@ def probe(url, timeout=5.0):
         return exc.code, exc.read().decode(), time.monotonic() - started
 
 
+def readiness(bases):
+    """``{client: (status, text)}`` of each client's ``/readyz``; ``bases``: ``{client: its
+    metrics base URL}``. A client that does not answer gets ``(None, the error)``, so that
+    a wait on it goes on and a failure names it (the grace tests of ZEO and RelStorage)."""
+    answers = {}
+    for name, base in bases.items():
+        try:
+            code, body, _ = probe(base + "/readyz")
+        except OSError as exc:  # urllib's URLError, a timeout
+            code, body = None, repr(exc)
+        answers[name] = (code, body.strip())
+    return answers
+
+
 def probe_base(stack, name):
     return stack.config["clients"][name]["metrics_url"].rsplit("/", 1)[0]
 
@@ -134,19 +148,14 @@ def test_zeo_away_longer_than_the_grace_makes_clients_not_ready_but_live(stack):
     client ready and UP again."""
     grace = 30.0
     bases = {name: probe_base(stack, name) for name in stack.config["clients"]}
-
-    def readiness():  # {client: (status, text)}
-        answers = {name: probe(base + "/readyz") for name, base in bases.items()}
-        return {name: (code, body.strip()) for name, (code, body, _) in answers.items()}
-
     # No client still counting an earlier outage (a ZEO restart test before this one).
-    wait_for(lambda: set(readiness().values()) == {(200, "ready")}, 30,
-             "/readyz 'ready' on every client before ZEO is stopped", detail=readiness)
+    wait_for(lambda: set(readiness(bases).values()) == {(200, "ready")}, 30,
+             "/readyz 'ready' on every client before ZEO is stopped", detail=lambda: readiness(bases))
     stack_supervisor.stop_process(stack.config, "zeoserver")
     try:
         stopped = time.monotonic()
         time.sleep(grace / 2)
-        half = readiness()
+        half = readiness(bases)
         assert {code for code, _ in half.values()} == {200}, half
         assert all(text.startswith("ready; storage disconnected for ") for _, text in half.values()), half
         assert all_up(stack), states(stack)
