@@ -440,6 +440,41 @@ def pytest_collection_modifyitems(session, config, items):
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
+#: The markers docs/how-to/testing.md counts tests by (pytest.ini's, but the xdist groups').
+SUITE_MARKERS = ("buildout", "ansible", "integration", "stack_last")
+#: The items of this session's collection (``pytest_collection_finish``): under pytest-xdist
+#: every worker collects the whole selection, so a test can count the suite from here.
+COLLECTED = []
+#: How many collected tests ``-k``, ``-m`` or ``--deselect`` left out of COLLECTED.
+DESELECTED = []
+
+
+def marker_counts(items):
+    """``{"total": n, "none": n, "<marker>": n, ...}``: tests per SUITE_MARKERS marker (a test
+    with two is counted under each) and without any of them ("none")."""
+    counts = {"total": len(items), "none": 0, **dict.fromkeys(SUITE_MARKERS, 0)}
+    for item in items:
+        names = {mark.name for mark in item.iter_markers()} & set(SUITE_MARKERS)
+        for name in names or {"none"}:
+            counts[name] += 1
+    return counts
+
+
+def pytest_deselected(items):
+    DESELECTED.extend(items)
+
+
+def pytest_collection_finish(session):
+    """Keep the collected items (``COLLECTED``); with PLONEDEPLOY_MARKER_COUNTS set, also write
+    ``marker_counts`` of them as JSON to that path (tests/test_doc_figures.py's collection of
+    the whole suite when its own session holds only a part)."""
+    COLLECTED[:] = session.items
+    path = os.environ.get("PLONEDEPLOY_MARKER_COUNTS")
+    if path:
+        with open(path, "w", encoding="utf-8") as fp:
+            json.dump(marker_counts(session.items), fp)
+
+
 def pytest_xdist_node_collection_finished(node, ids):
     """Under ``--dist loadgroup``, stop before any test runs unless every node id a worker
     collected carries its group (``...@stack``/``...@deploy``, appended by xdist's worker).

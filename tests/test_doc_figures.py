@@ -15,17 +15,24 @@ words (``four``) count as numbers.
 
 Nothing is built or started: the modules are imported (the checkout and scripts/ by pytest.ini's
 pythonpath, the kit's packages installed in .venv), versions.cfg is read with configparser, the parametrized case lists
-are counted from the test modules' own ``parametrize`` marks. No parts/, bin/ or eggs needed.
+are counted from the test modules' own ``parametrize`` marks, the tests per marker from this
+session's collection (or, when it holds a part of the suite, a ``pytest --collect-only``). No
+parts/, bin/ or eggs needed.
 """
 import ast
 import configparser
 import functools
 import inspect
+import json
 import os
 import re
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
+import conftest
 from conftest import ROOT
 from loadtests.ab import abtest
 from loadtests.ab.plan import round_plan
@@ -188,6 +195,20 @@ def quick_matrix():
     return first, second, low, high, matrix_plan_of("--quick")[-1]
 
 
+def suite_counts():
+    """conftest.marker_counts of the whole suite: of this session's collection when it is the
+    whole suite (every tests/test_*.py module, nothing deselected: ``make test``), else of a
+    ``pytest --collect-only`` of ``tests/`` (about 15 s)."""
+    modules = {name for name in os.listdir(os.path.join(ROOT, "tests")) if re.fullmatch(r"test_.*\.py", name)}
+    if not conftest.DESELECTED and {item.path.name for item in conftest.COLLECTED} == modules:
+        return conftest.marker_counts(conftest.COLLECTED)
+    with tempfile.NamedTemporaryFile(suffix=".json") as counts:
+        subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
+                       cwd=ROOT, env={**os.environ, "PLONEDEPLOY_MARKER_COUNTS": counts.name},
+                       check=True, capture_output=True, timeout=300)
+        return json.load(counts)
+
+
 # -- the phrases --------------------------------------------------------------------------------
 
 #: ``(file, pattern, truth)``: every match of ``pattern`` in ``file`` must have groups equal to
@@ -254,6 +275,11 @@ CLAIMS = [
     ("docs/reference/loadtests.md", r"The (\w+) subcommands are the matrix with other defaults", lambda: (len(matrix.PRESETS),)),
     # The Locust traffic shapes.
     ("README.md", r"`locustfile.py` \((\w+) traffic shapes\)", lambda: (len(SHAPE_NAMES),)),
+    # The suite's tests by marker (tests/conftest.py's SUITE_MARKERS).
+    ("docs/how-to/testing.md", r"\| tests \(of (\d+)\) \|" + r"".join(
+        rf".*?\| {name} \|[^|]*\|[^|]*\| (\d+) \|"
+        for name in (r"\*\(none\)\*", *(f"`{marker}`" for marker in conftest.SUITE_MARKERS))),
+     lambda: tuple(suite_counts()[key] for key in ("total", "none", *conftest.SUITE_MARKERS))),
 ]
 
 
