@@ -31,6 +31,7 @@ import time
 import psutil
 
 from loadtests.core import haproxy_stats
+from loadtests.core.procs import free_local_port
 from loadtests.core.stack import render_haproxy
 from plonedeploy.recipe import tls
 
@@ -88,23 +89,37 @@ def port_free(port, host="127.0.0.1"):
         return sock.connect_ex((host, port)) != 0
 
 
+def free_port_pair(attempts=20):
+    """A port ``p`` of 127.0.0.1 with nothing on ``p`` and ``p + 1`` now (a TemporaryBalancer's
+    frontend and stats ports), from the kernel's ephemeral ports. Raises BalancerError after
+    ``attempts`` tries."""
+    for _ in range(attempts):
+        port = free_local_port()
+        if port < 65535 and port_free(port + 1):
+            return port
+    raise BalancerError(f"no two free consecutive ports on 127.0.0.1 in {attempts} tries")
+
+
 class TemporaryBalancer:
     """One temporary HAProxy for ``mode``; use as a context manager (stops it by PID).
 
     ``binary``: the haproxy binary; ``config``: the stack.json dict (or one of the same
     shape) whose ``haproxy_template`` and ``haproxy_context`` it renders (see the module
     docstring); ``directory`` receives ``haproxy.cfg`` and ``haproxy.log``;
-    ``frontend_port`` and ``frontend_port + 1`` (stats) must be free; ``changes``: further
-    template variables to replace (``servers=[...]``, ``maxconn=...``). Attributes once
-    started: ``pid``, ``process`` (psutil), ``frontend_url``, ``stats_url``.
+    ``frontend_port`` and ``frontend_port + 1`` (stats) must be free; ``haproxy_options``:
+    more options of the haproxy command line (``("-dS",)``: no kernel splicing); ``changes``:
+    further template variables to replace (``servers=[...]``, ``maxconn=...``). Attributes
+    once started: ``pid``, ``process`` (psutil), ``frontend_url``, ``stats_url``,
+    ``metrics_url`` (its Prometheus exporter, on the stats port).
     """
 
-    def __init__(self, binary, config, mode, directory, frontend_port, **changes):
+    def __init__(self, binary, config, mode, directory, frontend_port, haproxy_options=(), **changes):
         self.binary, self.config, self.mode, self.directory = binary, config, mode, directory
-        self.changes = changes
+        self.haproxy_options, self.changes = tuple(haproxy_options), changes
         self.frontend_port, self.stats_port = frontend_port, frontend_port + 1
         self.frontend_url = f"http://127.0.0.1:{self.frontend_port}"
         self.stats_url = f"http://127.0.0.1:{self.stats_port}/stats;csv"
+        self.metrics_url = f"http://127.0.0.1:{self.stats_port}/metrics"
         self.config_path = os.path.join(directory, "haproxy.cfg")
         self.log_path = os.path.join(directory, "haproxy.log")
         self.child = self.pid = self.process = None
@@ -150,7 +165,7 @@ class TemporaryBalancer:
         self.write_config()
         with open(self.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
             self.child = subprocess.Popen(
-                [self.binary, "-db", "-f", self.config_path],
+                [self.binary, "-db", *self.haproxy_options, "-f", self.config_path],
                 stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: a Ctrl-C of abtest is handled by abtest
             )

@@ -12,14 +12,23 @@ each of the four paths (``/``, ``/Plone``, ``@json``, the 5 MiB blob) against
 
 and on the blob path also against ``pyruvate-off`` and ``waitress-off``: the same two
 clients with ``blob-sendfile = off`` (:mod:`loadtests.headline.offclients`, built in
-``var/headline``, on the ports after the stack's clients), unless ``--no-off``. Every
-target and path first gets 2 s of uncounted load (caches, ZODB connections).
+``var/headline``, on the ports after the stack's clients), unless ``--no-off``; and against
+``haproxy-copy``: an HAProxy of the stack's config (:class:`loadtests.core.balancers.TemporaryBalancer`,
+two free ports) started with ``-dS``, so that it copies response bodies through its buffers
+instead of splicing them (the template's ``option splice-response``), unless ``--no-copy``.
+Every target and path first gets 2 s of uncounted load (caches, ZODB connections).
 
 Figures per target and path: req/s (median over the rounds, min-max), p50/p99 in ms
 (median), errors (wrk's socket errors and non-2xx/3xx answers, summed). Ratios, per round
 and then median (min-max): pyruvate/waitress directly on each path, and the blob with
-blob-sendfile on/off per server. The run-to-run spread of the same cell is the noise a
+blob-sendfile on/off per server, the pool's blob with splicing against copying (``haproxy
+blob splice/copy``) and against the faster client's direct figure of the same round
+(``haproxy/best direct blob``). The run-to-run spread of the same cell is the noise a
 difference has to beat (about 25 % on these shared machines).
+
+``spliced_mib`` in the report: the MiB each HAProxy sent through kernel pipes during the run
+(``haproxy_process_spliced_bytes_out_total`` of its Prometheus exporter): above 0 for
+``haproxy`` when the template's splicing is in effect, 0 for ``haproxy-copy``.
 
 Output: the tables on stdout and ``<out>/headline-<YYYYmmdd-HHMMSS>/`` with
 ``report.json``, ``report.md`` (the tables docs/results.md#headline-figures-make-headline
@@ -31,14 +40,17 @@ start) took 6.5 minutes on 2 cores (24 Nov 2026, quiet machine;
 docs/results.md#headline-figures-make-headline).
 """
 import os
+import re
 import sys
 import time
 from datetime import datetime, timezone
 
 import numpy as np
 import psutil
+import requests
 
 from loadtests.core import extrabuild
+from loadtests.core.balancers import BalancerError, TemporaryBalancer, free_port_pair
 from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
                                 exits_2_when_not_ready, new_parser)
 from loadtests.core.reports import finish_report, markdown_table, new_figure, report_folder, save_figure, spread_bars
@@ -53,6 +65,8 @@ WORK_DIR = os.path.join(ROOT, "var", "headline")
 SERVERS = ("pyruvate", "waitress")
 TARGETS = SERVERS + ("haproxy",)
 OFF = tuple(f"{s}-off" for s in SERVERS)
+#: The stack's HAProxy config run with ``-dS`` (no kernel splicing), on the blob path.
+COPY = "haproxy-copy"
 
 
 def parse_args(argv):
@@ -65,6 +79,8 @@ def parse_args(argv):
     add_run_arguments(parser, duration=8, rounds=3)
     parser.add_argument("--no-off", action="store_true",
                         help="leave out the blob-sendfile = off clients (no extra build)")
+    parser.add_argument("--no-copy", action="store_true",
+                        help=f"leave out {COPY}, the stack's HAProxy config without kernel splicing")
     add_buildout_config_argument(parser, "the off clients' buildout in var/headline")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
@@ -91,10 +107,22 @@ def targets(config):
     return urls, clients
 
 
-def plan(rounds, with_off):
+def spliced_bytes(metrics_url):
+    """Bytes the HAProxy at ``metrics_url`` (its Prometheus exporter) has sent through kernel
+    pipes since it started: ``haproxy_process_spliced_bytes_out_total``, 0 when it never
+    spliced. Raises requests.RequestException, or LookupError when the metric is missing."""
+    text = requests.get(metrics_url, timeout=5).text
+    found = re.search(r"^haproxy_process_spliced_bytes_out_total (\S+)$", text, re.MULTILINE)
+    if not found:
+        raise LookupError(f"{metrics_url}: no haproxy_process_spliced_bytes_out_total")
+    return int(float(found.group(1)))
+
+
+def plan(rounds, with_off, with_copy=False):
     """The runs in order: ``[(round, target, path label)]``; the order of the (target, path)
     pairs rotates by one per round so no pair always runs first or after the same one."""
     cells = [(t, p) for p in PATHS for t in TARGETS] + ([(t, "blob") for t in OFF] if with_off else [])
+    cells += [(COPY, "blob")] if with_copy else []
     runs = []
     for number in range(1, rounds + 1):
         shift = (number - 1) % len(cells)
@@ -122,8 +150,10 @@ def summarize(runs):
     """``(cells, ratios)`` from the run rows (each with round, target, path, rps, p50_ms,
     p99_ms, errors). ``cells``: ``{"target path": {"rps": spread, "p50_ms", "p99_ms"
     (medians), "errors" (sum), "runs"}}``; ``ratios``: ``{name: spread}`` of per-round
-    ratios, for each path ``pyruvate/waitress <path>`` and, with the off clients,
-    ``<server> blob on/off``. A ratio needs both runs of its round."""
+    ratios, for each path ``pyruvate/waitress <path>``, with the off clients ``<server> blob
+    on/off``, with haproxy-copy ``haproxy blob splice/copy``, and ``haproxy/best direct blob``
+    (the pool against the faster of pyruvate and waitress in that round). A ratio needs both
+    runs of its round."""
     by = {}
     for r in runs:
         by.setdefault((r["target"], r["path"]), {})[r["round"]] = r
@@ -145,12 +175,18 @@ def summarize(runs):
     for server in SERVERS:
         if (f"{server}-off", "blob") in by:
             ratios[f"{server} blob on/off"] = ratio((server, "blob"), (f"{server}-off", "blob"))
+    if (COPY, "blob") in by:
+        ratios["haproxy blob splice/copy"] = ratio(("haproxy", "blob"), (COPY, "blob"))
+    pool, direct = by.get(("haproxy", "blob"), {}), [by.get((s, "blob"), {}) for s in SERVERS]
+    ratios["haproxy/best direct blob"] = spread([
+        pool[n]["rps"] / best for n in pool
+        if (best := max((rows[n]["rps"] for rows in direct if n in rows), default=0)) > 0])
     return cells, {name: value for name, value in ratios.items() if value}
 
 
 def _columns(cells):
     """The targets measured, in table order (keys of ``cells`` are ``"<target> <path>"``)."""
-    return [t for t in TARGETS + OFF if any(c.startswith(t + " ") for c in cells)]
+    return [t for t in TARGETS + OFF + (COPY,) if any(c.startswith(t + " ") for c in cells)]
 
 
 def to_markdown(meta, cells, ratios):
@@ -163,7 +199,11 @@ def to_markdown(meta, cells, ratios):
         f"{meta['connections']} connections, the order rotated per round; machine {meta['cores']} cores, "
         f"load average {meta['load_before']} before and {meta['load_after']} after; {meta['minutes']} min.",
         f"pyruvate = `{meta['clients']['pyruvate']}`, waitress = `{meta['clients']['waitress']}` directly; "
-        "haproxy = the stack's pool (leastconn over both); -off = the same client with blob-sendfile = off.",
+        "haproxy = the stack's pool (leastconn over both); -off = the same client with blob-sendfile = off; "
+        f"{COPY} = the stack's HAProxy config without kernel splicing (haproxy -dS)."
+        + (" MiB sent through kernel pipes (splice) during the runs: "
+           + ", ".join(f"{name} {mib:,.1f}" for name, mib in meta["spliced_mib"].items()) + "."
+           if meta.get("spliced_mib") else ""),
         "",
         "Requests/s, median over the rounds (min–max):",
         "",
@@ -216,7 +256,8 @@ def main(argv=None):
 
     started, clock = datetime.now(timezone.utc), time.monotonic()
     load_before = [round(x, 2) for x in os.getloadavg()]
-    off_config = None
+    off_config = copy = None
+    spliced = {}
     runs, problems = [], []
     try:
         if not args.no_off:
@@ -228,7 +269,14 @@ def main(argv=None):
             extrabuild.start(off_config)
             for server in SERVERS:
                 urls[f"{server}-off"] = f"http://127.0.0.1:{ports[clients[server]]}"
-        todo = plan(args.rounds, not args.no_off)
+        if not args.no_copy:
+            copy = TemporaryBalancer(config["haproxy_binary"], config, config["haproxy_context"]["balance"],
+                                     os.path.join(WORK_DIR, COPY), free_port_pair(), haproxy_options=("-dS",))
+            copy.start(config["backend"], config["servers"])
+            urls[COPY] = copy.frontend_url
+        metrics = {"haproxy": config["haproxy_metrics_url"], **({COPY: copy.metrics_url} if copy else {})}
+        spliced_before = {name: spliced_bytes(url) for name, url in metrics.items()}
+        todo = plan(args.rounds, not args.no_off, not args.no_copy)
         for target, label in sorted({(t, p) for _, t, p in todo}):
             run_wrk(urls[target] + PATHS[label][0], 2, 2, accept=PATHS[label][1])  # warm-up, not counted
         print(f"{len(todo)} wrk runs of {args.duration} s at {args.connections} connections "
@@ -242,10 +290,15 @@ def main(argv=None):
             if row["errors"] or row.get("short_bytes"):
                 problems.append(f"round {number} {target} {label}: {row['errors']} errors"
                                 + (", short blob bodies" if row.get("short_bytes") else ""))
-    except (RuntimeError, OSError, StackError) as exc:
+        spliced = {name: round((spliced_bytes(url) - spliced_before[name]) / 2**20, 1)
+                   for name, url in metrics.items()}
+        print(f"MiB spliced by the kernel during the runs: {spliced}", flush=True)
+    except (RuntimeError, OSError, StackError, BalancerError, LookupError, requests.RequestException) as exc:
         problems.append(f"stopped: {exc}")
         print(f"headline: {exc}", file=sys.stderr, flush=True)
     finally:
+        if copy:
+            copy.stop()
         if off_config:
             extrabuild.stop(off_config)
     cells, ratios = summarize(runs)
@@ -255,6 +308,7 @@ def main(argv=None):
             "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(),
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
             "minutes": round((time.monotonic() - clock) / 60, 1), "clients": clients, "urls": urls,
+            "spliced_mib": spliced,
             "problems": problems}
     folder = report_folder(args.out, "headline")
     text = to_markdown(meta, cells, ratios)
