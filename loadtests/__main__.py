@@ -30,6 +30,7 @@ SUBCOMMANDS = {
     "servers-wrk": Subcommand("loadtests.matrix.matrix", "matrix preset: every WSGI server on / at 10 connections",
                               "servers-wrk"),
     "headline": Subcommand("loadtests.headline.headline", "the docs' headline figures in one run, with spread (wrk)"),
+    "filters": Subcommand("loadtests.headline.filtercost", "µs per request of each WSGI filter, kit vs stock pipeline"),
     "storage": Subcommand("loadtests.storage.storagebench", "ZEO vs RelStorage on PostgreSQL, stacks of its own (wrk)"),
     "conflicts": Subcommand("loadtests.storage.conflicts", "ConflictErrors per class and oid from the clients' logs"),
 }
