@@ -18,11 +18,11 @@ def test_help_lists_every_subcommand_on_one_line():
     result = _run("--help")
     assert result.returncode == 0
     lines = result.stdout.splitlines()
-    for name in ["ab", "connections", "fairness", "blob", "matrix", "scaling", "cache", "attacks",
-                 "servers-wrk", "headline", "storage", "conflicts"]:
+    names = ["ab", "connections", "fairness", "blob", "matrix", "scaling", "cache", "attacks",
+             "servers-wrk", "headline", "filters", "storage", "conflicts"]
+    for name in names:
         assert any(line.split()[:1] == [name] and len(line.split()) > 1 for line in lines), name
-    assert set(SUBCOMMANDS) == {"ab", "connections", "fairness", "blob", "matrix", "scaling", "cache",
-                                "attacks", "servers-wrk", "headline", "storage", "conflicts"}
+    assert set(SUBCOMMANDS) == set(names)
 
 
 @pytest.mark.parametrize("args", [["no-such-tool"], []])
