@@ -445,7 +445,8 @@ SUITE_MARKERS = ("buildout", "ansible", "integration", "stack_last")
 #: The items of this session's collection (``pytest_collection_finish``): under pytest-xdist
 #: every worker collects the whole selection, so a test can count the suite from here.
 COLLECTED = []
-#: How many collected tests ``-k``, ``-m`` or ``--deselect`` left out of COLLECTED.
+#: The collected tests that ``-k``, ``-m`` or ``--deselect`` left out of COLLECTED
+#: (``pytest_deselected``).
 DESELECTED = []
 
 

@@ -86,10 +86,11 @@ def test_one_short_round_on_the_stack(stack, tmp_path):
     assert not any(r.get("short_bytes") for r in data["runs"])
     assert {"pyruvate blob on/off", "waitress blob on/off", "pyruvate/waitress /", "haproxy blob splice/copy",
             "haproxy/best direct blob"} <= set(data["ratios"])
-    # At least the bodies of the blob runs through the stack's HAProxy (5 MiB each) went
-    # through kernel pipes; none through the copy's.
+    # The bodies of the blob runs through the stack's HAProxy (5 MiB each; the first kilobytes
+    # of each, read with the headers, are copied: 90 %) went through kernel pipes, besides
+    # the warm-up's; none through the copy's.
     haproxy_blob_mib = sum(r["requests"] for r in data["runs"] if r["target"] == "haproxy" and r["path"] == "blob") * 5
-    assert data["meta"]["spliced_mib"]["haproxy"] >= haproxy_blob_mib > 0, data["meta"]["spliced_mib"]
+    assert data["meta"]["spliced_mib"]["haproxy"] >= 0.9 * haproxy_blob_mib > 0, data["meta"]["spliced_mib"]
     assert data["meta"]["spliced_mib"]["haproxy-copy"] == 0
     assert (folder / "headline.png").stat().st_size > 0
     assert "Requests/s, median over the rounds" in (folder / "report.md").read_text()
