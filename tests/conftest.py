@@ -237,11 +237,14 @@ def _successful_ends(log):
     return sorted(finished for _, _, finished, ok in log if ok)
 
 
+def _longest_gap_of(ends):
+    return max((b - a for a, b in zip(ends, ends[1:])), default=float("inf"))
+
+
 def longest_gap(log):
     """The longest time (s) between the ends of two successive successful requests of
     ``log`` (while_loaded's): how long nothing got through; inf with fewer than two."""
-    ends = _successful_ends(log)
-    return max((b - a for a, b in zip(ends, ends[1:])), default=float("inf"))
+    return _longest_gap_of(_successful_ends(log))
 
 
 def assert_loaded_throughout(log, seconds, gap=30.0):
@@ -251,7 +254,7 @@ def assert_loaded_throughout(log, seconds, gap=30.0):
     on a quiet one, 9/s at load average 9) than about the load."""
     ends = _successful_ends(log)
     assert len(ends) >= 2 and ends[-1] - ends[0] > 0.9 * seconds, (len(ends), seconds)
-    longest = max(b - a for a, b in zip(ends, ends[1:]))
+    longest = _longest_gap_of(ends)
     assert longest < gap, (longest, seconds)
 
 

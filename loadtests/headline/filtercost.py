@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests.core.cli import add_stack_arguments, new_parser
+from loadtests.core.procs import free_local_port
 from loadtests.core.reports import finish_report, markdown_table, report_folder
 from loadtests.core.stack import ROOT
 from loadtests.core.stats import format_spread, spread
@@ -98,8 +99,8 @@ def main(argv=None):
         return 2
     started = datetime.now(timezone.utc)
     load_before = [round(x, 2) for x in os.getloadavg()]
-    result = subprocess.run([interpreter, INNER, str(args.requests), str(args.rounds)], capture_output=True,
-                            text=True, timeout=3600, check=False)
+    result = subprocess.run([interpreter, INNER, str(args.requests), str(args.rounds), str(free_local_port())],
+                            capture_output=True, text=True, timeout=3600, check=False)
     if result.returncode != 0:
         print(f"filters: {interpreter} {INNER} exited {result.returncode}:\n{result.stderr[-3000:]}", file=sys.stderr)
         return 2

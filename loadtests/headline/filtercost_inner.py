@@ -2,7 +2,7 @@
 ``python -m loadtests filters`` in the client's own interpreter
 (``parts/<client>/bin/interpreter``), where Paste, Zope and plonedeploy.runtime are importable.
 
-    parts/instance/bin/interpreter filtercost_inner.py REQUESTS ROUNDS
+    parts/instance/bin/interpreter filtercost_inner.py REQUESTS ROUNDS METRICS_PORT
 
 The application answers every request ``200 OK`` with a 2-byte body at once, so the time of a
 chain is the filters' own: what each adds to every request the client answers, whatever the
@@ -15,7 +15,8 @@ page costs. Chains (outermost filter first, as in wsgi.ini's ``pipeline``):
 - ``stock``: ``translogger httpexceptions`` (plone.recipe.zope2instance's pipeline);
 - ``kit``: ``blobsendfile metrics translogger httpexceptions`` (the kit's default).
 
-``metrics`` is the real filter with its exporter thread on a free 127.0.0.1 port and the
+``metrics`` is the real filter with its exporter thread on 127.0.0.1:METRICS_PORT (a free
+port the caller chose) and the
 probes' bookkeeping, no warm-up paths and no memory watchdog. ``translogger`` logs each
 request at INFO to a FileHandler on ``/dev/null`` (the stock ini's access log is a
 FileHandler): formatting and the handler's lock are counted, the disk write is not.
@@ -30,7 +31,6 @@ import json
 import logging
 import os
 import platform
-import socket
 import sys
 import time
 
@@ -57,20 +57,15 @@ ENVIRON = {
 }
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def chains():
-    """``{name: WSGI callable}``: the chains of the module docstring, built once."""
+def chains(metrics_port):
+    """``{name: WSGI callable}``: the chains of the module docstring, built once; the metrics
+    filter's exporter on 127.0.0.1:``metrics_port``."""
     access = logging.getLogger("wsgi")
     access.addHandler(logging.FileHandler(os.devnull))
     access.propagate = False
     make = {
         "blobsendfile": blobfilter.filter_factory({}),
-        "metrics": metrics.filter_factory({}, address=f"127.0.0.1:{free_port()}", threads="2"),
+        "metrics": metrics.filter_factory({}, address=f"127.0.0.1:{metrics_port}", threads="2"),
         "translogger": lambda inner: translogger(inner, {}, setup_console_handler=False),
         "httpexceptions": httpexceptions,
     }
@@ -104,13 +99,14 @@ def seconds_per_request(wsgi, requests):
 
 def main(argv):
     try:
-        requests, rounds = (int(value) for value in argv)
-        if requests < 1 or rounds < 1:
+        requests, rounds, metrics_port = (int(value) for value in argv)
+        if requests < 1 or rounds < 1 or not 1 <= metrics_port <= 65535:
             raise ValueError
     except ValueError:
-        print("usage: filtercost_inner.py REQUESTS ROUNDS (whole numbers >= 1)", file=sys.stderr)
+        print("usage: filtercost_inner.py REQUESTS ROUNDS METRICS_PORT (whole numbers >= 1, a port <= 65535)",
+              file=sys.stderr)
         return 2
-    built = chains()
+    built = chains(metrics_port)
     names = list(built)
     seconds = {name: [] for name in names}
     for number in range(rounds):
