@@ -15,8 +15,7 @@ from loadtests.headline import headline
 def test_plan_covers_every_cell_once_per_round_and_rotates():
     todo = headline.plan(3, with_off=True)
     cells = {(t, p) for _, t, p in todo}
-    assert cells == {(t, p) for t in headline.TARGETS for p in PATHS} | {("pyruvate-off", "blob"),
-                                                                         ("waitress-off", "blob")}
+    assert cells == {(t, p) for t in headline.TARGETS + headline.OFF for p in PATHS}
     assert len(todo) == 3 * len(cells)
     firsts = [next((t, p) for n, t, p in todo if n == number) for number in (1, 2, 3)]
     assert len(set(firsts)) == 3  # a different cell opens each round
@@ -42,7 +41,8 @@ def test_summary_medians_spreads_and_ratios_per_round():
     assert cells["pyruvate-off blob"]["errors"] == 2
     # per round 2.0, 1.0, 2.5: the ratio of the medians (1.67) would hide the spread
     assert ratios["pyruvate/waitress /"] == {"median": 2.0, "min": 1.0, "max": 2.5}
-    assert ratios["pyruvate blob on/off"] == {"median": 1.5, "min": 1.5, "max": 1.5}
+    assert ratios["pyruvate kit/stock blob"] == {"median": 1.5, "min": 1.5, "max": 1.5}
+    assert "pyruvate kit/stock /" not in ratios  # no stock run on /: no ratio
     assert ratios["pyruvate/waitress blob"] == {"median": 0.75, "min": 0.75, "max": 0.75}  # round 2 only
     assert ratios["haproxy blob splice/copy"] == {"median": 1.25, "min": 1.25, "max": 1.25}
     # round 1: 120 / pyruvate's 150 (no waitress run); round 2: 200 / waitress's 160
@@ -73,7 +73,8 @@ def test_targets_need_both_servers_in_the_pool():
 @pytest.mark.integration
 def test_one_short_round_on_the_stack(stack, tmp_path):
     """1 round of 1 s runs at 2 connections: every cell measured without errors, the blob
-    with and without blob-sendfile and through HAProxy with and without kernel splicing
+    on the kit's pipeline and on Zope's stock one on every path, the blob through HAProxy with
+    and without kernel splicing
     (the stack's HAProxy spliced blob bodies, its -dS copy none), the report written, the off
     clients and the copy stopped."""
     result = run([sys.executable, "-m", "loadtests", "headline", "--duration", "1", "--rounds", "1",
@@ -81,10 +82,11 @@ def test_one_short_round_on_the_stack(stack, tmp_path):
     print(result.stdout[-3000:])
     (folder,) = list(tmp_path.iterdir())
     data = json.loads((folder / "report.json").read_text())
-    assert len(data["runs"]) == 3 * len(PATHS) + 3
+    assert len(data["runs"]) == 5 * len(PATHS) + 1
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in data["runs"]), data["runs"]
     assert not any(r.get("short_bytes") for r in data["runs"])
-    assert {"pyruvate blob on/off", "waitress blob on/off", "pyruvate/waitress /", "haproxy blob splice/copy",
+    assert {f"{s} kit/stock {p}" for s in headline.SERVERS for p in PATHS} | {
+            "pyruvate/waitress /", "haproxy blob splice/copy",
             "haproxy/best direct blob"} <= set(data["ratios"])
     # The bodies of the blob runs through the stack's HAProxy (5 MiB each; the first kilobytes
     # of each, read with the headers, are copied: 90 %) went through kernel pipes, besides

@@ -10,9 +10,11 @@ each of the four paths (``/``, ``/Plone``, ``@json``, the 5 MiB blob) against
 - ``waitress``: the stack's waitress client directly,
 - ``haproxy``: the stack's HAProxy pool (``leastconn`` over both),
 
-and on the blob path also against ``pyruvate-off`` and ``waitress-off``: the same two
-clients with ``blob-sendfile = off`` (:mod:`loadtests.headline.offclients`, built in
-``var/headline``, on the ports after the stack's clients), unless ``--no-off``; and against
+and also against ``pyruvate-off`` and ``waitress-off``: the same two clients with Zope's
+stock pipeline, ``blob-sendfile = off`` and no ``metrics-address`` (``translogger
+httpexceptions``, without the kit's ``blobsendfile`` and ``metrics`` filters;
+:mod:`loadtests.headline.offclients`, built in ``var/headline``, on the ports after the
+stack's clients), unless ``--no-off``; and on the blob path against
 ``haproxy-copy``: an HAProxy of the stack's config (:class:`loadtests.core.balancers.TemporaryBalancer`,
 two free ports) started with ``-dS``, so that it copies response bodies through its buffers
 instead of splicing them (the template's ``option splice-response``), unless ``--no-copy``.
@@ -20,8 +22,9 @@ Every target and path first gets 2 s of uncounted load (caches, ZODB connections
 
 Figures per target and path: req/s (median over the rounds, min-max), p50/p99 in ms
 (median), errors (wrk's socket errors and non-2xx/3xx answers, summed). Ratios, per round
-and then median (min-max): pyruvate/waitress directly on each path, and the blob with
-blob-sendfile on/off per server, the pool's blob with splicing against copying (``haproxy
+and then median (min-max): pyruvate/waitress directly on each path, the kit's pipeline
+against the stock one per server and path (``<server> kit/stock <path>``; on the blob that
+is blob-sendfile on/off), the pool's blob with splicing against copying (``haproxy
 blob splice/copy``) and against the faster client's direct figure of the same round
 (``haproxy/best direct blob``). The run-to-run spread of the same cell is the noise a
 difference has to beat (about 25 % on these shared machines).
@@ -35,9 +38,9 @@ Output: the tables on stdout and ``<out>/headline-<YYYYmmdd-HHMMSS>/`` with
 embeds) and ``headline.png``. Exit status 0; 1 if any run had errors or short blob bodies; 2 when the
 stack is not running, wrk is missing or the pool lacks a pyruvate or a waitress client.
 
-The default run (3 rounds of 14 runs of 8 s, plus warm-up, the off clients' build and
-start) took 6.5 minutes on 2 cores (24 Nov 2026, quiet machine;
-docs/results.md#headline-figures-make-headline).
+The default run (3 rounds of 21 runs of 8 s, plus warm-up, the off clients' build and
+start, the copy's start): about 10 minutes on 2 cores (3 rounds of 15 runs took 7.6
+minutes on 28 Nov 2026; docs/results.md#headline-figures-make-headline).
 """
 import os
 import re
@@ -72,13 +75,14 @@ COPY = "haproxy-copy"
 def parse_args(argv):
     parser = new_parser(
         "headline", "The docs' headline figures in one run: pyruvate vs waitress directly and "
-        "through HAProxy on the four paths, blob-sendfile on/off, each with its spread over rounds.")
+        "through HAProxy on the four paths, the kit's pipeline against Zope's stock one, each with its "
+        "spread over rounds.")
     parser.add_argument("--connections", type=int, default=4,
                         help="wrk connections of every run (default 4: twice the pool's 2 slots per "
                         "server, the figure docs/results.md#headline-figures-make-headline quotes)")
     add_run_arguments(parser, duration=8, rounds=3)
     parser.add_argument("--no-off", action="store_true",
-                        help="leave out the blob-sendfile = off clients (no extra build)")
+                        help="leave out the clients with Zope's stock pipeline (no extra build)")
     parser.add_argument("--no-copy", action="store_true",
                         help=f"leave out {COPY}, the stack's HAProxy config without kernel splicing")
     add_buildout_config_argument(parser, "the off clients' buildout in var/headline")
@@ -121,7 +125,7 @@ def spliced_bytes(metrics_url):
 def plan(rounds, with_off, with_copy=False):
     """The runs in order: ``[(round, target, path label)]``; the order of the (target, path)
     pairs rotates by one per round so no pair always runs first or after the same one."""
-    cells = [(t, p) for p in PATHS for t in TARGETS] + ([(t, "blob") for t in OFF] if with_off else [])
+    cells = [(t, p) for p in PATHS for t in TARGETS + (OFF if with_off else ())]
     cells += [(COPY, "blob")] if with_copy else []
     runs = []
     for number in range(1, rounds + 1):
@@ -150,8 +154,8 @@ def summarize(runs):
     """``(cells, ratios)`` from the run rows (each with round, target, path, rps, p50_ms,
     p99_ms, errors). ``cells``: ``{"target path": {"rps": spread, "p50_ms", "p99_ms"
     (medians), "errors" (sum), "runs"}}``; ``ratios``: ``{name: spread}`` of per-round
-    ratios, for each path ``pyruvate/waitress <path>``, with the off clients ``<server> blob
-    on/off``, with haproxy-copy ``haproxy blob splice/copy``, and ``haproxy/best direct blob``
+    ratios, for each path ``pyruvate/waitress <path>``, with the off clients ``<server>
+    kit/stock <path>``, with haproxy-copy ``haproxy blob splice/copy``, and ``haproxy/best direct blob``
     (the pool against the faster of pyruvate and waitress in that round). A ratio needs both
     runs of its round."""
     by = {}
@@ -173,8 +177,9 @@ def summarize(runs):
 
     ratios = {f"pyruvate/waitress {p}": ratio(("pyruvate", p), ("waitress", p)) for p in PATHS}
     for server in SERVERS:
-        if (f"{server}-off", "blob") in by:
-            ratios[f"{server} blob on/off"] = ratio((server, "blob"), (f"{server}-off", "blob"))
+        for p in PATHS:
+            if (f"{server}-off", p) in by:
+                ratios[f"{server} kit/stock {p}"] = ratio((server, p), (f"{server}-off", p))
     if (COPY, "blob") in by:
         ratios["haproxy blob splice/copy"] = ratio(("haproxy", "blob"), (COPY, "blob"))
     pool, direct = by.get(("haproxy", "blob"), {}), [by.get((s, "blob"), {}) for s in SERVERS]
@@ -199,7 +204,7 @@ def to_markdown(meta, cells, ratios):
         f"{meta['connections']} connections, the order rotated per round; machine {meta['cores']} cores, "
         f"load average {meta['load_before']} before and {meta['load_after']} after; {meta['minutes']} min.",
         f"pyruvate = `{meta['clients']['pyruvate']}`, waitress = `{meta['clients']['waitress']}` directly; "
-        "haproxy = the stack's pool (leastconn over both); -off = the same client with blob-sendfile = off; "
+        "haproxy = the stack's pool (leastconn over both); -off = the same client with Zope's stock pipeline (no blobsendfile, no metrics filter); "
         f"{COPY} = the stack's HAProxy config without kernel splicing (haproxy -dS)."
         + (" MiB sent through kernel pipes (splice) during the runs: "
            + ", ".join(f"{name} {mib:,.1f}" for name, mib in meta["spliced_mib"].items()) + "."
