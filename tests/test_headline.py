@@ -72,9 +72,9 @@ def test_targets_need_both_servers_in_the_pool():
 
 @pytest.mark.integration
 def test_one_short_round_on_the_stack(stack, tmp_path):
-    """1 round of 1 s runs at 2 connections: every cell measured without errors, the blob
-    on the kit's pipeline and on Zope's stock one on every path, the blob through HAProxy with
-    and without kernel splicing
+    """1 round of 1 s runs at 2 connections: every cell measured without errors, each client
+    with the kit's pipeline and with Zope's stock one on every path, the blob through HAProxy
+    with and without kernel splicing
     (the stack's HAProxy spliced blob bodies, its -dS copy none), the report written, the off
     clients and the copy stopped."""
     result = run([sys.executable, "-m", "loadtests", "headline", "--duration", "1", "--rounds", "1",
