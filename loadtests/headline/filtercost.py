@@ -81,12 +81,14 @@ def to_markdown(meta, chains, costs):
         "",
         "µs per request, median over the rounds (min–max):",
         "",
-        markdown_table(["chain", "µs per request"], [[name, format_spread(value, 1)] for name, value in chains.items()]),
+        markdown_table(["chain", "µs per request"],
+                       [[name, format_spread(value, 1)] for name, value in chains.items()]),
         "",
         "µs each filter adds (its chain minus the application alone, per round), and what the kit's pipeline "
         "adds over Zope's stock one (kit minus stock, per round), median (min–max):",
         "",
-        markdown_table(["filter", "µs per request"], [[name, format_spread(value, 1)] for name, value in costs.items()]),
+        markdown_table(["filter", "µs per request"],
+                       [[name, format_spread(value, 1)] for name, value in costs.items()]),
         "",
     ])
 
