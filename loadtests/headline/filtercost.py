@@ -5,14 +5,17 @@
 Runs :mod:`loadtests.headline.filtercost_inner` in the ZEO client's own interpreter
 (``parts/<client>/bin/interpreter``: the client's eggs, as ``make build`` made them; the
 stack need not run). It times each filter alone, Zope's stock pipeline (``translogger
-httpexceptions``) and the kit's (``blobsendfile metrics translogger httpexceptions``)
-around an application that answers at once, ``--requests`` requests per chain and round,
-``--rounds`` rounds in rotated order. A wrk run cannot resolve this: tens of microseconds
-against a page of one millisecond or more are below the ±25 % the machines here move by.
+httpexceptions``), the kit's (``blobsendfile metrics translogger httpexceptions``) and the
+pairs of PAIRS with their CONTROLS around an application that answers at once,
+``--requests`` requests per chain and round, ``--rounds`` rounds in rotated order. A wrk
+run cannot resolve this: tens of microseconds against a page of one millisecond or more are
+below the ±25 % the machines here move by.
 
 Figures (the report's tables): µs per request of each chain, median over the rounds
-(min-max); the cost of each filter (the chain minus the bare application, per round) and of
-the kit's pipeline over the stock one (kit minus stock, per round), median (min-max).
+(min-max); the cost of each filter, control and pair (the chain minus the bare application,
+per round), what each pair costs beyond its two parts (``A+B - A - B``: the pair's cost
+minus both parts' costs, per round) and the kit's pipeline over the stock one (kit minus
+stock, per round), median (min-max).
 
 Output: the tables on stdout and ``<out>/filters-<YYYYmmdd-HHMMSS>/`` with ``report.json``
 (the per-round seconds as measured) and ``report.md``. Exit status 0; 2 when the client is
@@ -34,8 +37,18 @@ from loadtests.core.stats import format_spread, spread
 
 INNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "filtercost_inner.py")
 FILTERS = ("blobsendfile", "metrics", "translogger", "httpexceptions")
-#: Chains of more than one filter whose cost is reported beside the single filters'.
-PAIRS = ("metrics+translogger",)
+#: Single chains that are no filter of a pipeline, timed as controls for PAIRS: a filter that only
+#: calls the application, and translogger with its logger disabled.
+CONTROLS = ("noop", "translogger(log off)")
+#: Chains of two filters, outer first: {name: (outer, inner)}. Each one's cost is reported, and
+#: its cost beyond its parts': metrics around translogger costs more than both alone
+#: (docs/results.md, 28 Nov 2026); the two controls say whether any frame around translogger
+#: does that too, and whether it goes with the access log off.
+PAIRS = {
+    "metrics+translogger": ("metrics", "translogger"),
+    "noop+translogger": ("noop", "translogger"),
+    "metrics+translogger(log off)": ("metrics", "translogger(log off)"),
+}
 PIPELINES = ("stock", "kit")
 
 
@@ -55,15 +68,22 @@ def parse_args(argv):
 
 def summarize(seconds):
     """``(chains, costs)`` from ``{chain: [seconds per request, one per round]}``:
-    ``chains`` ``{chain: spread of µs}``; ``costs`` ``{name: spread of µs}`` for each filter
-    and PAIRS chain (minus ``app`` in the same round) and ``kit - stock``."""
+    ``chains`` ``{chain: spread of µs}``; ``costs`` ``{name: spread of µs}`` for each filter,
+    CONTROLS and PAIRS chain (minus ``app`` in the same round), ``A+B - A - B`` for each pair
+    (its cost minus both parts' costs in the same round: 0 when the pair costs its parts' sum)
+    and ``kit - stock``; a figure whose chains were not all measured is left out."""
     micro = {name: [value * 1e6 for value in values] for name, values in seconds.items()}
     chains = {name: spread(values) for name, values in micro.items()}
 
     def difference(first, second):
         return spread([a - b for a, b in zip(micro[first], micro[second])])
 
-    costs = {name: difference(name, "app") for name in FILTERS + PAIRS if name in micro}
+    costs = {name: difference(name, "app") for name in FILTERS + CONTROLS + tuple(PAIRS) if name in micro}
+    for pair, (outer, inner) in PAIRS.items():
+        if all(name in micro for name in (pair, outer, inner, "app")):
+            # (pair - app) - (outer - app) - (inner - app), per round as every cost here
+            costs[f"{pair} - {outer} - {inner}"] = spread(
+                [p - o - i + a for p, o, i, a in zip(micro[pair], micro[outer], micro[inner], micro["app"])])
     if all(name in micro for name in PIPELINES):
         costs["kit - stock"] = difference("kit", "stock")
     return chains, costs
@@ -84,8 +104,9 @@ def to_markdown(meta, chains, costs):
         markdown_table(["chain", "µs per request"],
                        [[name, format_spread(value, 1)] for name, value in chains.items()]),
         "",
-        "µs each filter adds (its chain minus the application alone, per round), and what the kit's pipeline "
-        "adds over Zope's stock one (kit minus stock, per round), median (min–max):",
+        "µs each filter adds (its chain minus the application alone, per round), each pair's cost beyond "
+        "its two parts (`A+B - A - B`, per round: 0 when a pair costs the sum of its parts), and what the kit's "
+        "pipeline adds over Zope's stock one (kit minus stock, per round), median (min–max):",
         "",
         markdown_table(["filter", "µs per request"],
                        [[name, format_spread(value, 1)] for name, value in costs.items()]),

@@ -12,6 +12,10 @@ page costs. Chains (outermost filter first, as in wsgi.ini's ``pipeline``):
 - one per filter alone: ``blobsendfile``, ``metrics``, ``translogger``, ``httpexceptions``;
 - ``metrics+translogger``: the pair whose cost is more than its parts' (docs/results.md,
   28 Nov 2026);
+- the controls for that extra: ``noop`` (a filter that only calls the application) alone and
+  ``noop+translogger`` (does any filter around translogger bring it?); ``translogger(log
+  off)`` alone and ``metrics+translogger(log off)``, the access log's logger disabled
+  (translogger still formats the line, no log record is made: does it go with the logging?);
 - ``stock``: ``translogger httpexceptions`` (plone.recipe.zope2instance's pipeline);
 - ``kit``: ``blobsendfile metrics translogger httpexceptions`` (the kit's default).
 
@@ -20,6 +24,8 @@ port the caller chose) and the
 probes' bookkeeping, no warm-up paths and no memory watchdog. ``translogger`` logs each
 request at INFO to a FileHandler on ``/dev/null`` (the stock ini's access log is a
 FileHandler): formatting and the handler's lock are counted, the disk write is not.
+``translogger(log off)`` logs to a logger of its own (``wsgi-off``) that is disabled, so the
+other chains' ``wsgi`` logger stays on.
 
 Each round times every chain over REQUESTS requests (a fresh copy of one GET environ each,
 the body iterated and closed), in an order rotated per round. Output on stdout, one JSON
@@ -44,6 +50,13 @@ def app(environ, start_response):
     return [b"ok"]
 
 
+def noop(inner):
+    """A WSGI filter that only calls ``inner``: one more Python frame around it, nothing else."""
+    def call(environ, start_response):
+        return inner(environ, start_response)
+    return call
+
+
 def start_response(status, headers, exc_info=None):
     return lambda data: None
 
@@ -63,11 +76,17 @@ def chains(metrics_port):
     access = logging.getLogger("wsgi")
     access.addHandler(logging.FileHandler(os.devnull))
     access.propagate = False
+    # The same filter with its access log off: a logger of its own, so that "wsgi" stays on
+    # for the other chains; disabled, Logger.log returns before it makes a record.
+    logging.getLogger("wsgi-off").disabled = True
     make = {
         "blobsendfile": blobfilter.filter_factory({}),
         "metrics": metrics.filter_factory({}, address=f"127.0.0.1:{metrics_port}", threads="2"),
         "translogger": lambda inner: translogger(inner, {}, setup_console_handler=False),
         "httpexceptions": httpexceptions,
+        "noop": noop,
+        "translogger(log off)": lambda inner: translogger(inner, {}, logger_name="wsgi-off",
+                                                          setup_console_handler=False),
     }
 
     def chain(*names):
@@ -78,6 +97,8 @@ def chains(metrics_port):
 
     built = {"app": app, **{name: chain(name) for name in make}}
     built["metrics+translogger"] = chain("metrics", "translogger")
+    built["noop+translogger"] = chain("noop", "translogger")
+    built["metrics+translogger(log off)"] = chain("metrics", "translogger(log off)")
     built["stock"] = chain("translogger", "httpexceptions")
     built["kit"] = chain("blobsendfile", "metrics", "translogger", "httpexceptions")
     return built
