@@ -105,22 +105,27 @@ class TemporaryBalancer:
 
     ``binary``: the haproxy binary; ``config``: the stack.json dict (or one of the same
     shape) whose ``haproxy_template`` and ``haproxy_context`` it renders (see the module
-    docstring); ``directory`` receives ``haproxy.cfg`` and ``haproxy.log``;
+    docstring); ``directory`` receives ``haproxy.cfg`` (and ``extra.cfg``) and ``haproxy.log``;
     ``frontend_port`` and ``frontend_port + 1`` (stats) must be free; ``haproxy_options``:
-    more options of the haproxy command line (``("-dS",)``: no kernel splicing); ``changes``:
+    more options of the haproxy command line (``("-dS",)``: no kernel splicing);
+    ``extra_config``: text of a second config file, written to ``directory/extra.cfg`` and
+    passed as a second ``-f`` after ``haproxy.cfg`` (HAProxy merges sections of the same
+    kind, so ``"global\n    nbthread 1\n"`` adds to the template's global section); ``changes``:
     further template variables to replace (``servers=[...]``, ``maxconn=...``). Attributes
     once started: ``pid``, ``process`` (psutil), ``frontend_url``, ``stats_url``,
     ``metrics_url`` (its Prometheus exporter, on the stats port).
     """
 
-    def __init__(self, binary, config, mode, directory, frontend_port, haproxy_options=(), **changes):
+    def __init__(self, binary, config, mode, directory, frontend_port, haproxy_options=(), extra_config=None,
+                 **changes):
         self.binary, self.config, self.mode, self.directory = binary, config, mode, directory
-        self.haproxy_options, self.changes = tuple(haproxy_options), changes
+        self.haproxy_options, self.extra_config, self.changes = tuple(haproxy_options), extra_config, changes
         self.frontend_port, self.stats_port = frontend_port, frontend_port + 1
         self.frontend_url = f"http://127.0.0.1:{self.frontend_port}"
         self.stats_url = f"http://127.0.0.1:{self.stats_port}/stats;csv"
         self.metrics_url = f"http://127.0.0.1:{self.stats_port}/metrics"
         self.config_path = os.path.join(directory, "haproxy.cfg")
+        self.extra_path = os.path.join(directory, "extra.cfg") if extra_config is not None else None
         self.log_path = os.path.join(directory, "haproxy.log")
         self.child = self.pid = self.process = None
         self.run_directory = None
@@ -142,16 +147,26 @@ class TemporaryBalancer:
             "cache_server": "", "cache_fill_bind": "",
             **self.changes})
 
+    def config_files(self):
+        """The haproxy options naming the config files: ``["-f", haproxy.cfg]``, then ``["-f",
+        extra.cfg]`` with ``extra_config``."""
+        return ["-f", self.config_path] + (["-f", self.extra_path] if self.extra_path else [])
+
     def write_config(self):
-        """Write and ``haproxy -c`` :meth:`config_text`; raise BalancerError with HAProxy's message."""
+        """Write :meth:`config_text` (and ``extra_config``) and check both with ``haproxy -c``;
+        raise BalancerError with HAProxy's message."""
         text = self.config_text()
         os.makedirs(self.directory, exist_ok=True)
         with open(self.config_path, "w", encoding="utf-8") as fp:
             fp.write(text)
-        result = subprocess.run([self.binary, "-c", "-f", self.config_path],
+        if self.extra_path:
+            with open(self.extra_path, "w", encoding="utf-8") as fp:
+                fp.write(self.extra_config)
+        result = subprocess.run([self.binary, "-c", *self.config_files()],
                                 capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise BalancerError(f"haproxy -c rejected {self.config_path}:\n{result.stdout}{result.stderr}")
+            files = " + ".join(self.config_files()[1::2])
+            raise BalancerError(f"haproxy -c rejected {files}:\n{result.stdout}{result.stderr}")
 
     def start(self, backend, servers, timeout=30.0):
         """Start HAProxy and wait until its stats show every server UP after a health check.
@@ -165,7 +180,7 @@ class TemporaryBalancer:
         self.write_config()
         with open(self.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
             self.child = subprocess.Popen(
-                [self.binary, "-db", *self.haproxy_options, "-f", self.config_path],
+                [self.binary, "-db", *self.haproxy_options, *self.config_files()],
                 stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: a Ctrl-C of abtest is handled by abtest
             )
