@@ -1,15 +1,25 @@
-"""loadtests.headline.headline: the plan, the summary and the report without measuring; then one
+"""loadtests.headline.headline: the plan, the summary and the report without measuring; the HAProxy
+variants' configs checked by haproxy -c and one variant run over a stand-in server; then one
 short real run against the session's stack (wrk, the off clients built and stopped)."""
+import http.server
 import json
 import os
+import shutil
 import sys
+import threading
 
 import psutil
 import pytest
+import requests
 
 from conftest import ROOT, run
+from loadtests.core.balancers import BalancerError
+from loadtests.core.procs import free_local_port
 from loadtests.core.stack import PATHS
-from loadtests.headline import headline
+from loadtests.headline import headline, variants
+from plonedeploy.recipe import edge, options, tls
+
+requires_haproxy = pytest.mark.skipif(not shutil.which("haproxy"), reason="no haproxy binary")
 
 
 def test_plan_covers_every_cell_once_per_round_and_rotates():
@@ -20,8 +30,39 @@ def test_plan_covers_every_cell_once_per_round_and_rotates():
     firsts = [next((t, p) for n, t, p in todo if n == number) for number in (1, 2, 3)]
     assert len(set(firsts)) == 3  # a different cell opens each round
     assert {p for _, t, p in headline.plan(1, with_off=False) if t.endswith("-off")} == set()
-    assert {(t, p) for _, t, p in headline.plan(2, with_off=False, with_copy=True)} - {
+    assert {(t, p) for _, t, p in headline.plan(2, with_off=False, variant_names=("copy",))} - {
         (t, p) for _, t, p in headline.plan(2, with_off=False)} == {(headline.COPY, "blob")}
+
+
+def test_plan_measures_each_variant_on_the_blob_in_every_round():
+    todo = headline.plan(2, with_off=False, variant_names=tuple(variants.VARIANTS))
+    extra = [(n, t, p) for n, t, p in todo if t not in headline.TARGETS]
+    assert sorted(extra) == sorted((n, f"haproxy-{v}", "blob") for n in (1, 2) for v in variants.VARIANTS)
+    assert variants.targets()[0] == headline.COPY == "haproxy-copy"
+
+
+@pytest.mark.parametrize("argv, chosen", [
+    ([], ("copy",)),
+    (["--no-copy"], ()),
+    (["--variant", "nbthread-1", "--variant", "pipesize-1m"], ("copy", "pipesize-1m", "nbthread-1")),
+    (["--variant", "copy", "--variant", "bufs-4m", "--variant", "bufs-4m"], ("copy", "bufs-4m")),
+    (["--variant", "all"], tuple(variants.VARIANTS)),
+    (["--variant", "all", "--no-copy"], tuple(variants.VARIANTS)[1:]),
+])
+def test_variants_chosen_in_the_table_order(argv, chosen):
+    assert headline.parse_args(argv).variants == chosen
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--variant", "pipesize-2m"], "--variant 'pipesize-2m' is unknown: expected one of copy, pipesize-512k, "
+                                   "pipesize-1m, bufs-1m, bufs-4m, nbthread-1, nbthread-1-copy, or all"),
+    (["--variant", "copy", "--no-copy"], "--variant copy and --no-copy contradict each other"),
+])
+def test_bad_variant_is_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        headline.parse_args(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def _row(number, target, path, rps, errors=0):
@@ -47,6 +88,7 @@ def test_summary_medians_spreads_and_ratios_per_round():
     assert ratios["haproxy blob splice/copy"] == {"median": 1.25, "min": 1.25, "max": 1.25}
     # round 1: 120 / pyruvate's 150 (no waitress run); round 2: 200 / waitress's 160
     assert ratios["haproxy/best direct blob"] == {"median": 1.02, "min": 0.8, "max": 1.25}
+    assert not any(name.startswith("haproxy-") for name in ratios)  # no other variant measured
     text = headline.to_markdown({"started": "s", "command": "c", "rounds": 3, "duration_s": 8, "connections": 4,
                                  "cores": 2, "load_before": [0.1], "load_after": [0.2], "minutes": 1.0,
                                  "clients": {"pyruvate": "instance", "waitress": "client2"},
@@ -55,6 +97,104 @@ def test_summary_medians_spreads_and_ratios_per_round():
     assert "during the runs: haproxy 1,234.5, haproxy-copy 0.0." in text
     assert "| / | 250 (200–300) | 150 (100–200) | - |" in text
     assert "| pyruvate/waitress / | 2.00 (1.00–2.50) |" in text
+
+
+def test_variant_ratios_against_the_stack_haproxy_in_the_same_round():
+    """Each variant over the stack's HAProxy of its round (copy: the other way round, the
+    figure the docs quote), and the report's columns and legend name the variants measured."""
+    runs = [_row(1, "haproxy", "blob", 120), _row(2, "haproxy", "blob", 100),
+            _row(1, "haproxy-copy", "blob", 100), _row(2, "haproxy-copy", "blob", 80),
+            _row(1, "haproxy-nbthread-1", "blob", 60), _row(2, "haproxy-nbthread-1", "blob", 110),
+            _row(1, "haproxy-bufs-4m", "blob", 90)]
+    cells, ratios = headline.summarize(runs)
+    assert ratios["haproxy blob splice/copy"] == {"median": 1.23, "min": 1.2, "max": 1.25}
+    assert ratios["haproxy-nbthread-1/haproxy blob"] == {"median": 0.8, "min": 0.5, "max": 1.1}
+    assert ratios["haproxy-bufs-4m/haproxy blob"] == {"median": 0.75, "min": 0.75, "max": 0.75}  # round 1 only
+    assert "haproxy-pipesize-1m/haproxy blob" not in ratios  # not measured
+    assert [variants.ratio(name)[0] for name in ("copy", "nbthread-1-copy")] == [
+        "haproxy blob splice/copy", "haproxy-nbthread-1-copy/haproxy blob"]
+    text = headline.to_markdown({"started": "s", "command": "c", "rounds": 2, "duration_s": 8, "connections": 4,
+                                 "cores": 2, "load_before": [0.1], "load_after": [0.2], "minutes": 1.0,
+                                 "clients": {"pyruvate": "instance", "waitress": "client2"}}, cells, ratios)
+    assert "| path | haproxy | haproxy-copy | haproxy-bufs-4m | haproxy-nbthread-1 |" in text  # table order
+    assert ("haproxy-copy = the stack's HAProxy config with `haproxy -dS` (no kernel splicing); haproxy-bufs-4m = "
+            "the stack's HAProxy config with `global tune.rcvbuf.server 4194304, tune.sndbuf.client 4194304`; "
+            "haproxy-nbthread-1 = the stack's HAProxy config with `global nbthread 1`.") in text
+    assert "| haproxy-nbthread-1/haproxy blob | 0.80 (0.50–1.10) |" in text
+
+
+def _stack_like(tmp_path, port):
+    """A stack.json dict of the shape TemporaryBalancer renders: the project's template with
+    the variables the recipe gives it (one pyruvate client on 127.0.0.1:``port``, its health
+    check there too; TLS, cache tier and user drop off), so a variant's config is the
+    template's, without a build."""
+    server = {"name": "instance", "host": "127.0.0.1", "port": port, "maxconn": 2, "wsgi_server": "pyruvate",
+              "check_addr": "127.0.0.1", "check_port": port, "max_body": 1024}
+    return {"haproxy_binary": shutil.which("haproxy"), "haproxy_template": options.HAPROXY_TEMPLATE,
+            "backend": "zeoclients", "servers": ["instance"], "haproxy_context": dict(
+                part="haproxy", servers=[server], bind="127.0.0.1:1", stats_bind="127.0.0.1:2",
+                balance="leastconn", health_check="/readyz", timeout_queue=5, max_body_size=1024, maxconn=100,
+                fd_limit=1000, manage_networks=["127.0.0.1/32"], write_lane=False,
+                run_directory=str(tmp_path), user="", group="", chroot="", cache_server="", cache_fill_bind="",
+                cache_health_path="/_varnish/ok", **edge.template_context(["127.0.0.1"]),
+                **tls.template_context("", "", False, 0))}
+
+
+@requires_haproxy
+@pytest.mark.parametrize("name", list(variants.VARIANTS))
+def test_every_variant_config_passes_haproxy_check(name, tmp_path):
+    """haproxy -c accepts the template's config with the variant's extra.cfg as a second -f
+    (its global lines merged into the template's global section)."""
+    balancer = variants.balancer(name, _stack_like(tmp_path, 1), str(tmp_path))
+    with balancer:
+        balancer.write_config()  # haproxy -c, else BalancerError
+        extra, lines = tmp_path / f"haproxy-{name}" / "extra.cfg", variants.VARIANTS[name].globals
+        if lines:
+            assert extra.read_text() == "global\n" + "".join(f"    {line}\n" for line in lines)
+            assert balancer.config_files()[-2:] == ["-f", str(extra)]
+        else:
+            assert not extra.exists() and balancer.config_files() == ["-f", balancer.config_path]
+        assert balancer.haproxy_options == variants.VARIANTS[name].options
+
+
+@requires_haproxy
+def test_refused_variant_names_itself(tmp_path, monkeypatch):
+    monkeypatch.setitem(variants.VARIANTS, "bogus", variants.Variant((), ("tune.bogus 1",)))
+    with pytest.raises(BalancerError, match=r"(?s)HAProxy variant bogus \(global tune.bogus 1\): haproxy -c rejected "
+                       r".*haproxy-bogus/haproxy.cfg \+ .*haproxy-bogus/extra.cfg:.*unknown keyword 'tune.bogus'"):
+        variants.start("bogus", _stack_like(tmp_path, 1), str(tmp_path))
+
+
+class _Ok(http.server.BaseHTTPRequestHandler):
+    """200 to every GET: the pool's one client and its health check."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"OK")
+
+    def log_message(self, *args):
+        pass
+
+
+@requires_haproxy
+def test_variant_global_lines_take_effect(tmp_path):
+    """nbthread-1 started as headline starts it (haproxy -db -f haproxy.cfg -f extra.cfg) runs
+    one thread, where the template alone lets HAProxy run one per core: the second file's
+    global section is in effect. Stopped at the end."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_local_port()), _Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        balancer = variants.start("nbthread-1", _stack_like(tmp_path, server.server_address[1]), str(tmp_path))
+        with balancer:
+            metrics = requests.get(balancer.metrics_url, timeout=5).text
+            assert "\nhaproxy_process_nbthread 1\n" in metrics
+            assert balancer.process.cmdline()[-4:] == ["-f", balancer.config_path, "-f", balancer.extra_path]
+        assert balancer.child.poll() is not None  # stopped
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_targets_need_both_servers_in_the_pool():

@@ -1,6 +1,7 @@
 """The kit's headline figures, re-measured side by side in one run, with their spread.
 
-    python -m loadtests headline [--connections 4] [--duration 8] [--rounds 3] [--no-off]
+    python -m loadtests headline [--connections 4] [--duration 8] [--rounds 3] [--no-off] [--no-copy]
+                                 [--variant NAME ...]
 
 Against the running stack (``make start``): in every round, in an order rotated from round
 to round, one wrk run of ``--duration`` seconds with ``--connections`` connections on
@@ -14,10 +15,14 @@ and also against ``pyruvate-off`` and ``waitress-off``: the same two clients wit
 stock pipeline, ``blob-sendfile = off`` and no ``metrics-address`` (``translogger
 httpexceptions``, without the kit's ``blobsendfile`` and ``metrics`` filters;
 :mod:`loadtests.headline.offclients`, built in ``var/headline``, on the ports after the
-stack's clients), unless ``--no-off``; and on the blob path against
-``haproxy-copy``: an HAProxy of the stack's config (:class:`loadtests.core.balancers.TemporaryBalancer`,
-two free ports) started with ``-dS``, so that it copies response bodies through its buffers
-instead of splicing them (the template's ``option splice-response``), unless ``--no-copy``.
+stack's clients), unless ``--no-off``; and on the blob path against HAProxy variants
+(:mod:`loadtests.headline.variants`): HAProxys of the stack's config
+(:class:`loadtests.core.balancers.TemporaryBalancer`, two free ports each) with other
+command-line options or ``global`` lines, ``haproxy-<variant>``. By default ``haproxy-copy``,
+started with ``-dS``, so that it copies response bodies through its buffers instead of
+splicing them (the template's ``option splice-response``), unless ``--no-copy``; ``--variant
+NAME`` (repeatable; ``all``) adds others: ``pipesize-512k``, ``pipesize-1m``, ``bufs-1m``,
+``bufs-4m``, ``nbthread-1``, ``nbthread-1-copy``.
 Every target and path first gets 2 s of uncounted load (caches, ZODB connections).
 
 Figures per target and path: req/s (median over the rounds, min-max), p50/p99 in ms
@@ -25,13 +30,15 @@ Figures per target and path: req/s (median over the rounds, min-max), p50/p99 in
 and then median (min-max): pyruvate/waitress directly on each path, the kit's pipeline
 against the stock one per server and path (``<server> kit/stock <path>``; on the blob that
 is blob-sendfile on/off), the pool's blob with splicing against copying (``haproxy
-blob splice/copy``) and against the faster client's direct figure of the same round
+blob splice/copy``), each other variant against the pool (``haproxy-<variant>/haproxy blob``)
+and the pool against the faster client's direct figure of the same round
 (``haproxy/best direct blob``). The run-to-run spread of the same cell is the noise a
 difference has to beat (about 25 % on these shared machines).
 
 ``spliced_mib`` in the report: the MiB each HAProxy sent through kernel pipes during the run
 (``haproxy_process_spliced_bytes_out_total`` of its Prometheus exporter): above 0 for
-``haproxy`` when the template's splicing is in effect, 0 for ``haproxy-copy``.
+``haproxy`` when the template's splicing is in effect (and for the variants without ``-dS``),
+0 for ``haproxy-copy``.
 
 Output: the tables on stdout and ``<out>/headline-<YYYYmmdd-HHMMSS>/`` with
 ``report.json``, ``report.md`` (the tables docs/results.md#headline-figures-make-headline
@@ -40,7 +47,8 @@ stack is not running, wrk is missing or the pool lacks a pyruvate or a waitress 
 
 The default run (3 rounds of 21 runs of 8 s, plus warm-up, the off clients' build and
 start, the copy's start): about 10 minutes on 2 cores (3 rounds of 15 runs took 7.6
-minutes on 28 Nov 2026; docs/results.md#headline-figures-make-headline).
+minutes on 28 Nov 2026; docs/results.md#headline-figures-make-headline). Each further variant
+adds one run per round (``--variant all``: 27 runs per round, about 13 minutes).
 """
 import os
 import re
@@ -53,7 +61,7 @@ import psutil
 import requests
 
 from loadtests.core import extrabuild
-from loadtests.core.balancers import BalancerError, TemporaryBalancer, free_port_pair
+from loadtests.core.balancers import BalancerError
 from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
                                 exits_2_when_not_ready, new_parser)
 from loadtests.core.reports import finish_report, markdown_table, new_figure, report_folder, save_figure, spread_bars
@@ -61,15 +69,15 @@ from loadtests.core.stack import (BLOB_SIZE, PATHS, ROOT, check_servers_up, clie
                                   load_stack)
 from loadtests.core.stats import format_spread, spread
 from loadtests.core.wrk import require_wrk, run_wrk
-from loadtests.headline import offclients
+from loadtests.headline import offclients, variants
 
 WORK_DIR = os.path.join(ROOT, "var", "headline")
 #: The servers compared directly; the recipe's A/B pair.
 SERVERS = ("pyruvate", "waitress")
 TARGETS = SERVERS + ("haproxy",)
 OFF = tuple(f"{s}-off" for s in SERVERS)
-#: The stack's HAProxy config run with ``-dS`` (no kernel splicing), on the blob path.
-COPY = "haproxy-copy"
+#: The stack's HAProxy config run with ``-dS`` (no kernel splicing), on the blob path: the default variant.
+COPY = variants.target("copy")
 
 
 def parse_args(argv):
@@ -85,11 +93,19 @@ def parse_args(argv):
                         help="leave out the clients with Zope's stock pipeline (no extra build)")
     parser.add_argument("--no-copy", action="store_true",
                         help=f"leave out {COPY}, the stack's HAProxy config without kernel splicing")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME",
+                        help="also measure the blob through this HAProxy variant, haproxy-NAME (repeatable): "
+                        + "; ".join(f"{name} = {variants.describe(name)}" for name in variants.VARIANTS)
+                        + f"; {variants.ALL} = every one. copy is measured unless --no-copy")
     add_buildout_config_argument(parser, "the off clients' buildout in var/headline")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     if args.connections < 1 or args.duration < 1 or args.rounds < 1:
         parser.error("--connections, --duration and --rounds must be >= 1")
+    try:
+        args.variants = variants.select(args.variant, args.no_copy)
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -122,11 +138,13 @@ def spliced_bytes(metrics_url):
     return int(float(found.group(1)))
 
 
-def plan(rounds, with_off, with_copy=False):
-    """The runs in order: ``[(round, target, path label)]``; the order of the (target, path)
-    pairs rotates by one per round so no pair always runs first or after the same one."""
+def plan(rounds, with_off, variant_names=()):
+    """The runs in order: ``[(round, target, path label)]``, with the off clients on every path
+    if ``with_off`` and each of ``variant_names`` (:data:`variants.VARIANTS`) on the blob; the
+    order of the (target, path) pairs rotates by one per round so no pair always runs first or
+    after the same one."""
     cells = [(t, p) for p in PATHS for t in TARGETS + (OFF if with_off else ())]
-    cells += [(COPY, "blob")] if with_copy else []
+    cells += [(variants.target(name), "blob") for name in variant_names]
     runs = []
     for number in range(1, rounds + 1):
         shift = (number - 1) % len(cells)
@@ -155,9 +173,10 @@ def summarize(runs):
     p99_ms, errors). ``cells``: ``{"target path": {"rps": spread, "p50_ms", "p99_ms"
     (medians), "errors" (sum), "runs"}}``; ``ratios``: ``{name: spread}`` of per-round
     ratios, for each path ``pyruvate/waitress <path>``, with the off clients ``<server>
-    kit/stock <path>``, with haproxy-copy ``haproxy blob splice/copy``, and ``haproxy/best direct blob``
-    (the pool against the faster of pyruvate and waitress in that round). A ratio needs both
-    runs of its round."""
+    kit/stock <path>``, with haproxy-copy ``haproxy blob splice/copy``, with another HAProxy
+    variant ``haproxy-<variant>/haproxy blob`` (:func:`variants.ratio`), and ``haproxy/best
+    direct blob`` (the pool against the faster of pyruvate and waitress in that round). A ratio
+    needs both runs of its round."""
     by = {}
     for r in runs:
         by.setdefault((r["target"], r["path"]), {})[r["round"]] = r
@@ -180,8 +199,10 @@ def summarize(runs):
         for p in PATHS:
             if (f"{server}-off", p) in by:
                 ratios[f"{server} kit/stock {p}"] = ratio((server, p), (f"{server}-off", p))
-    if (COPY, "blob") in by:
-        ratios["haproxy blob splice/copy"] = ratio(("haproxy", "blob"), (COPY, "blob"))
+    for name in variants.VARIANTS:
+        if (variants.target(name), "blob") in by:
+            label, (first, second) = variants.ratio(name)
+            ratios[label] = ratio((first, "blob"), (second, "blob"))
     pool, direct = by.get(("haproxy", "blob"), {}), [by.get((s, "blob"), {}) for s in SERVERS]
     ratios["haproxy/best direct blob"] = spread([
         pool[n]["rps"] / best for n in pool
@@ -191,7 +212,7 @@ def summarize(runs):
 
 def _columns(cells):
     """The targets measured, in table order (keys of ``cells`` are ``"<target> <path>"``)."""
-    return [t for t in TARGETS + OFF + (COPY,) if any(c.startswith(t + " ") for c in cells)]
+    return [t for t in TARGETS + OFF + variants.targets() if any(c.startswith(t + " ") for c in cells)]
 
 
 def to_markdown(meta, cells, ratios):
@@ -204,8 +225,11 @@ def to_markdown(meta, cells, ratios):
         f"{meta['connections']} connections, the order rotated per round; machine {meta['cores']} cores, "
         f"load average {meta['load_before']} before and {meta['load_after']} after; {meta['minutes']} min.",
         f"pyruvate = `{meta['clients']['pyruvate']}`, waitress = `{meta['clients']['waitress']}` directly; "
-        "haproxy = the stack's pool (leastconn over both); -off = the same client with Zope's stock pipeline (no blobsendfile, no metrics filter); "
-        f"{COPY} = the stack's HAProxy config without kernel splicing (haproxy -dS)."
+        "haproxy = the stack's pool (leastconn over both); -off = the same client with Zope's stock pipeline "
+        "(no blobsendfile, no metrics filter)"
+        + "".join(f"; {variants.target(name)} = the stack's HAProxy config with `{variants.describe(name)}`"
+                  + (" (no kernel splicing)" if name == "copy" else "")
+                  for name in variants.VARIANTS if variants.target(name) in columns) + "."
         + (" MiB sent through kernel pipes (splice) during the runs: "
            + ", ".join(f"{name} {mib:,.1f}" for name, mib in meta["spliced_mib"].items()) + "."
            if meta.get("spliced_mib") else ""),
@@ -217,7 +241,8 @@ def to_markdown(meta, cells, ratios):
         "",
         "Ratios of req/s in the same round, median (min–max); above 1: the first is faster:",
         "",
-        markdown_table(["ratio", "median (min–max)"], [[name, format_spread(value, 2)] for name, value in ratios.items()]),
+        markdown_table(["ratio", "median (min–max)"],
+                       [[name, format_spread(value, 2)] for name, value in ratios.items()]),
         "",
         "p50 / p99 latency in ms (medians over the rounds); errors summed over the rounds:",
         "",
@@ -261,7 +286,8 @@ def main(argv=None):
 
     started, clock = datetime.now(timezone.utc), time.monotonic()
     load_before = [round(x, 2) for x in os.getloadavg()]
-    off_config = copy = None
+    off_config = None
+    balancers = {}  # {target: TemporaryBalancer} of the variants started, each stopped at the end
     spliced = {}
     runs, problems = [], []
     try:
@@ -274,14 +300,15 @@ def main(argv=None):
             extrabuild.start(off_config)
             for server in SERVERS:
                 urls[f"{server}-off"] = f"http://127.0.0.1:{ports[clients[server]]}"
-        if not args.no_copy:
-            copy = TemporaryBalancer(config["haproxy_binary"], config, config["haproxy_context"]["balance"],
-                                     os.path.join(WORK_DIR, COPY), free_port_pair(), haproxy_options=("-dS",))
-            copy.start(config["backend"], config["servers"])
-            urls[COPY] = copy.frontend_url
-        metrics = {"haproxy": config["haproxy_metrics_url"], **({COPY: copy.metrics_url} if copy else {})}
+        # All variants run from here to the end; between their runs they only health-check the
+        # clients (every 2 s), as the stack's HAProxy does.
+        for name in args.variants:
+            balancers[variants.target(name)] = variants.start(name, config, WORK_DIR)
+        urls.update({target: balancer.frontend_url for target, balancer in balancers.items()})
+        metrics = {"haproxy": config["haproxy_metrics_url"],
+                   **{target: balancer.metrics_url for target, balancer in balancers.items()}}
         spliced_before = {name: spliced_bytes(url) for name, url in metrics.items()}
-        todo = plan(args.rounds, not args.no_off, not args.no_copy)
+        todo = plan(args.rounds, not args.no_off, args.variants)
         for target, label in sorted({(t, p) for _, t, p in todo}):
             run_wrk(urls[target] + PATHS[label][0], 2, 2, accept=PATHS[label][1])  # warm-up, not counted
         print(f"{len(todo)} wrk runs of {args.duration} s at {args.connections} connections "
@@ -290,7 +317,7 @@ def main(argv=None):
             row = {"round": number, "target": target, "path": label,
                    **measure(urls[target], label, args.connections, args.duration)}
             runs.append(row)
-            print(f"[{done}/{len(todo)}] round {number} {target:12} {label:7} {row['rps']:8.1f} req/s "
+            print(f"[{done}/{len(todo)}] round {number} {target:22} {label:7} {row['rps']:8.1f} req/s "
                   f"p50 {row['p50_ms']} ms p99 {row['p99_ms']} ms errors {row['errors']}", flush=True)
             if row["errors"] or row.get("short_bytes"):
                 problems.append(f"round {number} {target} {label}: {row['errors']} errors"
@@ -302,8 +329,8 @@ def main(argv=None):
         problems.append(f"stopped: {exc}")
         print(f"headline: {exc}", file=sys.stderr, flush=True)
     finally:
-        if copy:
-            copy.stop()
+        for balancer in balancers.values():
+            balancer.stop()
         if off_config:
             extrabuild.stop(off_config)
     cells, ratios = summarize(runs)
@@ -313,6 +340,7 @@ def main(argv=None):
             "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(),
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
             "minutes": round((time.monotonic() - clock) / 60, 1), "clients": clients, "urls": urls,
+            "variants": {variants.target(name): variants.describe(name) for name in args.variants},
             "spliced_mib": spliced,
             "problems": problems}
     folder = report_folder(args.out, "headline")

@@ -1,0 +1,106 @@
+"""HAProxy variants that ``headline`` measures on the blob path beside the stack's HAProxy.
+
+Each variant is the stack's own HAProxy config (:class:`loadtests.core.balancers.TemporaryBalancer`:
+the template with the stack's variables, two free ports, no TLS or cache tier) run with more
+haproxy command-line options and/or more ``global`` lines. The lines go to ``extra.cfg``
+beside the variant's ``haproxy.cfg``, passed as a second ``-f``: HAProxy merges the second
+file's ``global`` section into the first's, so the template stays as deployed.
+
+Target names: ``haproxy-<variant>`` (``haproxy-copy``, ...). Ratios, per round (req/s of the
+blob): ``haproxy-<variant>/haproxy blob``, the variant against the stack's HAProxy; for
+``copy`` the other way round, ``haproxy blob splice/copy``, the figure docs/results.md quotes.
+"""
+import os
+from collections import namedtuple
+
+from loadtests.core.balancers import BalancerError, TemporaryBalancer, free_port_pair
+
+#: ``options``: haproxy command-line options; ``globals``: lines of an extra ``global`` section.
+Variant = namedtuple("Variant", "options globals")
+
+#: name -> Variant. ``copy``: kernel splicing off (``-dS``), what ``option splice-response`` is
+#: worth. The others are the settings docs/results.md ("Blobs through the balancer") tried
+#: beside splicing: a bigger kernel pipe per splice (``tune.pipesize``, bytes; Linux's default
+#: 64 KiB), bigger socket buffers towards the servers and the clients (bytes; the kernel's
+#: autotuning otherwise), one thread instead of one per core (with and without splicing).
+VARIANTS = {
+    "copy": Variant(("-dS",), ()),
+    "pipesize-512k": Variant((), ("tune.pipesize 524288",)),
+    "pipesize-1m": Variant((), ("tune.pipesize 1048576",)),
+    "bufs-1m": Variant((), ("tune.rcvbuf.server 1048576", "tune.sndbuf.client 1048576")),
+    "bufs-4m": Variant((), ("tune.rcvbuf.server 4194304", "tune.sndbuf.client 4194304")),
+    "nbthread-1": Variant((), ("nbthread 1",)),
+    "nbthread-1-copy": Variant(("-dS",), ("nbthread 1",)),
+}
+#: ``--variant all``: every variant of VARIANTS.
+ALL = "all"
+
+
+def target(name):
+    """The report's target name of variant ``name``: ``haproxy-<name>``."""
+    return f"haproxy-{name}"
+
+
+def targets():
+    """Every variant's target name, in VARIANTS' order (the report's column order)."""
+    return tuple(target(name) for name in VARIANTS)
+
+
+def ratio(name):
+    """Variant ``name``'s ratio against the stack's HAProxy on the blob: ``(ratio name,
+    (numerator target, denominator target))``; ``copy``'s is ``haproxy blob splice/copy``
+    (the stack's over the copy), the others' ``haproxy-<name>/haproxy blob``."""
+    if name == "copy":
+        return "haproxy blob splice/copy", ("haproxy", target(name))
+    return f"{target(name)}/haproxy blob", (target(name), "haproxy")
+
+
+def describe(name):
+    """What variant ``name`` changes, for the help and the report: ``haproxy -dS``, ``global
+    nbthread 1``, ``haproxy -dS + global nbthread 1``, ``global tune.rcvbuf.server 1048576,
+    tune.sndbuf.client 1048576``."""
+    variant = VARIANTS[name]
+    parts = [f"haproxy {' '.join(variant.options)}"] if variant.options else []
+    parts += [f"global {', '.join(variant.globals)}"] if variant.globals else []
+    return " + ".join(parts)
+
+
+def select(named, no_copy):
+    """The variants to measure, in VARIANTS' order: ``copy`` unless ``no_copy``, and the names
+    of ``named`` (``--variant``'s list; ``all`` for every one, ``copy`` then only without
+    ``no_copy``). Raises ValueError naming the allowed names for an unknown name, or when
+    ``copy`` is named with ``no_copy``."""
+    unknown = [n for n in named if n not in VARIANTS and n != ALL]
+    if unknown:
+        raise ValueError(f"--variant {unknown[0]!r} is unknown: expected one of {', '.join(VARIANTS)}, or {ALL}")
+    if no_copy and "copy" in named:
+        raise ValueError("--variant copy and --no-copy contradict each other")
+    chosen = set(VARIANTS) if ALL in named else set(named) | ({"copy"} if not no_copy else set())
+    return tuple(n for n in VARIANTS if n in chosen and not (no_copy and n == "copy"))
+
+
+def extra_config(name):
+    """Text of variant ``name``'s ``extra.cfg`` (an extra ``global`` section), None without
+    global lines."""
+    lines = VARIANTS[name].globals
+    return "".join(["global\n"] + [f"    {line}\n" for line in lines]) if lines else None
+
+
+def balancer(name, config, work_dir):
+    """A TemporaryBalancer (not started) of variant ``name`` of the stack described by
+    ``config`` (stack.json's dict), in ``work_dir/haproxy-<name>``, on two free ports."""
+    return TemporaryBalancer(config["haproxy_binary"], config, config["haproxy_context"]["balance"],
+                             os.path.join(work_dir, target(name)), free_port_pair(),
+                             haproxy_options=VARIANTS[name].options, extra_config=extra_config(name))
+
+
+def start(name, config, work_dir):
+    """Start :func:`balancer` over the stack's pool and wait for its servers to be UP; return
+    it. Raises BalancerError naming the variant when HAProxy refuses its config or does not
+    come up (the balancer stopped)."""
+    variant = balancer(name, config, work_dir)
+    try:
+        variant.start(config["backend"], config["servers"])
+    except BalancerError as exc:
+        raise BalancerError(f"HAProxy variant {name} ({describe(name)}): {exc}") from exc
+    return variant
