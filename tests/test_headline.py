@@ -214,19 +214,19 @@ def test_targets_need_both_servers_in_the_pool():
 def test_one_short_round_on_the_stack(stack, tmp_path):
     """1 round of 1 s runs at 2 connections: every cell measured without errors, each client
     with the kit's pipeline and with Zope's stock one on every path, the blob through HAProxy
-    with and without kernel splicing
+    with and without kernel splicing and through one more variant (nbthread-1, which splices)
     (the stack's HAProxy spliced blob bodies, its -dS copy none), the report written, the off
-    clients and the copy stopped."""
+    clients and the variants stopped."""
     result = run([sys.executable, "-m", "loadtests", "headline", "--duration", "1", "--rounds", "1",
-                  "--connections", "2", "--out", str(tmp_path)], timeout=600)
+                  "--connections", "2", "--variant", "nbthread-1", "--out", str(tmp_path)], timeout=600)
     print(result.stdout[-3000:])
     (folder,) = list(tmp_path.iterdir())
     data = json.loads((folder / "report.json").read_text())
-    assert len(data["runs"]) == 5 * len(PATHS) + 1
+    assert len(data["runs"]) == 5 * len(PATHS) + 2
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in data["runs"]), data["runs"]
     assert not any(r.get("short_bytes") for r in data["runs"])
     assert {f"{s} kit/stock {p}" for s in headline.SERVERS for p in PATHS} | {
-            "pyruvate/waitress /", "haproxy blob splice/copy",
+            "pyruvate/waitress /", "haproxy blob splice/copy", "haproxy-nbthread-1/haproxy blob",
             "haproxy/best direct blob"} <= set(data["ratios"])
     # The bodies of the blob runs through the stack's HAProxy (5 MiB each; the first kilobytes
     # of each, read with the headers, are copied: 90 %) went through kernel pipes, besides
@@ -234,9 +234,10 @@ def test_one_short_round_on_the_stack(stack, tmp_path):
     haproxy_blob_mib = sum(r["requests"] for r in data["runs"] if r["target"] == "haproxy" and r["path"] == "blob") * 5
     assert data["meta"]["spliced_mib"]["haproxy"] >= 0.9 * haproxy_blob_mib > 0, data["meta"]["spliced_mib"]
     assert data["meta"]["spliced_mib"]["haproxy-copy"] == 0
+    assert data["meta"]["spliced_mib"]["haproxy-nbthread-1"] > 0
     assert (folder / "headline.png").stat().st_size > 0
     assert "Requests/s, median over the rounds" in (folder / "report.md").read_text()
     work = os.path.join(ROOT, "var", "headline")
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if any(work in a for a in p.info["cmdline"] or [])]
-    # the copy's config is under var/headline too: no process left means it was stopped
+    # the variants' configs are under var/headline too: no process left means they were stopped
     assert left == []
