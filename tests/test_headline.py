@@ -163,6 +163,10 @@ def test_refused_variant_names_itself(tmp_path, monkeypatch):
     with pytest.raises(BalancerError, match=r"(?s)HAProxy variant bogus \(global tune.bogus 1\): haproxy -c rejected "
                        r".*haproxy-bogus/haproxy.cfg \+ .*haproxy-bogus/extra.cfg:.*unknown keyword 'tune.bogus'"):
         variants.start("bogus", _stack_like(tmp_path, 1), str(tmp_path))
+    balancer = variants.balancer("bogus", _stack_like(tmp_path, 1), str(tmp_path))
+    with pytest.raises(BalancerError, match="unknown keyword 'tune.bogus'"):
+        balancer.start("zeoclients", ["instance"])
+    assert balancer.run_directory and not os.path.exists(balancer.run_directory)  # not left in /tmp
 
 
 class _Ok(http.server.BaseHTTPRequestHandler):

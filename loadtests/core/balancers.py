@@ -177,7 +177,11 @@ class TemporaryBalancer:
         for port in (self.frontend_port, self.stats_port):
             if not port_free(port):
                 raise BalancerError(f"127.0.0.1:{port} is in use: choose other ports with --balancer-port")
-        self.write_config()
+        try:
+            self.write_config()
+        except BalancerError:
+            self.stop()  # removes the socket directory config_text made
+            raise
         with open(self.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
             self.child = subprocess.Popen(
                 [self.binary, "-db", *self.haproxy_options, *self.config_files()],
