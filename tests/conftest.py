@@ -366,6 +366,18 @@ class Stack:
         rows = haproxy_stats.fetch(self.stats_url)
         return {r["svname"]: r["status"] for r in rows if r["pxname"] == self.backend}
 
+    def server_states(self):
+        """``{client: HAProxy status}`` of every ZEO client HAProxy balances, the page pool's
+        and the upload lane's (plonedeploy.stack.balancer.server_states); raises OSError
+        when the stats page does not answer."""
+        from plonedeploy.stack.balancer import server_states
+
+        return server_states(self.config, timeout=5)
+
+    def all_up(self):
+        """True when HAProxy has every ZEO client UP (:meth:`server_states`)."""
+        return set(self.server_states().values()) == {"UP"}
+
 
 def wait_for(condition, timeout, what, interval=0.2, detail=None):
     """Poll ``condition()`` every ``interval`` seconds; return the seconds it took (a float);

@@ -17,8 +17,7 @@ import requests
 
 from conftest import ROOT, STACK, run, wait_for
 from loadtests.core.wrk import require_wrk, run_wrk
-from test_metrics import parse, value
-from test_selfheal import all_up, states
+from metrics_address import parse, value
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +64,7 @@ def _load(url, stop, summaries, chunk=20):
 def _watch(stack, stop, seen):
     while not stop.is_set():
         try:
-            now = states(stack)
+            now = stack.server_states()
         except Exception as exc:  # noqa: BLE001 -- recorded, asserted below
             now = {"error": repr(exc)}
         seen.append((time.monotonic(), now))
@@ -134,4 +133,4 @@ def test_a_client_above_its_limit_is_recycled_until_the_backoff_without_a_failed
     assert both_out == [], both_out[:10]
     assert out_of_pool > 0, "HAProxy never took it out: the recycles were not drained through /readyz"
     assert not [s for _, s in seen if "error" in s], "HAProxy's stats did not answer"
-    wait_for(lambda: all_up(stack), 120, "every server UP after the limit was undone")
+    wait_for(lambda: stack.all_up(), 120, "every server UP after the limit was undone")

@@ -15,39 +15,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from conftest import ROOT
+from metrics_address import scrape, value
 
 pytestmark = pytest.mark.integration
-
-_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)$')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def scrape(url):
-    """``{(name, frozenset(labels.items())): value}`` of one Prometheus text scrape."""
-    with urllib.request.urlopen(url, timeout=10) as response:
-        assert response.status == 200
-        assert response.headers["Content-Type"].startswith("text/plain")
-        return parse(response.read().decode())
-
-
-def parse(text):
-    """``{(name, frozenset(labels.items())): value}`` of Prometheus text format."""
-    series = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _LINE.match(line)
-        assert match, f"not Prometheus text format: {line!r}"
-        labels = frozenset(_LABEL.findall(match.group(3) or ""))
-        series[(match.group(1), labels)] = float(match.group(4))
-    return series
-
-
-def value(series, name, **labels):
-    """The value of series ``name`` with exactly ``labels``; fails when it is missing."""
-    key = (name, frozenset(labels.items()))
-    assert key in series, f"no {name}{labels} in scrape; have {sorted({k[0] for k in series})}"
-    return series[key]
 
 
 def get(url, expect=200):

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT
-from test_metrics import parse, value
+from metrics_address import parse, value
 
 INTERPRETER = os.path.join(ROOT, "parts", "instance", "bin", "interpreter")
 

@@ -42,7 +42,7 @@ import requests
 from conftest import (RESTART_LOAD_RATE, ROOT, assert_loaded_throughout, longest_gap, port_taken, run, setup_budget,
                       stop_group, wait_for, while_loaded)
 from loadtests.core.extrabuild import BUILDOUT, checkout_header
-from test_selfheal import readiness
+from metrics_address import readiness
 
 pytestmark = pytest.mark.integration
 

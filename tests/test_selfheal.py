@@ -8,13 +8,12 @@ import signal
 import statistics
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 import requests
 
 from conftest import ROOT, STACK, admin_auth, run, wait_for
+from metrics_address import probe, readiness, scrape, value
 from plonedeploy.stack import supervisor as stack_supervisor
 
 pytestmark = pytest.mark.integration
@@ -25,44 +24,8 @@ pytestmark = pytest.mark.integration
 INTER, FALL, RISE = 2.0, 3, 2
 
 
-def probe(url, timeout=5.0):
-    """``(status, body, seconds)`` of one GET."""
-    started = time.monotonic()
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read().decode(), time.monotonic() - started
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(), time.monotonic() - started
-
-
-def readiness(bases):
-    """``{client: (status, text)}`` of each client's ``/readyz``; ``bases``: ``{client: its
-    metrics base URL}``. A client that does not answer gets ``(None, the error)``, so that
-    a wait on it goes on and a failure names it (the grace tests of ZEO and RelStorage)."""
-    answers = {}
-    for name, base in bases.items():
-        try:
-            code, body, _ = probe(base + "/readyz")
-        except OSError as exc:  # urllib's URLError, a timeout
-            code, body = None, repr(exc)
-        answers[name] = (code, body.strip())
-    return answers
-
-
 def probe_base(stack, name):
     return stack.config["clients"][name]["metrics_url"].rsplit("/", 1)[0]
-
-
-def states(stack):
-    """``{server: HAProxy status}`` of both lanes."""
-    from loadtests.core import haproxy_stats
-    rows = haproxy_stats.fetch(stack.stats_url)
-    return {r["svname"]: r["status"] for r in rows if r["pxname"] in ("zeoclients", "uploads")
-            and r["svname"] != "BACKEND"}
-
-
-def all_up(stack):
-    return set(states(stack).values()) == {"UP"}
 
 
 def test_every_client_answers_its_probes_in_milliseconds(stack):
@@ -80,7 +43,7 @@ def test_every_client_answers_its_probes_in_milliseconds(stack):
     for name, client in stack.config["clients"].items():
         port = client["metrics_url"].split(":")[2].split("/")[0]
         assert f" check addr 127.0.0.1 port {port}" in config, name
-    assert all_up(stack), states(stack)
+    assert stack.all_up(), stack.server_states()
 
 
 def _post(base, number, results):
@@ -112,7 +75,7 @@ def test_busy_client_stays_up_and_a_stopped_one_goes_down(stack):
             writer.start()
         started = time.monotonic()
         while time.monotonic() - started < held:
-            seen.append(states(stack)[name])
+            seen.append(stack.server_states()[name])
             time.sleep(0.5)
         in_progress = _in_progress(stack, name)
     finally:
@@ -127,18 +90,16 @@ def test_busy_client_stays_up_and_a_stopped_one_goes_down(stack):
 
     os.kill(pids[name], signal.SIGSTOP)
     try:
-        down = wait_for(lambda: states(stack)[name] == "DOWN", 30, f"{name} DOWN")
+        down = wait_for(lambda: stack.server_states()[name] == "DOWN", 30, f"{name} DOWN")
     finally:
         os.kill(pids[name], signal.SIGCONT)
-    up = wait_for(lambda: states(stack)[name] == "UP", INTER * RISE + 10, f"{name} UP again")
+    up = wait_for(lambda: stack.server_states()[name] == "UP", INTER * RISE + 10, f"{name} UP again")
     print(f"{name} SIGSTOPped: DOWN after {down:.1f} s; SIGCONT: UP after {up:.1f} s")
     assert down <= INTER * FALL, down
 
 
 def _in_progress(stack, name):
-    from test_metrics import parse, value
-    with urllib.request.urlopen(stack.config["clients"][name]["metrics_url"], timeout=10) as response:
-        return value(parse(response.read().decode()), "zope_http_requests_in_progress")
+    return value(scrape(stack.config["clients"][name]["metrics_url"]), "zope_http_requests_in_progress")
 
 
 def test_zeo_away_longer_than_the_grace_makes_clients_not_ready_but_live(stack):
@@ -158,7 +119,7 @@ def test_zeo_away_longer_than_the_grace_makes_clients_not_ready_but_live(stack):
         half = readiness(bases)
         assert {code for code, _ in half.values()} == {200}, half
         assert all(text.startswith("ready; storage disconnected for ") for _, text in half.values()), half
-        assert all_up(stack), states(stack)
+        assert stack.all_up(), stack.server_states()
         wait_for(lambda: all(probe(base + "/readyz")[0] == 503 for base in bases.values()),
                  grace + 3 * INTER + 10, "/readyz 503 on every client")
         after = time.monotonic() - stopped
@@ -167,7 +128,7 @@ def test_zeo_away_longer_than_the_grace_makes_clients_not_ready_but_live(stack):
         assert all(probe(base + "/livez")[0] == 200 for base in bases.values())
     finally:
         run([STACK, "start", "zeoserver"], timeout=120)
-    back = wait_for(lambda: all_up(stack), 120, "every server UP after ZEO came back")
+    back = wait_for(lambda: stack.all_up(), 120, "every server UP after ZEO came back")
     print(f"\nZEO stopped: every /readyz 503 after {after:.1f} s (storage-grace {grace:g} s), /livez 200; "
           f"ZEO back: all UP after {back:.1f} s")
     assert after > grace
@@ -204,4 +165,4 @@ def test_a_restarted_client_is_warm_before_haproxy_sends_it_traffic(stack):
     assert " concurrent GET /Plone via " in log, "the warm-up did not ask the worker threads"
     first, p50 = tries[-1]
     assert first <= 2 * p50, tries
-    assert all_up(stack), states(stack)
+    assert stack.all_up(), stack.server_states()

@@ -16,7 +16,7 @@ import requests
 
 from conftest import ROOT, admin_session
 from loadtests.storage import conflicts
-from test_metrics import scrape
+from metrics_address import scrape
 
 pytestmark = pytest.mark.integration
 
