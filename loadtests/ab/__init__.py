@@ -7,4 +7,8 @@ the rounds' slot clients. Each stage hands the next plain lists and dicts: ``mea
 returns a run's measurement (Locust's per-server statistics, HAProxy's counters, CPU),
 ``loadtests.core.haproxy_log`` reads the temporary HAProxy's log (server times, queue
 waits), and the run module hands both to the statistics and report stages.
+
+``python -m loadtests canary-judge`` (``canary``, ``canary_report``) judges a canary deploy
+with the same statistics (``abstats``) from the deployed HAProxy's own log: no load of its
+own, the canary's phases against its comparison clients.
 """
