@@ -72,7 +72,7 @@ PHASE_NAMES = {"aa": "A/A", "ab": "A/B"}
 DEFAULT_MAX_SLOWDOWN = 0.10
 #: An error-rate excess of 0.1 point (1 request in 1,000) beyond the A/A floor is tolerated:
 #: a Plone site answers the odd 5xx with no release to blame (a ConflictError after its last
-#: retry, a client that went away); more than that, confirmed by the interval, is the release's.
+#: retry, a timeout under a burst); more than that, confirmed by the interval, is the release's.
 DEFAULT_MAX_ERROR_INCREASE = 0.001
 #: Requests per class, side and phase below which nothing is judged. 200: below it a p99 rests
 #: on one or two requests, and the p50 ratio's 95 % interval of two identical servers is wider
