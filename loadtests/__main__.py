@@ -33,7 +33,7 @@ SUBCOMMANDS = {
     "filters": Subcommand("loadtests.headline.filtercost", "µs per request of each WSGI filter, kit vs stock pipeline"),
     "storage": Subcommand("loadtests.storage.storagebench", "ZEO vs RelStorage on PostgreSQL, stacks of its own (wrk)"),
     "conflicts": Subcommand("loadtests.storage.conflicts", "ConflictErrors per class and oid from the clients' logs"),
-    "canary-judge": Subcommand("loadtests.ab.canary",
+    "canary-judge": Subcommand("loadtests.ab.canary_judge",
                                "promote or roll back a canary by HAProxy's log (A/B statistics)"),
 }
 

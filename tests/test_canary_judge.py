@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, stop_group
-from loadtests.ab import canary
+from loadtests.ab import canary, canary_judge
 from loadtests.core import haproxy_log
 from loadtests.core.procs import free_local_port
 
@@ -455,7 +455,7 @@ def test_command_writes_the_report_and_exits_by_verdict(tmp_path, capsys):
     pages = {"page": RATES["page"]}  # one class: the statistics of four are the tests above
     same = deploy_log(tmp_path / "same.log", rates=pages)
     slower = deploy_log(tmp_path / "slower.log", _slower_pages, rates=pages)
-    assert canary.main(["--log", str(same), *args, "--out", str(tmp_path / "promote")]) == 0
+    assert canary_judge.main(["--log", str(same), *args, "--out", str(tmp_path / "promote")]) == 0
     (folder,) = (tmp_path / "promote").iterdir()
     assert folder.name.startswith("canary-judge-")
     assert (folder / "canary.png").stat().st_size > 0
@@ -467,10 +467,10 @@ def test_command_writes_the_report_and_exits_by_verdict(tmp_path, capsys):
     assert "| page | pass | " in markdown and "| instance | canary | " in markdown and "| json |" not in markdown
     assert capsys.readouterr().out.endswith(f"report: {folder}\n")
     # not enough data: the same log with more requests needed than it has
-    assert canary.main(["--log", str(same), *args, "--min-requests", "5000", "--out", str(tmp_path / "few")]) == 3
+    assert canary_judge.main(["--log", str(same), *args, "--min-requests", "5000", "--out", str(tmp_path / "few")]) == 3
     assert "- page: the canary got " in capsys.readouterr().out
     # a log that cannot be read: 2, nothing written
-    assert canary.main(["--log", str(tmp_path / "missing.log"), *args, "--out", str(tmp_path / "none")]) == 2
+    assert canary_judge.main(["--log", str(tmp_path / "missing.log"), *args, "--out", str(tmp_path / "none")]) == 2
     assert "canary-judge: cannot read " in capsys.readouterr().err and not (tmp_path / "none").exists()
     # through the entry point, as Ansible and bin/stack call it: rollback exits 1
     result = subprocess.run([sys.executable, "-m", "loadtests", "canary-judge", "--log", str(slower), *args,
@@ -486,5 +486,5 @@ def test_command_writes_the_report_and_exits_by_verdict(tmp_path, capsys):
 ])
 def test_command_refuses_bad_times(bad, message, capsys):
     with pytest.raises(SystemExit) as exit_:
-        canary.parse_args(["--canary", "a", "--compare", "b", *bad])
+        canary_judge.parse_args(["--canary", "a", "--compare", "b", *bad])
     assert exit_.value.code == 2 and message in capsys.readouterr().err

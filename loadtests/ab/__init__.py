@@ -8,7 +8,7 @@ returns a run's measurement (Locust's per-server statistics, HAProxy's counters,
 ``loadtests.core.haproxy_log`` reads the temporary HAProxy's log (server times, queue
 waits), and the run module hands both to the statistics and report stages.
 
-``python -m loadtests canary-judge`` (``canary``, ``canary_report``) judges a canary deploy
+``python -m loadtests canary-judge`` (``canary``, ``canary_judge``, ``canary_report``) judges a canary deploy
 with the same statistics (``abstats``) from the deployed HAProxy's own log: no load of its
 own, the canary's phases against its comparison clients.
 """
