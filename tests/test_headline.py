@@ -44,8 +44,10 @@ def test_plan_measures_each_variant_on_the_blob_in_every_round():
 @pytest.mark.parametrize("argv, chosen", [
     ([], ("copy",)),
     (["--no-copy"], ()),
-    (["--variant", "nbthread-1", "--variant", "pipesize-1m"], ("copy", "pipesize-1m", "nbthread-1")),
-    (["--variant", "copy", "--variant", "bufs-4m", "--variant", "bufs-4m"], ("copy", "bufs-4m")),
+    (["--variant", "nbthread-1", "--variant", "pipesize-1m"], ("copy", "same", "pipesize-1m", "nbthread-1")),
+    (["--variant", "copy", "--variant", "bufs-4m", "--variant", "bufs-4m"], ("copy", "same", "bufs-4m")),
+    (["--variant", "copy"], ("copy",)),  # no baseline needed: copy is compared with the stack's
+    (["--variant", "same", "--no-copy"], ("same",)),
     (["--variant", "all"], tuple(variants.VARIANTS)),
     (["--variant", "all", "--no-copy"], tuple(variants.VARIANTS)[1:]),
 ])
@@ -54,7 +56,7 @@ def test_variants_chosen_in_the_table_order(argv, chosen):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--variant", "pipesize-2m"], "--variant 'pipesize-2m' is unknown: expected one of copy, pipesize-512k, "
+    (["--variant", "pipesize-2m"], "--variant 'pipesize-2m' is unknown: expected one of copy, same, pipesize-512k, "
                                    "pipesize-1m, bufs-1m, bufs-4m, nbthread-1, nbthread-1-copy, or all"),
     (["--variant", "copy", "--no-copy"], "--variant copy and --no-copy contradict each other"),
 ])
@@ -99,28 +101,32 @@ def test_summary_medians_spreads_and_ratios_per_round():
     assert "| pyruvate/waitress / | 2.00 (1.00–2.50) |" in text
 
 
-def test_variant_ratios_against_the_stack_haproxy_in_the_same_round():
-    """Each variant over the stack's HAProxy of its round (copy: the other way round, the
-    figure the docs quote), and the report's columns and legend name the variants measured."""
-    runs = [_row(1, "haproxy", "blob", 120), _row(2, "haproxy", "blob", 100),
-            _row(1, "haproxy-copy", "blob", 100), _row(2, "haproxy-copy", "blob", 80),
+def test_variant_ratios_against_the_unchanged_config_in_the_same_round():
+    """Each variant over ``same`` (the unchanged config, also temporary) of its round, same
+    over the stack's HAProxy, copy the other way round (the figure the docs quote), and the
+    report's columns and legend name the variants measured."""
+    runs = [_row(1, "haproxy", "blob", 240), _row(2, "haproxy", "blob", 100),
+            _row(1, "haproxy-same", "blob", 120), _row(2, "haproxy-same", "blob", 100),
+            _row(1, "haproxy-copy", "blob", 200), _row(2, "haproxy-copy", "blob", 80),
             _row(1, "haproxy-nbthread-1", "blob", 60), _row(2, "haproxy-nbthread-1", "blob", 110),
             _row(1, "haproxy-bufs-4m", "blob", 90)]
     cells, ratios = headline.summarize(runs)
     assert ratios["haproxy blob splice/copy"] == {"median": 1.23, "min": 1.2, "max": 1.25}
-    assert ratios["haproxy-nbthread-1/haproxy blob"] == {"median": 0.8, "min": 0.5, "max": 1.1}
-    assert ratios["haproxy-bufs-4m/haproxy blob"] == {"median": 0.75, "min": 0.75, "max": 0.75}  # round 1 only
-    assert "haproxy-pipesize-1m/haproxy blob" not in ratios  # not measured
-    assert [variants.ratio(name)[0] for name in ("copy", "nbthread-1-copy")] == [
-        "haproxy blob splice/copy", "haproxy-nbthread-1-copy/haproxy blob"]
+    assert ratios["haproxy-same/haproxy blob"] == {"median": 0.75, "min": 0.5, "max": 1.0}
+    assert ratios["haproxy-nbthread-1/haproxy-same blob"] == {"median": 0.8, "min": 0.5, "max": 1.1}
+    assert ratios["haproxy-bufs-4m/haproxy-same blob"] == {"median": 0.75, "min": 0.75, "max": 0.75}  # round 1
+    assert "haproxy-pipesize-1m/haproxy-same blob" not in ratios  # not measured
+    assert [variants.ratio(name)[0] for name in ("copy", "same", "nbthread-1-copy")] == [
+        "haproxy blob splice/copy", "haproxy-same/haproxy blob", "haproxy-nbthread-1-copy/haproxy-same blob"]
     text = headline.to_markdown({"started": "s", "command": "c", "rounds": 2, "duration_s": 8, "connections": 4,
                                  "cores": 2, "load_before": [0.1], "load_after": [0.2], "minutes": 1.0,
                                  "clients": {"pyruvate": "instance", "waitress": "client2"}}, cells, ratios)
-    assert "| path | haproxy | haproxy-copy | haproxy-bufs-4m | haproxy-nbthread-1 |" in text  # table order
-    assert ("haproxy-copy = the stack's HAProxy config with `haproxy -dS` (no kernel splicing); haproxy-bufs-4m = "
+    assert "| path | haproxy | haproxy-copy | haproxy-same | haproxy-bufs-4m | haproxy-nbthread-1 |" in text  # order
+    assert ("haproxy-copy = the stack's HAProxy config with `haproxy -dS` (no kernel splicing); haproxy-same = "
+            "the stack's HAProxy config unchanged; haproxy-bufs-4m = "
             "the stack's HAProxy config with `global tune.rcvbuf.server 4194304, tune.sndbuf.client 4194304`; "
             "haproxy-nbthread-1 = the stack's HAProxy config with `global nbthread 1`.") in text
-    assert "| haproxy-nbthread-1/haproxy blob | 0.80 (0.50–1.10) |" in text
+    assert "| haproxy-nbthread-1/haproxy-same blob | 0.80 (0.50–1.10) |" in text
 
 
 def _stack_like(tmp_path, port):
@@ -226,11 +232,11 @@ def test_one_short_round_on_the_stack(stack, tmp_path):
     print(result.stdout[-3000:])
     (folder,) = list(tmp_path.iterdir())
     data = json.loads((folder / "report.json").read_text())
-    assert len(data["runs"]) == 5 * len(PATHS) + 2
+    assert len(data["runs"]) == 5 * len(PATHS) + 3  # + copy, same, nbthread-1 on the blob
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in data["runs"]), data["runs"]
     assert not any(r.get("short_bytes") for r in data["runs"])
     assert {f"{s} kit/stock {p}" for s in headline.SERVERS for p in PATHS} | {
-            "pyruvate/waitress /", "haproxy blob splice/copy", "haproxy-nbthread-1/haproxy blob",
+            "pyruvate/waitress /", "haproxy blob splice/copy", "haproxy-same/haproxy blob", "haproxy-nbthread-1/haproxy-same blob",
             "haproxy/best direct blob"} <= set(data["ratios"])
     # The bodies of the blob runs through the stack's HAProxy (5 MiB each; the first kilobytes
     # of each, read with the headers, are copied: 90 %) went through kernel pipes, besides

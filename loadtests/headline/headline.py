@@ -22,7 +22,8 @@ command-line options or ``global`` lines, ``haproxy-<variant>``. By default ``ha
 started with ``-dS``, so that it copies response bodies through its buffers instead of
 splicing them (the template's ``option splice-response``), unless ``--no-copy``; ``--variant
 NAME`` (repeatable; ``all``) adds others: ``pipesize-512k``, ``pipesize-1m``, ``bufs-1m``,
-``bufs-4m``, ``nbthread-1``, ``nbthread-1-copy``.
+``bufs-4m``, ``nbthread-1``, ``nbthread-1-copy``, each with ``haproxy-same``, the unchanged
+config in a temporary HAProxy, their baseline.
 Every target and path first gets 2 s of uncounted load (caches, ZODB connections).
 
 Figures per target and path: req/s (median over the rounds, min-max), p50/p99 in ms
@@ -30,7 +31,8 @@ Figures per target and path: req/s (median over the rounds, min-max), p50/p99 in
 and then median (min-max): pyruvate/waitress directly on each path, the kit's pipeline
 against the stock one per server and path (``<server> kit/stock <path>``; on the blob that
 is blob-sendfile on/off), the pool's blob with splicing against copying (``haproxy
-blob splice/copy``), each other variant against the pool (``haproxy-<variant>/haproxy blob``)
+blob splice/copy``), each other variant against the unchanged config's temporary HAProxy
+(``haproxy-<variant>/haproxy-same blob``) and that one against the pool (``haproxy-same/haproxy blob``)
 and the pool against the faster client's direct figure of the same round
 (``haproxy/best direct blob``). The run-to-run spread of the same cell is the noise a
 difference has to beat (about 25 % on these shared machines).
@@ -174,7 +176,7 @@ def summarize(runs):
     (medians), "errors" (sum), "runs"}}``; ``ratios``: ``{name: spread}`` of per-round
     ratios, for each path ``pyruvate/waitress <path>``, with the off clients ``<server>
     kit/stock <path>``, with haproxy-copy ``haproxy blob splice/copy``, with another HAProxy
-    variant ``haproxy-<variant>/haproxy blob`` (:func:`variants.ratio`), and ``haproxy/best
+    variant ``haproxy-<variant>/haproxy-same blob`` (:func:`variants.ratio`), and ``haproxy/best
     direct blob`` (the pool against the faster of pyruvate and waitress in that round). A ratio
     needs both runs of its round."""
     by = {}
@@ -227,9 +229,8 @@ def to_markdown(meta, cells, ratios):
         f"pyruvate = `{meta['clients']['pyruvate']}`, waitress = `{meta['clients']['waitress']}` directly; "
         "haproxy = the stack's pool (leastconn over both); -off = the same client with Zope's stock pipeline "
         "(no blobsendfile, no metrics filter)"
-        + "".join(f"; {variants.target(name)} = the stack's HAProxy config with `{variants.describe(name)}`"
-                  + (" (no kernel splicing)" if name == "copy" else "")
-                  for name in variants.VARIANTS if variants.target(name) in columns) + "."
+        + "".join(f"; {variants.legend(name)}" for name in variants.VARIANTS if variants.target(name) in columns)
+        + "."
         + (" MiB sent through kernel pipes (splice) during the runs: "
            + ", ".join(f"{name} {mib:,.1f}" for name, mib in meta["spliced_mib"].items()) + "."
            if meta.get("spliced_mib") else ""),

@@ -7,8 +7,12 @@ beside the variant's ``haproxy.cfg``, passed as a second ``-f``: HAProxy merges 
 file's ``global`` section into the first's, so the template stays as deployed.
 
 Target names: ``haproxy-<variant>`` (``haproxy-copy``, ...). Ratios, per round (req/s of the
-blob): ``haproxy-<variant>/haproxy blob``, the variant against the stack's HAProxy; for
-``copy`` the other way round, ``haproxy blob splice/copy``, the figure docs/results.md quotes.
+blob): ``haproxy-<variant>/haproxy-same blob``, the variant against ``same``, a temporary
+HAProxy of the unchanged config, started with it (the stack's own HAProxy differs from every
+temporary one in more than the setting: a TLS listener, the cache tier, its age; on 28 Nov
+2026 every variant, a copying one too, beat it: docs/results.md); ``same`` itself against the
+stack's, ``haproxy-same/haproxy blob``; ``copy`` the other way round, ``haproxy blob
+splice/copy``, the figure docs/results.md quotes.
 """
 import os
 from collections import namedtuple
@@ -25,6 +29,7 @@ Variant = namedtuple("Variant", "options globals")
 #: autotuning otherwise), one thread instead of one per core (with and without splicing).
 VARIANTS = {
     "copy": Variant(("-dS",), ()),
+    "same": Variant((), ()),
     "pipesize-512k": Variant((), ("tune.pipesize 524288",)),
     "pipesize-1m": Variant((), ("tune.pipesize 1048576",)),
     "bufs-1m": Variant((), ("tune.rcvbuf.server 1048576", "tune.sndbuf.client 1048576")),
@@ -34,6 +39,8 @@ VARIANTS = {
 }
 #: ``--variant all``: every variant of VARIANTS.
 ALL = "all"
+#: The baseline of the variants that change a setting: measured whenever one of them is.
+SAME = "same"
 
 
 def target(name):
@@ -47,35 +54,50 @@ def targets():
 
 
 def ratio(name):
-    """Variant ``name``'s ratio against the stack's HAProxy on the blob: ``(ratio name,
-    (numerator target, denominator target))``; ``copy``'s is ``haproxy blob splice/copy``
-    (the stack's over the copy), the others' ``haproxy-<name>/haproxy blob``."""
+    """Variant ``name``'s ratio on the blob: ``(ratio name, (numerator target, denominator
+    target))``; ``copy``'s is ``haproxy blob splice/copy`` (the stack's over the copy),
+    ``same``'s ``haproxy-same/haproxy blob`` (the unchanged config in a temporary HAProxy over
+    the stack's), the others' ``haproxy-<name>/haproxy-same blob``."""
     if name == "copy":
         return "haproxy blob splice/copy", ("haproxy", target(name))
-    return f"{target(name)}/haproxy blob", (target(name), "haproxy")
+    if name == SAME:
+        return f"{target(name)}/haproxy blob", (target(name), "haproxy")
+    return f"{target(name)}/{target(SAME)} blob", (target(name), target(SAME))
 
 
 def describe(name):
     """What variant ``name`` changes, for the help and the report: ``haproxy -dS``, ``global
     nbthread 1``, ``haproxy -dS + global nbthread 1``, ``global tune.rcvbuf.server 1048576,
-    tune.sndbuf.client 1048576``."""
+    tune.sndbuf.client 1048576``; ``the config unchanged`` for ``same``."""
     variant = VARIANTS[name]
     parts = [f"haproxy {' '.join(variant.options)}"] if variant.options else []
     parts += [f"global {', '.join(variant.globals)}"] if variant.globals else []
-    return " + ".join(parts)
+    return " + ".join(parts) or "the config unchanged"
+
+
+def legend(name):
+    """The report's legend entry of variant ``name``: ``haproxy-copy = the stack's HAProxy
+    config with `haproxy -dS` (no kernel splicing)``, ``haproxy-same = the stack's HAProxy
+    config unchanged``."""
+    variant = VARIANTS[name]
+    if not variant.options and not variant.globals:
+        return f"{target(name)} = the stack's HAProxy config unchanged"
+    return (f"{target(name)} = the stack's HAProxy config with `{describe(name)}`"
+            + (" (no kernel splicing)" if "-dS" in variant.options and not variant.globals else ""))
 
 
 def select(named, no_copy):
-    """The variants to measure, in VARIANTS' order: ``copy`` unless ``no_copy``, and the names
-    of ``named`` (``--variant``'s list; ``all`` for every one, ``copy`` then only without
-    ``no_copy``). Raises ValueError naming the allowed names for an unknown name, or when
-    ``copy`` is named with ``no_copy``."""
+    """The variants to measure, in VARIANTS' order: ``copy`` unless ``no_copy``, the names of
+    ``named`` (``--variant``'s list; ``all`` for every one, ``copy`` then only without
+    ``no_copy``), and ``same`` with any variant but ``copy``. Raises ValueError naming the
+    allowed names for an unknown name, or when ``copy`` is named with ``no_copy``."""
     unknown = [n for n in named if n not in VARIANTS and n != ALL]
     if unknown:
         raise ValueError(f"--variant {unknown[0]!r} is unknown: expected one of {', '.join(VARIANTS)}, or {ALL}")
     if no_copy and "copy" in named:
         raise ValueError("--variant copy and --no-copy contradict each other")
     chosen = set(VARIANTS) if ALL in named else set(named) | ({"copy"} if not no_copy else set())
+    chosen |= {SAME} if chosen - {"copy"} else set()
     return tuple(n for n in VARIANTS if n in chosen and not (no_copy and n == "copy"))
 
 
