@@ -1,5 +1,6 @@
 """Unit tests of the recipe's validation and rendering rules (no build needed)."""
 import configparser
+import json
 import os
 import re
 import shutil
@@ -12,7 +13,8 @@ import pytest
 import zc.buildout
 
 from conftest import ROOT
-from plonedeploy.recipe import edge, options, optiontables, tls
+from unavailable import unavailable
+from plonedeploy.recipe import clientoptions, edge, options, optiontables, tls
 from plonedeploy.stack import rules
 
 
@@ -695,3 +697,75 @@ def test_recipes_read_only_declared_options(tmp_path):
                 assert option.name in buildout[recipe], (recipe, option.name)
     assert buildout["haproxy"]["balance"] == optiontables.default_of(optiontables.HAPROXY, "balance")
     assert varnish.DEFAULT_COOKIE_ALLOWLIST == tuple(buildout["varnish"]["cookie-allowlist"].split())
+
+
+LDCONFIG = """\
+1234 libs found in cache `/etc/ld.so.cache'
+	libjemalloc.so.2 (libc6) => /usr/lib/i386-linux-gnu/libjemalloc.so.2
+	libjemalloc.so.2 (libc6,x86-64) => /lib/x86_64-linux-gnu/libjemalloc.so.2
+	libjemalloc.so (libc6,x86-64) => /lib/x86_64-linux-gnu/libjemalloc.so
+"""
+
+
+def test_jemalloc_is_looked_up_by_triplet_then_ldconfig():
+    assert clientoptions.jemalloc_candidates("x86_64-linux-gnu", LDCONFIG) == [
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/lib/x86_64-linux-gnu/libjemalloc.so.2",
+        "/usr/lib/i386-linux-gnu/libjemalloc.so.2"]
+    # a Python without a triplet: ldconfig's order; no library listed, no triplet: nothing
+    assert clientoptions.jemalloc_candidates(None, LDCONFIG) == [
+        "/usr/lib/i386-linux-gnu/libjemalloc.so.2", "/lib/x86_64-linux-gnu/libjemalloc.so.2"]
+    assert clientoptions.jemalloc_candidates("", "") == []
+
+
+@pytest.mark.parametrize("given, expected", [
+    ({}, ("system", "", {})),
+    ({"malloc": " system ", "malloc-arena-max": "02"}, ("system", "2", {"MALLOC_ARENA_MAX": "2"})),
+    ({"malloc": "jemalloc", "environment-vars": "TUS_TMP_FILE_DIR /tmp/tus"},
+     ("jemalloc", "", {"LD_PRELOAD": "/lib/libjemalloc.so.2"})),
+])
+def test_malloc_options_resolve_to_the_server_environment(given, expected):
+    options = dict(given)
+    environment = clientoptions.malloc_environment("c", options, find=lambda: "/lib/libjemalloc.so.2")
+    assert (options["malloc"], options["malloc-arena-max"], environment) == expected
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"malloc": "tcmalloc"}, "[c] malloc = 'tcmalloc' is invalid: expected one of: system, jemalloc"),
+    ({"malloc-arena-max": "0"}, "[c] malloc-arena-max = '0' is invalid: expected a positive integer such as 2"),
+    ({"malloc-arena-max": "two"}, "[c] malloc-arena-max = 'two' is invalid: expected a positive integer"),
+    ({"malloc": "jemalloc", "malloc-arena-max": "2"},
+     "[c] malloc-arena-max = '2' is invalid: expected empty with malloc = jemalloc"),
+    ({"environment-vars": "LD_PRELOAD /usr/lib/x86_64-linux-gnu/libjemalloc.so.2"},
+     "[c] environment-vars sets LD_PRELOAD, which Zope sets only once the process runs"),
+    ({"environment-vars": "TZ UTC\nMALLOC_ARENA_MAX 2"}, "[c] environment-vars sets MALLOC_ARENA_MAX"),
+    # no library: the option, its values and the package to install
+    ({"malloc": "jemalloc"}, "[c] malloc = jemalloc needs libjemalloc.so.2, which is not on this host (looked "
+     "in the multiarch directories and ldconfig -p): apt-get install libjemalloc2 (make system installs it), "
+     "or set malloc to another of: system, jemalloc"),
+])
+def test_malloc_options_refuse_bad_values_naming_the_option(given, message):
+    with pytest.raises(zc.buildout.UserError) as err:
+        clientoptions.malloc_environment("c", dict(given), find=lambda: None)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_malloc_initialization_preloads_jemalloc_into_the_processes_it_starts():
+    """The lines bin/<part> begins with: a process started after them (as the ctl script
+    starts the server) has this host's jemalloc mapped and glibc's arena variable, the
+    library once and before any other of LD_PRELOAD. Needs Debian's libjemalloc2 (make
+    system); without it: skipped, failed in CI (tests/unavailable.py)."""
+    library = clientoptions.find_jemalloc()
+    if library is None:
+        unavailable("libjemalloc.so.2 not installed (scripts/install-system.sh installs libjemalloc2)")
+    assert clientoptions.malloc_initialization({}) == ""
+    code = clientoptions.malloc_initialization({"LD_PRELOAD": library, "MALLOC_ARENA_MAX": "2"}) + (
+        "import json, os, subprocess\n"
+        "maps = subprocess.run(['cat', '/proc/self/maps'], capture_output=True, text=True, check=True).stdout\n"
+        "print(json.dumps([os.environ['LD_PRELOAD'], os.environ['MALLOC_ARENA_MAX'], 'libjemalloc' in maps]))\n")
+    for before, preload in (("", library), (library, library), (f"{library}:/x/other.so", f"{library} /x/other.so")):
+        env = {key: value for key, value in os.environ.items() if key not in ("LD_PRELOAD", "MALLOC_ARENA_MAX")}
+        if before:
+            env["LD_PRELOAD"] = before
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                             check=True).stdout
+        assert json.loads(out) == [preload, "2", True], before

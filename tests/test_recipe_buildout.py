@@ -20,6 +20,7 @@ import pytest
 
 from conftest import ROOT, develop_eggs, setup_budget, stop_group
 from loadtests.core.extrabuild import BUILDOUT, checkout_header
+from plonedeploy.recipe import clientoptions
 from plonedeploy.recipe.options import SERVERS
 from plonedeploy.stack import rules
 from plonedeploy.stack.templates import HAPROXY_TEMPLATE, TEMPLATES_DIRECTORY, render_template
@@ -590,6 +591,15 @@ BAD = [
     (varnish_part(backend="127.0.0.1:18404") +
      "[haproxy]\ntls-bind = 127.0.0.1:18443\ncache = varnish\n",
      "[varnish] backend = 127.0.0.1:18404 is one of [haproxy]'s own listeners"),
+    # the allocator (a missing libjemalloc2: tests/test_options.py)
+    ("[instance]\nmalloc = tcmalloc\n",
+     "[instance] malloc = 'tcmalloc' is invalid: expected one of: system, jemalloc"),
+    ("[instance]\nmalloc-arena-max = 0\n",
+     "[instance] malloc-arena-max = '0' is invalid: expected a positive integer such as 2"),
+    ("[client2]\nmalloc = jemalloc\nmalloc-arena-max = 2\n",
+     "[client2] malloc-arena-max = '2' is invalid: expected empty with malloc = jemalloc"),
+    ("[uploads]\nenvironment-vars = MALLOC_ARENA_MAX 2\n",
+     "[uploads] environment-vars sets MALLOC_ARENA_MAX, which Zope sets only once the process runs"),
     # storage = relstorage (tests/test_relstorage.py runs it against a real PostgreSQL)
     ("[instance]\nstorage = s3\n",
      "[instance] storage = 's3' is invalid: expected one of: zeo, relstorage"),
@@ -676,16 +686,31 @@ def test_metrics_filter_wired_per_client(tmp_path):
                          haproxy_cfg), part
 
 
-def test_memory_watchdog_wired_per_client(tmp_path):
+def test_memory_watchdog_and_allocator_wired_per_client(tmp_path):
     """memory-limit and its peers in [filter:metrics]; the default limit is the rule of
-    rules.default_memory_limit over host-memory and clients-per-host; off turns it off."""
+    rules.default_memory_limit over host-memory and clients-per-host; off turns it off.
+    malloc = jemalloc and malloc-arena-max: bin/<part> sets LD_PRELOAD (this host's library)
+    or MALLOC_ARENA_MAX before the ctl script starts the server (test_options.py starts a
+    process after those lines); the default, system, sets neither."""
     result = buildout(tmp_path, "[instance]\nmetrics-address = 127.0.0.1:18091\n"
                                 "memory-limit-peers = 127.0.0.1:18092\nhost-memory = 4GB\nclients-per-host = 2\n"
                                 "[client2]\nmetrics-address = 127.0.0.1:18092\nmemory-limit-peers = 127.0.0.1:18091\n"
-                                "memory-limit = 900MB\nmemory-limit-restarts = 1\n"
+                                "memory-limit = 900MB\nmemory-limit-restarts = 1\nmalloc = jemalloc\n"
                                 "[uploads]\nmetrics-address = 127.0.0.1:18093\nmemory-limit-peers =\n"
-                                "memory-limit = off\n")
-    assert result.returncode == 0, result.stdout + result.stderr
+                                "memory-limit = off\nmalloc-arena-max = 2\n")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    library = clientoptions.find_jemalloc()
+    scripts = {part: (tmp_path / "bin" / part).read_text() for part in ("instance", "client2", "uploads")}
+    for text in scripts.values():
+        compile(text, "bin/<part>", "exec")
+    assert "LD_PRELOAD" not in scripts["instance"] + scripts["uploads"]
+    assert "MALLOC_ARENA_MAX" not in scripts["instance"] + scripts["client2"]
+    assert f"_plonedeploy_os.environ['LD_PRELOAD'] = ' '.join([{library!r}]" in scripts["client2"]
+    assert "_plonedeploy_os.environ['MALLOC_ARENA_MAX'] = '2'" in scripts["uploads"]
+    # before the ctl script's import, which starts the server
+    assert scripts["client2"].index("LD_PRELOAD") < scripts["client2"].index("import plone.recipe.zope2instance.ctl")
+    assert f"[client2] malloc = jemalloc: bin/client2 starts the server with LD_PRELOAD={library}" in output
     instance = _ini(tmp_path / "parts" / "instance" / "etc" / "wsgi.ini")["filter:metrics"]
     assert instance["memory_limit"] == str(rules.default_memory_limit(4 * 1024 ** 3, 2)[0]) == str(1152 * 1048576)
     assert instance["memory_limit_peers"] == "127.0.0.1:18092"

@@ -1,15 +1,21 @@
 """The option groups of a ZEO client part (``plonedeploy.recipe:instance``), each checked
 and resolved into what the part writes: ``threads = auto``, the probes, the memory
 watchdog, mod_wsgi, ``max-conflict-retries``, the storage; and the counts they need (ZEO
-clients per host, the host's memory). Each raises ``zc.buildout.UserError`` naming the
-part, the option and the allowed values."""
+clients per host, the host's memory), the allocator. Each raises ``zc.buildout.UserError``
+naming the part, the option and the allowed values."""
 import logging
 import os
+import re
+import shutil
+import subprocess
+import sysconfig
 
 import zc.buildout
 
 from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
-from plonedeploy.stack.rules import CONFLICT_RETRIES, MOD_WSGI_EXPRESS, default_memory_limit, recycle_check_window
+from plonedeploy.stack.rules import (
+    CONFLICT_RETRIES, JEMALLOC_LIBRARY, JEMALLOC_PACKAGE, MALLOC_VARIABLES, MALLOCS, MOD_WSGI_EXPRESS,
+    default_memory_limit, recycle_check_window)
 from plonedeploy.recipe.options import (
     RELSTORAGE_BLOBS,
     STORAGES,
@@ -237,3 +243,94 @@ def resolve_auto_threads(buildout, name, options, server):
     threads, reason = auto_threads(server, cores, clients_per_host(buildout, name, opts))
     logger.info("[%s] threads = auto -> %s: %s", name, threads, reason)
     return str(threads)
+
+def jemalloc_candidates(multiarch, ldconfig_output):
+    """Paths that may hold jemalloc's library (:data:`rules.JEMALLOC_LIBRARY`), best first:
+    Debian's multiarch directories for ``multiarch`` (such as ``x86_64-linux-gnu``; empty or
+    None: none), then the paths ``ldconfig -p`` (its text, ``ldconfig_output``) lists for
+    the library, those of ``multiarch`` first (ldconfig also lists other architectures')."""
+    first = [f"{top}/{multiarch}/{JEMALLOC_LIBRARY}" for top in ("/usr/lib", "/lib")] if multiarch else []
+    listed = [m.group(1).strip() for m in re.finditer(rf"^\s*{re.escape(JEMALLOC_LIBRARY)} \(.*\) => (.+)$",
+                                                      ldconfig_output or "", re.MULTILINE)]
+    listed.sort(key=lambda path: not (multiarch and f"/{multiarch}/" in path))
+    return list(dict.fromkeys(first + listed))
+
+
+def ldconfig_listing():
+    """Text of ``ldconfig -p`` (the dynamic linker's cache), or ``""`` when there is no
+    ldconfig (it is in /sbin, which a user's PATH may lack) or it fails."""
+    program = shutil.which("ldconfig") or next(
+        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.access(p, os.X_OK)), None)
+    if not program:
+        return ""
+    try:
+        return subprocess.run([program, "-p"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def find_jemalloc():
+    """Absolute path of jemalloc's library on this host (the first of
+    :func:`jemalloc_candidates` for this Python's multiarch triplet that is a file), or None."""
+    candidates = jemalloc_candidates(sysconfig.get_config_var("MULTIARCH"), ldconfig_listing())
+    return next((path for path in candidates if os.path.isfile(path)), None)
+
+
+def malloc_environment(name, options, find=find_jemalloc):
+    """The allocator options ``malloc`` and ``malloc-arena-max``, checked and resolved into
+    the variables the client's server process must start with: ``{"LD_PRELOAD": path of
+    jemalloc's library}`` with ``malloc = jemalloc`` (``find()`` looks it up), ``{"MALLOC_ARENA_MAX":
+    text}`` with an arena count, ``{}`` for glibc's defaults. Raises ``zc.buildout.UserError``
+    naming the option for a value outside its choices, an arena count with jemalloc (glibc's
+    variable, which jemalloc ignores), a missing library (naming the package to install), and
+    for ``environment-vars`` that set one of :data:`rules.MALLOC_VARIABLES` (Zope sets those
+    once the process runs, with no effect on its allocator)."""
+    opts = DeclaredOptions(name, options, INSTANCE)
+    malloc = check_choice(name, "malloc", opts.setdefault("malloc").strip(), MALLOCS)
+    arena = opts.setdefault("malloc-arena-max").strip()
+    if arena:
+        arena = str(parse_positive_int(name, arena, "malloc-arena-max", "a positive integer such as 2 "
+                                       "(glibc's malloc arenas), or empty for glibc's default"))
+        if malloc != "system":
+            fail(name, "malloc-arena-max", arena,
+                 f"empty with malloc = {malloc} (MALLOC_ARENA_MAX is glibc's; jemalloc ignores it), "
+                 "or malloc = system")
+    options["malloc"], options["malloc-arena-max"] = malloc, arena
+    variables = opts.get("environment-vars", "").split()
+    for variable in MALLOC_VARIABLES:
+        if variable in variables:
+            raise zc.buildout.UserError(
+                f"[{name}] environment-vars sets {variable}, which Zope sets only once the process runs, "
+                "too late for the allocator; remove it there and set the part's options malloc (one of: "
+                f"{', '.join(MALLOCS)}) and malloc-arena-max")
+    environment = {}
+    if malloc == "jemalloc":
+        library = find()
+        if not library:
+            raise zc.buildout.UserError(
+                f"[{name}] malloc = jemalloc needs {JEMALLOC_LIBRARY}, which is not on this host (looked in "
+                f"the multiarch directories and ldconfig -p): apt-get install {JEMALLOC_PACKAGE} (make system "
+                f"installs it), or set malloc to another of: {', '.join(MALLOCS)}")
+        environment["LD_PRELOAD"] = library
+    if arena:
+        environment["MALLOC_ARENA_MAX"] = arena
+    return environment
+
+
+def malloc_initialization(environment):
+    """Python lines for the top of ``bin/<part>`` (zc.recipe.egg's ``initialization``) that put
+    ``environment`` (:func:`malloc_environment`'s) into ``os.environ``: the ctl script hands
+    its environment to the server process it execs (``console``) or starts (``fg``,
+    ``start``), which so starts with them. A library of ``LD_PRELOAD`` goes first, once, before
+    any the environment names already. ``""`` for an empty ``environment``."""
+    if not environment:
+        return ""
+    lines = ["import os as _plonedeploy_os  # the allocator (plonedeploy.recipe: malloc, malloc-arena-max)"]
+    for key, value in environment.items():
+        if key == "LD_PRELOAD":
+            lines += [f"_plonedeploy_preload = [p for p in _plonedeploy_os.environ.get('LD_PRELOAD', '')"
+                      f".replace(':', ' ').split() if p != {value!r}]",
+                      f"_plonedeploy_os.environ['LD_PRELOAD'] = ' '.join([{value!r}] + _plonedeploy_preload)"]
+        else:
+            lines.append(f"_plonedeploy_os.environ[{key!r}] = {value!r}")
+    return "\n".join(lines) + "\n"

@@ -42,6 +42,12 @@ each; docs/reference/recipe.md's table is generated from it). The reasons behind
   clients, made with ``<= instance``) then writes blobs as the user the ZEO server runs as,
   which the server can ``chmod``; a root client's blob it could not (EPERM). The stack
   part requires every client's ``service-user`` to be its own.
+- ``malloc`` and ``malloc-arena-max`` (``clientoptions.malloc_environment``): the allocator
+  is chosen when a process starts (the dynamic loader reads ``LD_PRELOAD``, glibc its
+  tunables before ``main``), so ``bin/<part>`` puts the variables into its own environment,
+  which the ctl script hands to the server process it execs (``console``) or starts (``fg``,
+  ``start``); Zope's ``environment-vars`` would come too late and are refused for them.
+  jemalloc's library must exist at build time (Debian's libjemalloc2).
 - ``hello-address`` writes ``etc/hello.ini`` beside ``etc/wsgi.ini``: the same template with
   ``hello_app`` true, so the hello-world app is served by exactly the server section the
   client has (same keys, same stage 2), on another address; the benchmark matrix compares
@@ -191,6 +197,12 @@ class Recipe(Zope2InstanceRecipe):
                 "hello_app is true (see templates/_common.ini.in); add it or remove hello-address"
             )
 
+        # malloc, malloc-arena-max: {variable: value} the server process starts with
+        self.malloc_environment = clientoptions.malloc_environment(name, options)
+        for variable, value in self.malloc_environment.items():
+            logger.info("[%s] malloc = %s: bin/%s starts the server with %s=%s",
+                        name, options["malloc"], name, variable, value)
+
         self.service_user = opts.setdefault("service-user").strip()
         options["service-user"] = self.service_user
         if self.service_user:
@@ -222,6 +234,11 @@ class Recipe(Zope2InstanceRecipe):
             drop = (f"from plonedeploy.runtime.access import become\n"
                     f"become({self.service_user!r}, {layout!r})\n")
             options["initialization"] = drop + options["initialization"]
+        if self.malloc_environment:
+            # Likewise after the stock __init__; only os.environ, which the ctl script hands to
+            # the server process it execs or starts (the allocator is chosen when a process starts).
+            options["initialization"] = (clientoptions.malloc_initialization(self.malloc_environment)
+                                         + options["initialization"])
         if self.blob_sendfile:
             # After the stock __init__, which sets the default pipeline.
             options["pipeline"] = add_pipeline_filter(opts["pipeline"])

@@ -188,6 +188,16 @@ INSTANCE = (
            "the metrics addresses of the other clients of the same HAProxy backend: the watchdog recycles "
            "only while every one of them answers `/readyz` 200 (never the last one, one at a time); "
            "empty: it never recycles, only logs and sets `reason=\"no_peer\"`", "empty"),
+    Option("malloc", rules.DEFAULT_MALLOC, rules.MALLOCS,
+           "the memory allocator of the client's process: glibc's own, or jemalloc (Debian's "
+           f"`{rules.JEMALLOC_PACKAGE}`, which `make system` and the Ansible role install): `bin/<part>` "
+           "puts it into `LD_PRELOAD` of the server process it starts (`console`, `fg`, `start`); the "
+           "library is looked up by the multiarch triplet, then `ldconfig -p`, and the build fails "
+           "without it ([how-to/tuning.md, Allocator](../how-to/tuning.md#allocator))"),
+    Option("malloc-arena-max", "", "a positive integer, or empty",
+           "only with `malloc = system`: glibc's `MALLOC_ARENA_MAX` in the server process's environment "
+           "(set by `bin/<part>` like `malloc`): fewer arenas hold less memory between requests, at the "
+           "cost of threads contending for them", "empty (unset: glibc's 8 arenas per core)"),
     Option("hello-address", "", _HOST_PORT + ", not `http-address`",
            "also write `etc/hello.ini`: the same server with the same settings on this address, "
            "serving the hello-world app `egg:plonedeploy.runtime#hello` instead of Zope (run as "
@@ -223,6 +233,10 @@ INSTANCE = (
            "120 s `timeout server` ([how-to/tuning.md](../how-to/tuning.md#conflict-retries))"),
     Option("zope-conf-additional", "", "zope.conf lines",
            _STOCK + "`max-conflict-retries` is appended to it (setting that key here is refused)", "empty"),
+    Option("environment-vars", "", "`NAME value` lines",
+           _STOCK + "Zope sets them in its process once it reads zope.conf, too late for the "
+           "allocator: `LD_PRELOAD` and `MALLOC_ARENA_MAX` are refused here (`malloc`, "
+           "`malloc-arena-max` set them before the process starts)", "empty"),
     Option("templates-directory", None, "a directory with `<server>.ini.in`",
            "where the server templates are (a directory of your own to change them)",
            "the project's `templates/` (`plonedeploy.stack.templates.TEMPLATES_DIRECTORY`)"),

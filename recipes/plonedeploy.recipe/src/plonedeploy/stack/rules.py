@@ -91,6 +91,23 @@ DEFAULT_THREADS = 2
 CONFLICT_RETRIES = tuple(str(n) for n in range(0, 7))
 DEFAULT_CONFLICT_RETRIES = "5"
 
+#: The memory allocator of a ZEO client's process (the instance recipe's ``malloc``; the
+#: zeoclient role's ``malloc``): glibc's own, or Debian's jemalloc preloaded into the server
+#: process (``LD_PRELOAD``). The default stays glibc's, what every client had before the
+#: option, until a side-by-side soak (``python -m loadtests soak``) decides.
+MALLOCS = ("system", "jemalloc")
+DEFAULT_MALLOC = "system"
+#: jemalloc's shared library (its soname) and the Debian package that ships it, which
+#: scripts/install-system.sh (make system) installs and the zeoclient role installs on a host
+#: with a jemalloc client.
+JEMALLOC_LIBRARY = "libjemalloc.so.2"
+JEMALLOC_PACKAGE = "libjemalloc2"
+#: The environment variables the allocator options set; Zope's own ``<environment>``
+#: (``environment-vars``) sets variables after the process started, too late for either:
+#: the dynamic loader reads ``LD_PRELOAD`` when it starts the program, glibc its tunables
+#: (``MALLOC_ARENA_MAX``) before ``main``.
+MALLOC_VARIABLES = ("LD_PRELOAD", "MALLOC_ARENA_MAX")
+
 
 def default_threads(server):
     """Threads (int) of a ZEO client on ``server`` when none are given: 1 for the
