@@ -11,7 +11,8 @@
 # postgresql (storage = relstorage); for wsgi-server = mod_wsgi Apache's binary and headers
 # (apache2-bin, apache2-dev: no apache2 service package, and any system apache2 service is
 # stopped) and mod_wsgi itself, compiled against /usr/bin/python3 into a venv of its own
-# (MOD_WSGI_VENV); acl (setfacl). Does nothing when they are already there.
+# (MOD_WSGI_VENV); acl (setfacl); libjemalloc2 (the ZEO clients' malloc = jemalloc). Does
+# nothing when they are already there.
 set -euo pipefail
 need=()
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
@@ -43,6 +44,9 @@ command -v prometheus-varnish-exporter >/dev/null 2>&1 || need+=(prometheus-varn
 command -v setfacl >/dev/null 2>&1 || [ -x /usr/bin/setfacl ] || need+=(acl)
 # mod_wsgi-express's httpd.conf reads TypesConfig /etc/mime.types (not a dependency of apache2-bin).
 [ -f /etc/mime.types ] || need+=(media-types)
+# malloc = jemalloc (the instance recipe's option): bin/<part> preloads Debian's libjemalloc.so.2
+# into the client's server process; bin/buildout fails without it.
+dpkg-query -W -f='${Status}' libjemalloc2 2>/dev/null | grep -q 'ok installed' || need+=(libjemalloc2)
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 MOD_WSGI_VERSION="$(sed -n 's/^mod_wsgi==//p' "$here/../requirements-mod_wsgi.txt")"

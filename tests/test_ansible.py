@@ -129,6 +129,16 @@ def test_role_defaults_and_choices_are_the_recipes():
     wsgi_server = next(option for option in optiontables.INSTANCE if option.name == "wsgi-server")
     assert (tuple(client["wsgi_server"]["choices"]), client["wsgi_server"]["default"]) == (
         wsgi_server.allowed, wsgi_server.default)
+    # the allocator: the role's default for every client, a client's own choice without one
+    zeoclient = _yaml("roles/zeoclient/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
+    zeoclient_defaults = _yaml("roles/zeoclient/defaults/main.yml")
+    for name in ("malloc", "malloc-arena-max"):
+        option = next(option for option in optiontables.INSTANCE if option.name == name)
+        variable = name.replace("-", "_")
+        assert _as_option(zeoclient_defaults[f"zeoclient_{variable}"]) == option.default, name
+        if isinstance(option.allowed, tuple):
+            assert tuple(zeoclient[f"zeoclient_{variable}"]["choices"]) == option.allowed, name
+            assert tuple(client[variable]["choices"]) == option.allowed and "default" not in client[variable], name
     assert len(compared) == 26, sorted(compared)  # a renamed variable must not drop out unseen
 
 
@@ -140,6 +150,8 @@ def test_client_rules_are_the_recipes():
     assert client["wsgi_server"]["choices"] == list(rules.SERVERS)
     assert client["wsgi_server"]["default"] == rules.DEFAULT_SERVER
     assert "default" not in client["threads"]  # unset: the recipe's default_threads
+    assert client["malloc"]["choices"] == spec["zeoclient_malloc"]["choices"] == list(rules.MALLOCS)
+    assert "default" not in client["malloc"]  # unset: zeoclient_malloc, whose default is the recipe's
     env = dict(os.environ, PYTHONPATH=os.path.join(ANSIBLE, "filter_plugins"))
     out = run([os.path.join(BIN, "python"), "-c", """
 import json, plonedeploy_edge
@@ -297,6 +309,13 @@ BAD = [
     ({"zeoclient_clients": [{"name": "c1", "port": 18081, "wsgi_server": "waitress",
                              "max_request_body_size": 1073741824}]},
      "haproxy_health_check /readyz: client c1 has no metrics address"),
+    # the allocator (the recipe's malloc and malloc-arena-max rules)
+    ({"zeoclient_malloc": "tcmalloc"}, "value of zeoclient_malloc must be one of: system, jemalloc, got: tcmalloc"),
+    ({"zeoclient_malloc_arena_max": 0},
+     "zeoclient_malloc_arena_max and each client's malloc_arena_max must be empty (glibc's default) or an integer"),
+    ({"zeoclient_clients": [{"name": "c1", "port": 18081, "metrics_port": 18091, "wsgi_server": "waitress",
+                             "malloc": "jemalloc", "malloc_arena_max": 2}]},
+     "and empty for a client with malloc jemalloc (MALLOC_ARENA_MAX is glibc's; jemalloc ignores it)"),
     ({"zeoclient_max_conflict_retries": 9},
      "value of zeoclient_max_conflict_retries must be one of: 0, 1, 2, 3, 4, 5, 6, got: 9"),
     ({"monitoring_queue_for": "soon"}, "monitoring_queue_for a duration such as 1m"),
