@@ -202,7 +202,7 @@ def test_rss_sampler_and_idle_tree():
         for p in busy:
             p.kill()
             p.wait(10)
-    assert core_procs.tree_processes(2**22 + 1) == []
+    assert core_procs.tree_processes(2**22 + 1) == [] and core_procs.tree_rss(2**22 + 1) is None
     # A sleeping process tree is idle at once (one window).
     sleeper = subprocess.Popen(["sleep", "30"])
     try:

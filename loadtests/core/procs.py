@@ -1,7 +1,8 @@
 """Process, CPU and RSS accounting, and waiting for quiet: CPU seconds of processes, of this
-process and its children, of a process tree and of the whole machine; ``RssSampler``;
-free ports, the descriptor limit, the kernel's accept-queue drops; ``wait_for_quiet``,
-``wait_tree_idle``. Units: seconds for times and CPU, bytes for sizes.
+process and its children, of a process tree and of the whole machine; RSS of a process tree
+(``tree_rss``) and its peak (``RssSampler``); free ports, the descriptor limit, the kernel's
+accept-queue drops; ``wait_for_quiet``, ``wait_tree_idle``. Units: seconds for times and CPU,
+bytes for sizes.
 """
 import resource
 import socket
@@ -59,6 +60,21 @@ def tree_cpu_seconds(root_pid):
     return sum(cpu_seconds({p.pid: p for root in _roots(root_pid) for p in tree_processes(root)}).values())
 
 
+def tree_rss(root_pid):
+    """Summed RSS (bytes) of the process tree of ``root_pid``, or of the trees of a list of
+    PIDs; None when none of them runs."""
+    processes = [p for root in _roots(root_pid) for p in tree_processes(root)]
+    if not processes:
+        return None
+    total = 0
+    for proc in processes:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
 def _roots(root_pid):
     """``[pid]`` of one PID or a list of PIDs (tree_cpu_seconds, RssSampler)."""
     return [root_pid] if isinstance(root_pid, int) else list(root_pid)
@@ -77,13 +93,7 @@ class RssSampler(threading.Thread):
 
     def sample(self):
         """Take one sample now and update ``peak``."""
-        total = 0
-        for proc in (p for root in self.roots for p in tree_processes(root)):
-            try:
-                total += proc.memory_info().rss
-            except psutil.Error:
-                pass
-        self.peak = max(self.peak, total)
+        self.peak = max(self.peak, tree_rss(self.roots) or 0)
 
     def run(self):
         while not self._stop_event.is_set():
