@@ -35,6 +35,7 @@ SUBCOMMANDS = {
     "conflicts": Subcommand("loadtests.storage.conflicts", "ConflictErrors per class and oid from the clients' logs"),
     "canary-judge": Subcommand("loadtests.ab.canary_judge",
                                "promote or roll back a canary by HAProxy's log (A/B statistics)"),
+    "soak": Subcommand("loadtests.soak.soak", "ZEO clients' RSS over a long run at a fixed request rate"),
 }
 
 
