@@ -114,7 +114,7 @@ def test_allocator_is_read_from_the_process():
     assert soak.allocator_of("7f00 r-xp /usr/lib/x86_64-linux-gnu/libc.so.6\n", {"MALLOC_ARENA_MAX": "2"}) == (
         "system, MALLOC_ARENA_MAX=2")
     assert soak.allocator_of(None, None) == "unknown"
-    assert soak.process_allocator(os.getpid()) in ("system", "jemalloc")
+    assert soak.process_allocator(os.getpid()).startswith(("system", "jemalloc"))
 
 
 def test_a_process_that_ended_is_a_problem():
@@ -196,7 +196,7 @@ def test_whole_run_against_a_fake_site(tmp_path, capsys):
     (folder,) = list(tmp_path.iterdir())
     data = json.loads((folder / "report.json").read_text())
     assert data["meta"]["clients"]["fake"]["pid"] == os.getpid()
-    assert data["meta"]["clients"]["fake"]["allocator"] in ("system", "jemalloc")
+    assert data["meta"]["clients"]["fake"]["allocator"].startswith(("system", "jemalloc"))
     samples = data["samples"]
     assert samples[0]["t_s"] == 0.0 and samples[0]["requests"] == {"fake": 0}
     assert samples[-1]["requests"] == {"fake": 20} and len(samples) >= 4
