@@ -191,7 +191,14 @@ def test_rss_sampler_and_idle_tree():
     code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
     busy = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
     try:
-        time.sleep(1.5)
+        # Until each child has spun its 0.3 s of CPU by the kernel's count (psutil), not a fixed
+        # wait: on a busy machine 1.5 s of wall time gave a child less than 0.25 s of CPU.
+        def spun(proc):
+            times = psutil.Process(proc.pid).cpu_times()
+            return times.user + times.system >= 0.29
+        deadline = time.monotonic() + 60
+        while not all(spun(p) for p in busy) and time.monotonic() < deadline:
+            time.sleep(0.1)
         each = [core_procs.tree_cpu_seconds(p.pid) for p in busy]
         assert min(each) >= 0.25, each
         assert core_procs.tree_cpu_seconds([p.pid for p in busy]) == pytest.approx(sum(each), abs=0.05)
