@@ -236,7 +236,8 @@ def test_one_short_round_on_the_stack(stack, tmp_path):
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in data["runs"]), data["runs"]
     assert not any(r.get("short_bytes") for r in data["runs"])
     assert {f"{s} kit/stock {p}" for s in headline.SERVERS for p in PATHS} | {
-            "pyruvate/waitress /", "haproxy blob splice/copy", "haproxy-same/haproxy blob", "haproxy-nbthread-1/haproxy-same blob",
+            "pyruvate/waitress /", "haproxy blob splice/copy", "haproxy-same/haproxy blob",
+            "haproxy-nbthread-1/haproxy-same blob",
             "haproxy/best direct blob"} <= set(data["ratios"])
     # The bodies of the blob runs through the stack's HAProxy (5 MiB each; the first kilobytes
     # of each, read with the headers, are copied: 90 %) went through kernel pipes, besides
