@@ -48,6 +48,7 @@ def test_plan_measures_each_variant_on_the_blob_in_every_round():
     (["--variant", "copy", "--variant", "bufs-4m", "--variant", "bufs-4m"], ("copy", "same", "bufs-4m")),
     (["--variant", "copy"], ("copy",)),  # no baseline needed: copy is compared with the stack's
     (["--variant", "same", "--no-copy"], ("same",)),
+    (["--variant", "pyruvate-alone", "--no-copy"], ("pyruvate-alone",)),  # compared with pyruvate directly
     (["--variant", "all"], tuple(variants.VARIANTS)),
     (["--variant", "all", "--no-copy"], tuple(variants.VARIANTS)[1:]),
 ])
@@ -57,7 +58,7 @@ def test_variants_chosen_in_the_table_order(argv, chosen):
 
 @pytest.mark.parametrize("argv, message", [
     (["--variant", "pipesize-2m"], "--variant 'pipesize-2m' is unknown: expected one of copy, same, pipesize-512k, "
-                                   "pipesize-1m, bufs-1m, bufs-4m, nbthread-1, nbthread-1-copy, or all"),
+                                   "pipesize-1m, bufs-1m, bufs-4m, nbthread-1, nbthread-1-copy, pyruvate-alone, or all"),
     (["--variant", "copy", "--no-copy"], "--variant copy and --no-copy contradict each other"),
 ])
 def test_bad_variant_is_refused(argv, message, capsys):
@@ -109,23 +110,29 @@ def test_variant_ratios_against_the_unchanged_config_in_the_same_round():
             _row(1, "haproxy-same", "blob", 120), _row(2, "haproxy-same", "blob", 100),
             _row(1, "haproxy-copy", "blob", 200), _row(2, "haproxy-copy", "blob", 80),
             _row(1, "haproxy-nbthread-1", "blob", 60), _row(2, "haproxy-nbthread-1", "blob", 110),
-            _row(1, "haproxy-bufs-4m", "blob", 90)]
+            _row(1, "haproxy-bufs-4m", "blob", 90),
+            _row(1, "pyruvate", "blob", 300), _row(2, "pyruvate", "blob", 200),
+            _row(1, "haproxy-pyruvate-alone", "blob", 270), _row(2, "haproxy-pyruvate-alone", "blob", 200)]
     cells, ratios = headline.summarize(runs)
     assert ratios["haproxy blob splice/copy"] == {"median": 1.23, "min": 1.2, "max": 1.25}
     assert ratios["haproxy-same/haproxy blob"] == {"median": 0.75, "min": 0.5, "max": 1.0}
     assert ratios["haproxy-nbthread-1/haproxy-same blob"] == {"median": 0.8, "min": 0.5, "max": 1.1}
     assert ratios["haproxy-bufs-4m/haproxy-same blob"] == {"median": 0.75, "min": 0.75, "max": 0.75}  # round 1
     assert "haproxy-pipesize-1m/haproxy-same blob" not in ratios  # not measured
+    # the balancer over pyruvate alone against pyruvate directly, per round (0.9, 1.0)
+    assert ratios["haproxy-pyruvate-alone/pyruvate blob"] == {"median": 0.95, "min": 0.9, "max": 1.0}
     assert [variants.ratio(name)[0] for name in ("copy", "same", "nbthread-1-copy")] == [
         "haproxy blob splice/copy", "haproxy-same/haproxy blob", "haproxy-nbthread-1-copy/haproxy-same blob"]
     text = headline.to_markdown({"started": "s", "command": "c", "rounds": 2, "duration_s": 8, "connections": 4,
                                  "cores": 2, "load_before": [0.1], "load_after": [0.2], "minutes": 1.0,
                                  "clients": {"pyruvate": "instance", "waitress": "client2"}}, cells, ratios)
-    assert "| path | haproxy | haproxy-copy | haproxy-same | haproxy-bufs-4m | haproxy-nbthread-1 |" in text  # order
+    assert ("| path | pyruvate | haproxy | haproxy-copy | haproxy-same | haproxy-bufs-4m | haproxy-nbthread-1 "
+            "| haproxy-pyruvate-alone |") in text  # order
     assert ("haproxy-copy = the stack's HAProxy config with `haproxy -dS` (no kernel splicing); haproxy-same = "
             "the stack's HAProxy config unchanged; haproxy-bufs-4m = "
             "the stack's HAProxy config with `global tune.rcvbuf.server 4194304, tune.sndbuf.client 4194304`; "
-            "haproxy-nbthread-1 = the stack's HAProxy config with `global nbthread 1`.") in text
+            "haproxy-nbthread-1 = the stack's HAProxy config with `global nbthread 1`; haproxy-pyruvate-alone = "
+            "the stack's HAProxy config with `only its pyruvate client as server`.") in text
     assert "| haproxy-nbthread-1/haproxy-same blob | 0.80 (0.50–1.10) |" in text
 
 
@@ -205,6 +212,24 @@ def test_variant_global_lines_take_effect(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_variant_with_one_server_alone_renders_only_that_client(tmp_path):
+    """pyruvate-alone's HAProxy has the pool's pyruvate client as its only server (waitress
+    left out), waits for that one alone, and a pool without pyruvate is refused by name."""
+    config = _stack_like(tmp_path, 1)
+    waitress = dict(config["haproxy_context"]["servers"][0], name="client2", port=2, wsgi_server="waitress")
+    config["haproxy_context"]["servers"].append(waitress)
+    config["servers"].append("client2")
+    assert [s["name"] for s in variants.servers("pyruvate-alone", config)] == ["instance"]
+    assert [s["name"] for s in variants.servers("same", config)] == ["instance", "client2"]
+    text = variants.balancer("pyruvate-alone", config, str(tmp_path)).config_text()
+    assert "server instance 127.0.0.1:1" in text and "server client2" not in text
+    assert variants.legend("pyruvate-alone") == (
+        "haproxy-pyruvate-alone = the stack's HAProxy config with `only its pyruvate client as server`")
+    config["haproxy_context"]["servers"] = [waitress]
+    with pytest.raises(BalancerError, match="pyruvate-alone: the stack's pool has no pyruvate client"):
+        variants.servers("pyruvate-alone", config)
 
 
 def test_targets_need_both_servers_in_the_pool():

@@ -23,7 +23,8 @@ started with ``-dS``, so that it copies response bodies through its buffers inst
 splicing them (the template's ``option splice-response``), unless ``--no-copy``; ``--variant
 NAME`` (repeatable; ``all``) adds others: ``pipesize-512k``, ``pipesize-1m``, ``bufs-1m``,
 ``bufs-4m``, ``nbthread-1``, ``nbthread-1-copy``, each with ``haproxy-same``, the unchanged
-config in a temporary HAProxy, their baseline.
+config in a temporary HAProxy, their baseline; ``pyruvate-alone``, the config with only the
+pool's pyruvate client as server, against that client directly (the balancer's own cost).
 Every target and path first gets 2 s of uncounted load (caches, ZODB connections).
 
 Figures per target and path: req/s (median over the rounds, min-max), p50/p99 in ms
@@ -32,7 +33,8 @@ and then median (min-max): pyruvate/waitress directly on each path, the kit's pi
 against the stock one per server and path (``<server> kit/stock <path>``; on the blob that
 is blob-sendfile on/off), the pool's blob with splicing against copying (``haproxy
 blob splice/copy``), each other variant against the unchanged config's temporary HAProxy
-(``haproxy-<variant>/haproxy-same blob``) and that one against the pool (``haproxy-same/haproxy blob``)
+(``haproxy-<variant>/haproxy-same blob``) and that one against the pool (``haproxy-same/haproxy blob``),
+HAProxy over pyruvate alone against pyruvate directly (``haproxy-pyruvate-alone/pyruvate blob``)
 and the pool against the faster client's direct figure of the same round
 (``haproxy/best direct blob``). The run-to-run spread of the same cell is the noise a
 difference has to beat (about 25 % on these shared machines).

@@ -12,21 +12,27 @@ HAProxy of the unchanged config, started with it (the stack's own HAProxy differ
 temporary one in more than the setting: a TLS listener, the cache tier, its age; on 28 Nov
 2026 every variant, a copying one too, beat it: docs/results.md); ``same`` itself against the
 stack's, ``haproxy-same/haproxy blob``; ``copy`` the other way round, ``haproxy blob
-splice/copy``, the figure docs/results.md quotes.
+splice/copy``, the figure docs/results.md quotes; ``pyruvate-alone`` (the stack's config
+with only its pyruvate client as server) against that client directly, ``haproxy-pyruvate-alone/pyruvate
+blob``: what the balancer itself costs on the blob, without a slower client in the pool.
 """
 import os
 from collections import namedtuple
 
 from loadtests.core.balancers import BalancerError, TemporaryBalancer, free_port_pair
 
-#: ``options``: haproxy command-line options; ``globals``: lines of an extra ``global`` section.
-Variant = namedtuple("Variant", "options globals")
+#: ``options``: haproxy command-line options; ``globals``: lines of an extra ``global`` section;
+#: ``alone``: None for the stack's pool, else a WSGI server whose first client is the only server.
+Variant = namedtuple("Variant", "options globals alone", defaults=(None,))
 
 #: name -> Variant. ``copy``: kernel splicing off (``-dS``), what ``option splice-response`` is
 #: worth. The others are the settings docs/results.md ("Blobs through the balancer") tried
 #: beside splicing: a bigger kernel pipe per splice (``tune.pipesize``, bytes; Linux's default
 #: 64 KiB), bigger socket buffers towards the servers and the clients (bytes; the kernel's
 #: autotuning otherwise), one thread instead of one per core (with and without splicing).
+#: ``pyruvate-alone``: the pool is pyruvate and waitress, which copies the blob through Python;
+#: on 2 cores the pool served the blob at 0.75-0.77 of pyruvate directly (docs/results.md, 28 Nov
+#: 2026, quiet machine): with pyruvate alone behind it, the ratio is the balancer's own cost.
 VARIANTS = {
     "copy": Variant(("-dS",), ()),
     "same": Variant((), ()),
@@ -36,6 +42,7 @@ VARIANTS = {
     "bufs-4m": Variant((), ("tune.rcvbuf.server 4194304", "tune.sndbuf.client 4194304")),
     "nbthread-1": Variant((), ("nbthread 1",)),
     "nbthread-1-copy": Variant(("-dS",), ("nbthread 1",)),
+    "pyruvate-alone": Variant((), (), "pyruvate"),
 }
 #: ``--variant all``: every variant of VARIANTS.
 ALL = "all"
@@ -57,7 +64,11 @@ def ratio(name):
     """Variant ``name``'s ratio on the blob: ``(ratio name, (numerator target, denominator
     target))``; ``copy``'s is ``haproxy blob splice/copy`` (the stack's over the copy),
     ``same``'s ``haproxy-same/haproxy blob`` (the unchanged config in a temporary HAProxy over
-    the stack's), the others' ``haproxy-<name>/haproxy-same blob``."""
+    the stack's), a variant with one server alone's ``haproxy-<name>/<server> blob`` (against
+    that client directly), the others' ``haproxy-<name>/haproxy-same blob``."""
+    alone = VARIANTS[name].alone
+    if alone:
+        return f"{target(name)}/{alone} blob", (target(name), alone)
     if name == "copy":
         return "haproxy blob splice/copy", ("haproxy", target(name))
     if name == SAME:
@@ -68,10 +79,12 @@ def ratio(name):
 def describe(name):
     """What variant ``name`` changes, for the help and the report: ``haproxy -dS``, ``global
     nbthread 1``, ``haproxy -dS + global nbthread 1``, ``global tune.rcvbuf.server 1048576,
-    tune.sndbuf.client 1048576``; ``the config unchanged`` for ``same``."""
+    tune.sndbuf.client 1048576``, ``only its pyruvate client as server``; ``the config
+    unchanged`` for ``same``."""
     variant = VARIANTS[name]
     parts = [f"haproxy {' '.join(variant.options)}"] if variant.options else []
     parts += [f"global {', '.join(variant.globals)}"] if variant.globals else []
+    parts += [f"only its {variant.alone} client as server"] if variant.alone else []
     return " + ".join(parts) or "the config unchanged"
 
 
@@ -80,7 +93,7 @@ def legend(name):
     config with `haproxy -dS` (no kernel splicing)``, ``haproxy-same = the stack's HAProxy
     config unchanged``."""
     variant = VARIANTS[name]
-    if not variant.options and not variant.globals:
+    if not variant.options and not variant.globals and not variant.alone:
         return f"{target(name)} = the stack's HAProxy config unchanged"
     return (f"{target(name)} = the stack's HAProxy config with `{describe(name)}`"
             + (" (no kernel splicing)" if "-dS" in variant.options and not variant.globals else ""))
@@ -89,7 +102,8 @@ def legend(name):
 def select(named, no_copy):
     """The variants to measure, in VARIANTS' order: ``copy`` unless ``no_copy``, the names of
     ``named`` (``--variant``'s list; ``all`` for every one, ``copy`` then only without
-    ``no_copy``), and ``same`` with any variant but ``copy``. Raises ValueError naming the
+    ``no_copy``), and ``same`` with any variant compared with it (not ``copy``, not one with a
+    server alone). Raises ValueError naming the
     allowed names for an unknown name, or when ``copy`` is named with ``no_copy``."""
     unknown = [n for n in named if n not in VARIANTS and n != ALL]
     if unknown:
@@ -97,7 +111,7 @@ def select(named, no_copy):
     if no_copy and "copy" in named:
         raise ValueError("--variant copy and --no-copy contradict each other")
     chosen = set(VARIANTS) if ALL in named else set(named) | ({"copy"} if not no_copy else set())
-    chosen |= {SAME} if chosen - {"copy"} else set()
+    chosen |= {SAME} if any(ratio(n)[1][1] == target(SAME) for n in chosen) else set()
     return tuple(n for n in VARIANTS if n in chosen and not (no_copy and n == "copy"))
 
 
@@ -108,12 +122,27 @@ def extra_config(name):
     return "".join(["global\n"] + [f"    {line}\n" for line in lines]) if lines else None
 
 
+def servers(name, config):
+    """The server entries (the template's ``servers``, stack.json's ``haproxy_context``) of
+    variant ``name``: the stack's pool, or the first client of the variant's ``alone`` server.
+    Raises BalancerError when the pool has no client of that server."""
+    pool = config["haproxy_context"]["servers"]
+    alone = VARIANTS[name].alone
+    if not alone:
+        return pool
+    chosen = [s for s in pool if s.get("wsgi_server") == alone][:1]
+    if not chosen:
+        raise BalancerError(f"HAProxy variant {name}: the stack's pool has no {alone} client")
+    return chosen
+
+
 def balancer(name, config, work_dir):
     """A TemporaryBalancer (not started) of variant ``name`` of the stack described by
     ``config`` (stack.json's dict), in ``work_dir/haproxy-<name>``, on two free ports."""
+    changes = {"servers": servers(name, config)} if VARIANTS[name].alone else {}
     return TemporaryBalancer(config["haproxy_binary"], config, config["haproxy_context"]["balance"],
                              os.path.join(work_dir, target(name)), free_port_pair(),
-                             haproxy_options=VARIANTS[name].options, extra_config=extra_config(name))
+                             haproxy_options=VARIANTS[name].options, extra_config=extra_config(name), **changes)
 
 
 def start(name, config, work_dir):
@@ -122,7 +151,7 @@ def start(name, config, work_dir):
     come up (the balancer stopped)."""
     variant = balancer(name, config, work_dir)
     try:
-        variant.start(config["backend"], config["servers"])
+        variant.start(config["backend"], [s["name"] for s in servers(name, config)])
     except BalancerError as exc:
         raise BalancerError(f"HAProxy variant {name} ({describe(name)}): {exc}") from exc
     return variant
