@@ -19,6 +19,9 @@ answer checked (``loadtests/loggedin.py``; every page must carry the log-out lin
     logged-in edit form             GET <its document>/edit                (save button, text, CSRF token)
     logged-in save                  POST that form, text changed; the redirect's page shows the new text
 
+In ``--per-server-stats``' windows the three GETs also count together as the path class
+``logged-in`` (the POSTs, login and save, go through HAProxy's write lane to one client).
+
 Its document is ``/Plone/editing/doc-<k mod 40 + 1>``: up to 40 users never save the same
 document at once (numbered across Locust's worker processes). Each save stores a version of
 the document (CMFEditions): the database grows with the saves.
@@ -80,8 +83,8 @@ from locust.stats import RequestStats, StatsEntry
 
 # The shared parts, beside this file: Locust puts this file's folder on sys.path (and the
 # loadgenerator role copies weights.py and loggedin.py beside it on the load generator hosts).
-from loggedin import (EDIT_FOLDER, FRONT_PAGE, LOGGED_IN, LOGIN_BUTTON, LOGIN_FORM, REQUESTS, SAVE_BUTTON,
-                      TEXT_FIELD, assignment, edit_form, edited_text, form_with, not_folder_contents,
+from loggedin import (CLASS_REQUESTS, EDIT_FOLDER, FRONT_PAGE, LOGGED_IN, LOGIN_BUTTON, LOGIN_FORM, REQUESTS,
+                      SAVE_BUTTON, TEXT_FIELD, assignment, edit_form, edited_text, form_with, not_folder_contents,
                       not_logged_in, not_saved)
 from weights import DEFAULT_WEIGHTS, SHAPE_NAMES, parse_weights
 
@@ -347,7 +350,8 @@ class PerServerStats:
     @staticmethod
     def _named_entries(stats):
         """``[(name, StatsEntry)]`` of one window's server: each request name, the logged-in
-        shape's requests together as its path class (the unit of the A/B's verdict), "all"."""
+        shape's pages (``loggedin.CLASS_REQUESTS``) together as its path class (the unit of
+        the A/B's verdict), "all"."""
         entries = [(n, e) for (n, _m), e in sorted(stats.entries.items())]
         steps = [e for n, e in entries if n in LOGGED_IN_NAMES]
         if steps:
@@ -407,7 +411,7 @@ class PerServerStats:
 
 
 _per_server = PerServerStats()
-LOGGED_IN_NAMES = frozenset(REQUESTS.values())
+LOGGED_IN_NAMES = frozenset(CLASS_REQUESTS)
 
 
 @events.init.add_listener

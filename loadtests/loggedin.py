@@ -27,6 +27,11 @@ REQUESTS = {
     "edit": "logged-in edit form",
     "save": "logged-in save",
 }
+#: The requests the path class LOGGED_IN stands for in the A/B's verdicts: the pages HAProxy
+#: balances over the pool. Not the POSTs (login, save): the kit's HAProxy sends every POST
+#: through its write lane, one at a time to the first client (haproxy.cfg.j2, backend
+#: writes), so which server answers them says nothing about the servers' speed.
+CLASS_REQUESTS = tuple(REQUESTS[k] for k in ("front", "contents", "edit"))
 #: What scripts/create_site.py makes (tests/test_loggedin.py checks that they agree):
 #: users editor1..EDITORS, documents doc-01..doc-DOCUMENTS in the folder EDIT_FOLDER.
 EDITORS = 10

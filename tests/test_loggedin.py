@@ -267,8 +267,8 @@ def test_logged_in_shape_through_the_ab(stack, tmp_path):
     assert all(report["paths"][name]["requests"] > 0 for name in steps), report["paths"]
     windows = json.loads((folder / "per_server.json").read_text())["windows"]
     merged = [entries for w in windows for entries in w["servers"].values() if loggedin.LOGGED_IN in entries]
-    assert merged and all(e[loggedin.LOGGED_IN]["n"] == sum(e.get(s, {}).get("n", 0) for s in steps)
-                          + e.get(loggedin.REQUESTS["login"], {}).get("n", 0) for e in merged)
+    assert merged and all(e[loggedin.LOGGED_IN]["n"] == sum(e.get(s, {}).get("n", 0) for s in loggedin.CLASS_REQUESTS)
+                          for e in merged)
     for doc in docs:  # the workers numbered their editors apart: each document has its own
         text = session.get(stack.frontend_url + doc, timeout=30).json()["text"]["data"]
         edited = re.search(r'class="loadtest-edit">Edited by editor\d+ .* mark \w{12}', text)
