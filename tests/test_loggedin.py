@@ -13,7 +13,7 @@ from conftest import ROOT, admin_session, run
 from loadtests import loggedin
 from loadtests.ab import abstats, abtest
 from loadtests.core import stack as stack_module
-from loadtests.core.locustrun import row_of
+from loadtests.core.locustrun import row_of, run_locust_shape
 from loadtests.core.stack import PATHS
 from loadtests.headline import headline
 from loadtests.weights import DEFAULT_WEIGHTS, parse_weights
@@ -233,19 +233,13 @@ def test_headline_reports_the_logged_in_class_with_its_ratios():
 
 
 @pytest.mark.integration
-def test_logged_in_class_in_the_headline(stack, tmp_path):
-    """One short round, the logged-in class only on top of wrk's paths: every target answered
-    the editors without a failed check."""
-    result = run([sys.executable, "-m", "loadtests", "headline", "--duration", "2", "--rounds", "1",
-                  "--connections", "2", "--no-off", "--no-copy", "--logged-in", "--out", str(tmp_path)],
-                 timeout=600, check=False)
-    (folder,) = list(tmp_path.iterdir())
-    data = json.loads((folder / "report.json").read_text())
-    rows = [r for r in data["runs"] if r["path"] == "logged-in"]
-    assert {r["target"] for r in rows} == set(headline.TARGETS), data["runs"]
-    assert all(r["requests"] > 0 and r["errors"] == 0 for r in rows), (rows, result.stdout[-2000:])
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "pyruvate/waitress logged-in" in data["ratios"]
+def test_the_headline_runs_the_class_against_a_client_directly(stack):
+    """The headline's logged-in cell (run_locust_shape) against the pyruvate client itself (no
+    HAProxy, no write lane): two editors' rounds counted after their logins, no failed check."""
+    url = stack.client_urls[next(n for n, kind in stack.kinds.items() if kind == "pyruvate")]
+    row = run_locust_shape(url, "logged-in=1", 2, 4)
+    assert row["requests"] >= 4 and row["errors"] == 0, row
+    assert 0 < row["p50_ms"] <= row["p99_ms"], row
 
 
 @pytest.mark.integration
