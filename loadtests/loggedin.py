@@ -44,7 +44,7 @@ LOGIN_FORM = "/Plone/login"
 LOGIN_BUTTON = "buttons.login"
 SAVE_BUTTON = "form.buttons.save"
 #: The Document's text in its edit form (plone.app.contenttypes' rich text behaviour).
-TEXT_FIELD = "form.widgets.IRichTextBehavior-text"
+TEXT_FIELD = "form.widgets.IRichTextBehavior.text"
 #: Plone's personal tools offer "Log out" only to a logged-in user (and name the user: its
 #: id, since the editors have no full name).
 LOGGED_IN_MARK = 'id="personaltools-logout"'

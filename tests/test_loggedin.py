@@ -31,8 +31,8 @@ EDIT_PAGE = LOGGED_IN_PAGE.format('''
   <input type="text" name="form.widgets.IDublinCore.title" value="Page &amp; one">
   <textarea name="form.widgets.IDublinCore.description">
 A page.</textarea>
-  <textarea name="form.widgets.IRichTextBehavior-text">&lt;p&gt;Some text&lt;/p&gt;</textarea>
-  <select name="form.widgets.IRichTextBehavior-text.mimeType"><option value="text/html">HTML</option>
+  <textarea name="form.widgets.IRichTextBehavior.text">&lt;p&gt;Some text&lt;/p&gt;</textarea>
+  <select name="form.widgets.IRichTextBehavior.text.mimeType"><option value="text/html">HTML</option>
     <option value="text/x-web-markdown">Markdown</option></select>
   <select name="form.widgets.language:list"><option value="en">English</option>
     <option value="de" selected>Deutsch</option></select>
@@ -58,8 +58,8 @@ def test_the_form_is_read_as_a_browser_submits_it():
     assert form.fields == [
         ("form.widgets.IDublinCore.title", "Page & one"),
         ("form.widgets.IDublinCore.description", "A page."),  # the newline after <textarea> dropped
-        ("form.widgets.IRichTextBehavior-text", "<p>Some text</p>"),
-        ("form.widgets.IRichTextBehavior-text.mimeType", "text/html"),  # none selected: the first
+        ("form.widgets.IRichTextBehavior.text", "<p>Some text</p>"),
+        ("form.widgets.IRichTextBehavior.text.mimeType", "text/html"),  # none selected: the first
         ("form.widgets.language:list", "de"),
         ("form.widgets.IDublinCore.subjects:list", "a"),
         ("form.widgets.IDublinCore.subjects:list", "c"),  # an option without value: its text
@@ -88,7 +88,7 @@ def test_a_missing_button_is_named():
     ('<html><a id="personaltools-login">Log in</a></html>', "not logged in as editor1: no log-out link"),
     (LOGGED_IN_PAGE.format("<p>no form</p>"), "no form with the button form.buttons.save"),
     (EDIT_PAGE.replace('name="_authenticator"', 'name="other"'), "the edit form lacks _authenticator"),
-    (EDIT_PAGE.replace('IRichTextBehavior-text"', 'x"'), "the edit form lacks form.widgets.IRichTextBehavior-text"),
+    (EDIT_PAGE.replace('IRichTextBehavior.text"', 'x"'), "the edit form lacks form.widgets.IRichTextBehavior.text"),
 ])
 def test_edit_form_failures_are_named(page, reason):
     form, found = loggedin.edit_form(page, "editor1")
