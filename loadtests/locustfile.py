@@ -14,13 +14,15 @@ editor of the site: simulated user number k logs in once as ``editor<k mod 10 + 
 (Plone's login form; scripts/create_site.py makes the users) and then sends in turn, each
 answer checked (``loadtests/loggedin.py``; every page must carry the log-out link)::
 
+    logged-in login form, login     GET /Plone/login, POST it (once per user)
     logged-in /Plone/view           GET the front page as a Member
     logged-in folder contents       GET /Plone/editing/@@folder_contents   (the listing's page)
     logged-in edit form             GET <its document>/edit                (save button, text, CSRF token)
     logged-in save                  POST that form, text changed; the redirect's page shows the new text
 
-In ``--per-server-stats``' windows the three GETs also count together as the path class
-``logged-in`` (the POSTs, login and save, go through HAProxy's write lane to one client).
+In ``--per-server-stats``' windows the three pages (front page, folder contents, edit form)
+also count together as the path class ``logged-in`` (not the login, once per user, nor the
+POSTs, which go through HAProxy's write lane to one client).
 
 Its document is ``/Plone/editing/doc-<k mod 40 + 1>``: up to 40 users never save the same
 document at once (numbered across Locust's worker processes). Each save stores a version of
@@ -222,10 +224,9 @@ class LoggedInUser(ClosedLoopUser):
     def login(self):
         """Plone's login form: GET it, POST its fields with the user's name and password;
         the answer (after the redirect to the site) must be a logged-in page. True if so."""
-        name = REQUESTS["login"]
         password, missing = _editor_password(self.environment.parsed_options)
         form = None
-        with self.client.get(LOGIN_FORM, name=name, catch_response=True) as resp:
+        with self.client.get(LOGIN_FORM, name=REQUESTS["login_form"], catch_response=True) as resp:
             if missing:
                 resp.failure(missing)
             elif resp.status_code != 200:
@@ -235,7 +236,7 @@ class LoggedInUser(ClosedLoopUser):
         if form is None:
             return False
         fields = form.submission(LOGIN_BUTTON, {"__ac_name": self.user_id, "__ac_password": password})
-        return self.checked("POST", _local(form.action, LOGIN_FORM), name,
+        return self.checked("POST", _local(form.action, LOGIN_FORM), REQUESTS["login"],
                             lambda r: not_logged_in(_page(r), self.user_id), data=urlencode(fields),
                             headers=FORM_HEADERS) is not None
 
@@ -261,8 +262,13 @@ class LoggedInUser(ClosedLoopUser):
         form, mark = found[0], uuid.uuid4().hex[:12]
         text = edited_text(form.value(TEXT_FIELD), user, mark)
         fields = form.submission(SAVE_BUTTON, {TEXT_FIELD: text})
-        self.checked("POST", _local(form.action, f"{self.document}/edit"), REQUESTS["save"],
-                     lambda r: not_saved(_page(r), user, mark), data=urlencode(fields), headers=FORM_HEADERS)
+        def saved(resp):
+            reason = not_saved(_page(resp), user, mark)
+            # Which client served the page after the save: another than the write lane's may
+            # not have seen the save yet (loggedin.STALE_PAGE).
+            return reason and f"{reason} (page served by {resp.headers.get('X-Served-By') or '-'})"
+        self.checked("POST", _local(form.action, f"{self.document}/edit"), REQUESTS["save"], saved,
+                     data=urlencode(fields), headers=FORM_HEADERS)
 
 
 SHAPES = {"root": ZopeRootUser, "plone": PloneSiteUser, "json": JsonApiUser, "blob": BlobUser,

@@ -19,8 +19,10 @@ from html.parser import HTMLParser
 
 #: The path class of the shape in the reports (the A/B's per-path verdicts).
 LOGGED_IN = "logged-in"
-#: Request names in Locust's statistics, in the order an editor sends them.
+#: Request names in Locust's statistics, in the order an editor sends them (one name per
+#: request: the reports key their tables by name, so a GET and a POST need two).
 REQUESTS = {
+    "login_form": "logged-in login form",
     "login": "logged-in login",
     "front": "logged-in /Plone/view",
     "contents": "logged-in folder contents",
@@ -50,6 +52,10 @@ TEXT_FIELD = "form.widgets.IRichTextBehavior.text"
 LOGGED_IN_MARK = 'id="personaltools-logout"'
 #: The folder contents page is a shell for the structure pattern (mockup), which lists.
 CONTENTS_MARK = "pat-structure"
+#: Why a save failed when the page after it shows the text from before: through HAProxy the
+#: redirect's GET may reach another ZEO client than the write lane's, which serves what it
+#: had until ZEO's invalidation of the save reaches it (ZEO's server-sync is off by default).
+STALE_PAGE = "the saved text is not on the page"
 #: The paragraph a save appends (and the next save replaces): ``<p class=...>... MARK</p>``.
 _SAVED_PARAGRAPH = re.compile(r'\s*<p class="loadtest-edit">.*?</p>', re.S)
 
@@ -207,4 +213,5 @@ def not_saved(page, user_id, mark):
         return None
     if form_with(page, SAVE_BUTTON) is not None:
         return "the save answered with the edit form again (a validation error?), not the saved page"
-    return f"the saved text (mark {mark}) is not on the page"
+    # No mark in the reason: Locust counts failures by their text.
+    return STALE_PAGE
