@@ -1,4 +1,4 @@
-"""Locust load test of a Plone site behind HAProxy: four traffic shapes, checked bodies.
+"""Locust load test of a Plone site behind HAProxy: five traffic shapes, checked bodies.
 
 One ``FastHttpUser`` per traffic shape, each sending its request again as soon as the last
 one finished (closed loop, no think time)::
@@ -9,10 +9,35 @@ one finished (closed loop, no think time)::
     @json       GET /Plone, Accept: application/json         200, JSON whose @id ends in /Plone
     blob 5MB    GET /Plone/blob-5mb/@@download/file          200, exactly 5,242,880 bytes
 
+The fifth shape, ``logged-in`` (opt-in: weight 0 unless ``--weights`` names it), is an
+editor of the site: simulated user number k logs in once as ``editor<k mod 10 + 1>``
+(Plone's login form; scripts/create_site.py makes the users) and then sends in turn, each
+answer checked (``loadtests/loggedin.py``; every page must carry the log-out link)::
+
+    logged-in login form, login     GET /Plone/login, POST it (once per user)
+    logged-in /Plone/view           GET the front page as a Member
+    logged-in folder contents       GET /Plone/editing/@@folder_contents   (the listing's page)
+    logged-in edit form             GET <its document>/edit                (save button, text, CSRF token)
+    logged-in save                  POST that form, text changed; the redirect's page shows the new text
+
+In ``--per-server-stats``' windows the three pages (front page, folder contents, edit form)
+also count together as the path class ``logged-in`` (not the login, once per user, nor the
+POSTs, which go through HAProxy's write lane to one client).
+
+Its document is ``/Plone/editing/doc-<k mod 40 + 1>``: up to 40 users never save the same
+document at once (numbered across Locust's worker processes). Each save stores a version of
+the document (CMFEditions): the database grows with the saves.
+
 Options added to Locust's own (``locust -f loadtests/locustfile.py --help``):
 
 ``--weights root=1,plone=1,json=1,blob=1``
-    Relative number of users per shape; 0 leaves a shape out.
+    Relative number of users per shape (``root``, ``plone``, ``json``, ``blob``,
+    ``logged-in``); 0 or unnamed leaves a shape out.
+``--editor-password-file PATH`` (default ``var/editor-password``, relative to the
+    working directory)
+    The editors' password for the ``logged-in`` shape: ``$PLONEDEPLOY_EDITOR_PASSWORD`` if
+    set, else this file's contents (scripts/create_site.py writes it, 0600). When neither
+    is there, every login is a failure saying so.
 ``--per-server-stats PATH``
     At the end, write per-server statistics as JSON: responses are grouped by the
     ``X-Served-By`` header that HAProxy adds (``"-"`` when it is missing, e.g. a client
@@ -45,17 +70,24 @@ Options added to Locust's own (``locust -f loadtests/locustfile.py --help``):
 Use the host ``http://127.0.0.1:8080`` (HAProxy) or a client directly (``:8081``);
 traffic must stay on this machine.
 """
+import itertools
 import json
 import logging
+import os
 import time
+import uuid
+from urllib.parse import urlencode, urlsplit
 
 import gevent
 from locust import FastHttpUser, constant, events, task
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 from locust.stats import RequestStats, StatsEntry
 
-# The shared parser, beside this file: Locust puts this file's folder on sys.path (and the
-# loadgenerator role copies weights.py beside it on the load generator hosts).
+# The shared parts, beside this file: Locust puts this file's folder on sys.path (and the
+# loadgenerator role copies weights.py and loggedin.py beside it on the load generator hosts).
+from loggedin import (CLASS_REQUESTS, EDIT_FOLDER, FRONT_PAGE, LOGGED_IN, LOGIN_BUTTON, LOGIN_FORM, REQUESTS,
+                      SAVE_BUTTON, TEXT_FIELD, assignment, edit_form, edited_text, form_with, not_folder_contents,
+                      not_logged_in, not_saved)
 from weights import DEFAULT_WEIGHTS, SHAPE_NAMES, parse_weights
 
 BLOB_SIZE = 5 * 1024 * 1024  # bytes; scripts/create_site.py makes the blob this size
@@ -71,14 +103,22 @@ class ClosedLoopUser(FastHttpUser):
     host = "http://127.0.0.1:8080"
 
     def checked_get(self, path, name, problem=None, **kwargs):
-        """GET ``path``, recorded in Locust's stats under ``name``; a failure there when the
-        status is not 200, or when ``problem(response)`` returns a reason (a str) for a 200.
-        ``kwargs`` go to the client (headers)."""
-        with self.client.get(path, name=name, catch_response=True, **kwargs) as resp:
+        """GET ``path``; see :meth:`checked`."""
+        return self.checked("GET", path, name, problem, **kwargs)
+
+    def checked(self, method, path, name, problem=None, **kwargs):
+        """Send ``method`` ``path`` (redirects followed), recorded in Locust's stats under
+        ``name``; a failure there when the (last) status is not 200, or when
+        ``problem(response)`` returns a reason (a str) for a 200. ``kwargs`` go to the client
+        (headers, data). Returns the response when it passed, else None."""
+        with self.client.request(method, path, name=name, catch_response=True, **kwargs) as resp:
             if resp.status_code != 200:
                 resp.failure(f"status {resp.status_code}")
             elif problem is not None and (reason := problem(resp)):
                 resp.failure(reason)
+            else:
+                return resp
+        return None
 
 
 def _not_html(resp):
@@ -132,7 +172,107 @@ class BlobUser(ClosedLoopUser):
         self.checked_get(BLOB_PATH, "blob 5MB", _not_the_blob)
 
 
-SHAPES = {"root": ZopeRootUser, "plone": PloneSiteUser, "json": JsonApiUser, "blob": BlobUser}
+def _page(resp):
+    return (resp.content or b"").decode("utf-8", "replace")
+
+
+def _local(url, default):
+    """The path (and query) of a form's ``action`` URL: requests stay on the --host."""
+    parts = urlsplit(url or default)
+    return (parts.path or default) + (f"?{parts.query}" if parts.query else "")
+
+
+#: This process's editors so far; with workers, the master's worker count (below) spreads
+#: the numbers over the processes: worker i numbers i, i + n, i + 2n, ...
+_editors = itertools.count()
+_worker_count = [1]
+_password = []  # [(password or None, reason it is missing)] once read
+FORM_HEADERS = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def _editor_password(options):
+    """``(password, None)`` or ``(None, reason)``: $PLONEDEPLOY_EDITOR_PASSWORD, else the
+    file of --editor-password-file; read once per process."""
+    if not _password:
+        path = getattr(options, "editor_password_file", None) or "var/editor-password"
+        found = os.environ.get("PLONEDEPLOY_EDITOR_PASSWORD")
+        try:
+            if not found:
+                with open(path, encoding="utf-8") as fp:
+                    found = fp.read().strip()
+            _password.append((found, None) if found else (None, f"--editor-password-file {path} is empty"))
+        except OSError as exc:
+            _password.append((None, f"no editor password: $PLONEDEPLOY_EDITOR_PASSWORD unset and "
+                                    f"--editor-password-file {path}: {exc.strerror} (run scripts/create_site.py)"))
+    return _password[0]
+
+
+class LoggedInUser(ClosedLoopUser):
+    """``logged-in``: an editor who logs in once, then views, lists, opens the edit form
+    of its own document and saves it (see the module docstring and loadtests/loggedin.py)."""
+
+    #: Seconds to wait after a failed login before the next try (else a closed loop of
+    #: failing logins).
+    LOGIN_RETRY_S = 1.0
+
+    def on_start(self):
+        runner = self.environment.runner
+        worker = runner.worker_index if isinstance(runner, WorkerRunner) and runner.worker_index >= 0 else 0
+        self.user_id, self.document = assignment(worker + _worker_count[0] * next(_editors))
+        self.logged_in = False
+
+    def login(self):
+        """Plone's login form: GET it, POST its fields with the user's name and password;
+        the answer (after the redirect to the site) must be a logged-in page. True if so."""
+        password, missing = _editor_password(self.environment.parsed_options)
+        form = None
+        with self.client.get(LOGIN_FORM, name=REQUESTS["login_form"], catch_response=True) as resp:
+            if missing:
+                resp.failure(missing)
+            elif resp.status_code != 200:
+                resp.failure(f"login form: status {resp.status_code}")
+            elif (form := form_with(_page(resp), LOGIN_BUTTON)) is None:
+                resp.failure(f"no login form (no button {LOGIN_BUTTON}) at {LOGIN_FORM}")
+        if form is None:
+            return False
+        fields = form.submission(LOGIN_BUTTON, {"__ac_name": self.user_id, "__ac_password": password})
+        return self.checked("POST", _local(form.action, LOGIN_FORM), REQUESTS["login"],
+                            lambda r: not_logged_in(_page(r), self.user_id), data=urlencode(fields),
+                            headers=FORM_HEADERS) is not None
+
+    @task
+    def edit(self):
+        if not self.logged_in:
+            self.logged_in = self.login()
+            if not self.logged_in:
+                gevent.sleep(self.LOGIN_RETRY_S)
+                return
+        user = self.user_id
+        self.checked_get(FRONT_PAGE, REQUESTS["front"], lambda r: not_logged_in(_page(r), user))
+        self.checked_get(f"{EDIT_FOLDER}/@@folder_contents", REQUESTS["contents"],
+                         lambda r: not_folder_contents(_page(r), user))
+        found = []
+
+        def problem(resp):
+            form, reason = edit_form(_page(resp), user)
+            found.append(form)
+            return reason
+        if self.checked_get(f"{self.document}/edit", REQUESTS["edit"], problem) is None:
+            return
+        form, mark = found[0], uuid.uuid4().hex[:12]
+        text = edited_text(form.value(TEXT_FIELD), user, mark)
+        fields = form.submission(SAVE_BUTTON, {TEXT_FIELD: text})
+        def saved(resp):
+            reason = not_saved(_page(resp), user, mark)
+            # Which client served the page after the save: another than the write lane's may
+            # not have seen the save yet (loggedin.STALE_PAGE).
+            return reason and f"{reason} (page served by {resp.headers.get('X-Served-By') or '-'})"
+        self.checked("POST", _local(form.action, f"{self.document}/edit"), REQUESTS["save"], saved,
+                     data=urlencode(fields), headers=FORM_HEADERS)
+
+
+SHAPES = {"root": ZopeRootUser, "plone": PloneSiteUser, "json": JsonApiUser, "blob": BlobUser,
+          "logged-in": LoggedInUser}
 assert tuple(SHAPES) == SHAPE_NAMES
 
 
@@ -148,6 +288,9 @@ def _add_options(parser):
                         help="write this file when the warm-up is over")
     parser.add_argument("--window", type=float, default=5.0,
                         help="seconds per time window in --per-server-stats")
+    parser.add_argument("--editor-password-file", default="var/editor-password",
+                        help="the editors' password for the logged-in shape ($PLONEDEPLOY_EDITOR_PASSWORD "
+                        "overrides it); written by scripts/create_site.py")
 
 
 class PerServerStats:
@@ -210,11 +353,23 @@ class PerServerStats:
                 "p50_ms": entry.get_response_time_percentile(0.50),
                 "p99_ms": entry.get_response_time_percentile(0.99)}
 
+    @staticmethod
+    def _named_entries(stats):
+        """``[(name, StatsEntry)]`` of one window's server: each request name, the logged-in
+        shape's pages (``loggedin.CLASS_REQUESTS``) together as its path class (the unit of
+        the A/B's verdict), "all"."""
+        entries = [(n, e) for (n, _m), e in sorted(stats.entries.items())]
+        steps = [e for n, e in entries if n in LOGGED_IN_NAMES]
+        if steps:
+            merged = StatsEntry(stats, LOGGED_IN, "")
+            for entry in steps:
+                merged.extend(entry)
+            entries.append((LOGGED_IN, merged))
+        return entries + [("all", stats.total)]
+
     def _windows(self):
         return [{"start_s": index * self.window_s,
-                 "servers": {server: {name: self._window_entry(e) for name, e in
-                                      [(n, e) for (n, _m), e in sorted(stats.entries.items())]
-                                      + [("all", stats.total)]}
+                 "servers": {server: {name: self._window_entry(e) for name, e in self._named_entries(stats)}
                              for server, stats in sorted(window.items())}}
                 for index, window in sorted(self.windows.items())]
 
@@ -262,6 +417,7 @@ class PerServerStats:
 
 
 _per_server = PerServerStats()
+LOGGED_IN_NAMES = frozenset(CLASS_REQUESTS)
 
 
 @events.init.add_listener
@@ -274,6 +430,7 @@ def _configure(environment, **_kwargs):
         cls.weight = weights.get(name, 0)
     if isinstance(environment.runner, WorkerRunner):
         environment.runner.register_message("plonedeploy_warm_at", _on_warm_at)
+        environment.runner.register_message("plonedeploy_workers", _on_workers)
         environment.runner.register_message(STOP_AND_REPORT, _stop_and_report)
     # Locust refuses weight 0; a shape left out is simply not a user class of this run.
     environment.user_classes[:] = [c for c in environment.user_classes if c.weight > 0]
@@ -283,6 +440,10 @@ def _configure(environment, **_kwargs):
 #: cuts at the same moment as the master's --warm-mark (a worker's own test_start comes a
 #: few hundred ms later, which shifted hundreds of requests across the boundary).
 _master_warm_at = []
+
+
+def _on_workers(environment, msg, **_kwargs):
+    _worker_count[:] = [max(int(msg.data), 1)]
 
 
 def _on_warm_at(environment, msg, **_kwargs):
@@ -299,6 +460,8 @@ def _reset(environment, **_kwargs):
         _per_server.warm_at = _master_warm_at[0]
     if isinstance(environment.runner, MasterRunner):
         environment.runner.send_message("plonedeploy_warm_at", _per_server.warm_at)
+        # Before the users start (the spawn messages follow): editors numbered apart.
+        environment.runner.send_message("plonedeploy_workers", environment.runner.worker_count)
     if options and options.warm_mark and not isinstance(environment.runner, WorkerRunner):
         warm_at = _per_server.warm_at
 

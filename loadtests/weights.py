@@ -5,7 +5,9 @@ have; so this parser lives apart from ``locustfile.py``.)
 """
 
 #: Shape names of the locustfile's user classes, in report order.
-SHAPE_NAMES = ("root", "plone", "json", "blob")
+SHAPE_NAMES = ("root", "plone", "json", "blob", "logged-in")
+#: The logged-in shape is opt-in (weight 0 unless named): it needs the editors and
+#: documents of scripts/create_site.py and their password, and its saves grow the database.
 DEFAULT_WEIGHTS = "root=1,plone=1,json=1,blob=1"
 
 

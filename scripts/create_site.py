@@ -26,7 +26,13 @@ nothing):
   content pages (``plone.content.itemView``, ``plone.content.folderView``) cached in the proxy
   with ``moderateCaching`` (its ``s-maxage``, 86400 s; browsers revalidate), and purging
   (plone.cachepurging) enabled towards those proxies for the content types of
-  ``PURGED_TYPES``: an edit purges the changed pages within a second.
+  ``PURGED_TYPES``: an edit purges the changed pages within a second;
+- for the logged-in load test: a folder ``editing`` with ``DOCUMENTS`` (40) Documents
+  ``doc-01`` .. ``doc-40`` holding a few paragraphs of text (an existing one is left as the
+  load test last saved it), and ``EDITORS`` (10) Plone users ``editor1`` .. ``editor10``
+  (global role Member, local role Editor on that folder only) sharing one password:
+  ``$PLONEDEPLOY_EDITOR_PASSWORD`` or, if unset, the contents of ``var/editor-password``
+  (generated like the admin's, mode 0600, never printed).
 
 Exit status 0 on success; an exception (with Zope's traceback) otherwise.
 """
@@ -53,14 +59,35 @@ PURGED_TYPES = ("Plone Site", "Document", "Folder", "Collection", "Event", "News
 # with-caching-proxy maps content views to weakCaching (never stored by the proxy); with a
 # purging proxy moderateCaching keeps them there until an edit purges them.
 CACHED_RULESETS = ("plone.content.itemView", "plone.content.folderView")
+# The logged-in load (loadtests/locustfile.py's "logged-in" shape) edits these: simulated
+# user k logs in as editor (k mod EDITORS) + 1 and edits document (k mod DOCUMENTS) + 1, so
+# up to DOCUMENTS users never save the same document at once (a ZODB write conflict).
+EDITORS = 10
+DOCUMENTS = 40
+EDITOR_PASSWORD_FILE = "var/editor-password"
+EDIT_FOLDER_ID = "editing"
+# Ordinary prose, so that the pages, the catalog's text index and the saved versions
+# cost what an editor's page costs (not an empty body).
+PARAGRAPHS = (
+    "This page belongs to the editing load test of the deployment kit. Editors open it, "
+    "change a paragraph and save it again, the way a small newsroom works through a day.",
+    "A ZEO client renders the page for every editor anew: no cache in front of the site "
+    "stores pages for logged-in users, so their requests reach Zope and the database.",
+    "Saving the form stores a new version of the page, reindexes its text in the catalog "
+    "and purges the cached anonymous copies, if a caching proxy is configured.",
+    "The figures the load test prints are ratios of two servers measured side by side, "
+    "because the absolute rates on a shared machine drift by a quarter from run to run.",
+)
 
 
-def admin_password(path="var/admin-password"):
-    """Return the admin password from the environment or the 0600 file, generated when the
-    file is missing or empty. Empty: bin/stack, run as root with a service user, makes the
-    file empty and that user's, since this script then runs as that user (bin/instance run
-    drops to it) and var/ itself stays root's. Never follows a link there."""
-    password = os.environ.get("PLONEDEPLOY_ADMIN_PASSWORD")
+def generated_password(path, env_var, what):
+    """Return the password in ``$env_var``, else the contents of the 0600 file ``path``,
+    generated (32 URL-safe characters) when the file is missing or empty. Empty: bin/stack,
+    run as root with a service user, makes the file empty and that user's (stack.json's
+    ``service.writable``), since this script then runs as that user (bin/instance run drops
+    to it) and var/ itself stays root's. Never follows a link there; never prints the
+    password (only that ``what``'s was generated, and where)."""
+    password = os.environ.get(env_var)
     if password:
         return password
     if not os.path.exists(path):
@@ -73,9 +100,19 @@ def admin_password(path="var/admin-password"):
     if fd is not None:
         with os.fdopen(fd, "w") as fp:
             fp.write(secrets.token_urlsafe(24) + "\n")
-        print(f"admin password generated in {path} (mode 0600)")
+        print(f"{what} password generated in {path} (mode 0600)")
     with open(path) as fp:
         return fp.read().strip()
+
+
+def admin_password(path="var/admin-password"):
+    """The admin password (:func:`generated_password`, ``$PLONEDEPLOY_ADMIN_PASSWORD``)."""
+    return generated_password(path, "PLONEDEPLOY_ADMIN_PASSWORD", "admin")
+
+
+def editor_password(path=EDITOR_PASSWORD_FILE):
+    """The editors' one password (:func:`generated_password`, ``$PLONEDEPLOY_EDITOR_PASSWORD``)."""
+    return generated_password(path, "PLONEDEPLOY_EDITOR_PASSWORD", "editors'")
 
 
 def ensure_admin(app, password):
@@ -214,6 +251,74 @@ def ensure_caching(site, proxies):
     return changed
 
 
+def editor_ids():
+    """The editors' user ids: ``editor1`` .. ``editor<EDITORS>``."""
+    return [f"editor{n}" for n in range(1, EDITORS + 1)]
+
+
+def document_ids():
+    """The editable documents' ids in the folder ``EDIT_FOLDER_ID``: ``doc-01`` .. ``doc-<DOCUMENTS>``."""
+    return [f"doc-{n:02d}" for n in range(1, DOCUMENTS + 1)]
+
+
+def ensure_editing_content(site):
+    """The folder ``EDIT_FOLDER_ID`` and its DOCUMENTS Documents with a few paragraphs of
+    text each; an existing document is left as it is (the load test edits its text).
+    Returns True if anything changed."""
+    from plone import api
+    from plone.app.textfield.value import RichTextValue
+
+    changed = False
+    folder = site.get(EDIT_FOLDER_ID)
+    if folder is None:
+        folder = api.content.create(container=site, type="Folder", id=EDIT_FOLDER_ID, title="Editing load test")
+        print(f"created folder /{SITE_ID}/{EDIT_FOLDER_ID}")
+        changed = True
+    missing = [doc_id for doc_id in document_ids() if doc_id not in folder.objectIds()]
+    for doc_id in missing:
+        number = int(doc_id.split("-")[1])
+        paragraphs = PARAGRAPHS[number % len(PARAGRAPHS):] + PARAGRAPHS[:number % len(PARAGRAPHS)]
+        html = "".join(f"<p>{text}</p>" for text in paragraphs)
+        api.content.create(container=folder, type="Document", id=doc_id, title=f"Editing test page {number}",
+                           description="A page the logged-in load test edits.",
+                           text=RichTextValue(html, "text/html", "text/x-html-safe"))
+    if missing:
+        print(f"created {len(missing)} documents in /{SITE_ID}/{EDIT_FOLDER_ID}")
+    return changed or bool(missing)
+
+
+def ensure_editors(site, password):
+    """Plone users ``editor_ids()`` (global role Member) with ``password``, each with the
+    local role Editor on the folder ``EDIT_FOLDER_ID`` only (they may edit there, nowhere
+    else). A wrong password is reset. Returns True if anything changed."""
+    from plone import api
+
+    folder = site[EDIT_FOLDER_ID]
+    source = site.acl_users.source_users
+    created, reset, granted = [], [], []
+    for user_id in editor_ids():
+        if api.user.get(username=user_id) is None:
+            # No full name: Plone's personal bar then shows the user id, which the load test checks.
+            api.user.create(email=f"{user_id}@example.invalid", username=user_id, password=password,
+                            roles=("Member",))
+            created.append(user_id)
+        elif source.authenticateCredentials({"login": user_id, "password": password}) is None:
+            source.userSetPassword(user_id, password)
+            reset.append(user_id)
+        if "Editor" not in folder.get_local_roles_for_userid(user_id):
+            api.user.grant_roles(username=user_id, obj=folder, roles=["Editor"])
+            granted.append(user_id)
+    if created:
+        print(f"created Plone users {', '.join(created)} (password in {EDITOR_PASSWORD_FILE} or "
+              "$PLONEDEPLOY_EDITOR_PASSWORD)")
+    if reset:
+        print(f"updated the password of {', '.join(reset)}")
+    if granted:
+        folder.reindexObjectSecurity()
+        print(f"granted Editor on /{SITE_ID}/{EDIT_FOLDER_ID} to {', '.join(granted)}")
+    return bool(created or reset or granted)
+
+
 def _commit_if(changed, note):
     """Commit the step's changes (each step in its own transaction), or abort."""
     if changed:
@@ -241,6 +346,8 @@ def main(app):
     changed = _commit_if(ensure_anonymous_restapi(site), "restapi permission") or changed
     with api.env.adopt_roles(["Manager"]):
         changed = _commit_if(ensure_caching(site, caching_proxies()), "caching") or changed
+        changed = _commit_if(ensure_editing_content(site), "editing content") or changed
+        changed = _commit_if(ensure_editors(site, editor_password()), "editors") or changed
     print("site ready: committed" if changed else "site ready: unchanged")
 
 

@@ -378,7 +378,7 @@ def test_service_users_wired_into_scripts_haproxy_and_varnish(tmp_path, monkeypa
     stack = json.loads((tmp_path / "parts" / "stack" / "stack.json").read_text())
     assert stack["service"]["user"] == "nobody"
     assert stack["service"]["processes"] == ["zeoserver", "instance", "client2", "uploads"]
-    assert stack["service"]["writable"] == [f"{tmp_path}/var/admin-password"]
+    assert stack["service"]["writable"] == [f"{tmp_path}/var/admin-password", f"{tmp_path}/var/editor-password"]
     assert stack["haproxy_context"]["user"] == stack["haproxy_context"]["group"] == "haproxy"
     config = (tmp_path / "parts" / "haproxy" / "haproxy.cfg").read_text()
     assert "\n    user haproxy\n    group haproxy\n" in config

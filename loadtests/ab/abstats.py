@@ -31,9 +31,14 @@ import numpy as np
 from scipy import stats
 
 from loadtests.core.haproxy_log import LOG_PATHS
+from loadtests.loggedin import LOGGED_IN
 
-#: Request names of the locustfile, and "all" (every path of a window together).
-PATHS = ("/", "/Plone", "@json", "blob 5MB", "all")
+#: Request names of the locustfile, its logged-in shape's path class (the locustfile's
+#: windows hold its requests together under that name), and "all" (every path of a window
+#: together).
+PATHS = ("/", "/Plone", "@json", "blob 5MB", LOGGED_IN, "all")
+#: Paths of opt-in shapes: a verdict only when the run had them.
+OPT_IN_PATHS = (LOGGED_IN,)
 N_RESAMPLES = 2000
 CONFIDENCE = 0.95
 SEED = 20261123
@@ -194,6 +199,8 @@ def rounds_report(meta, runs):
     # Every path of the locustfile, also one the A/B run finished none of (a 6 s run on a
     # busy machine can miss /Plone): the report says "no requests" instead of leaving it out.
     for path in dict.fromkeys(PATHS + tuple(ab)):
+        if path in OPT_IN_PATHS and path not in ab:
+            continue
         detected, text = verdict(path, ab, aa, meta["name_a"])
         verdicts.append({"path": path, "detected": detected, "text": text})
     # The same statistics over HAProxy's log: request counts and the servers' own time (Tr).
@@ -245,12 +252,14 @@ def main(argv=None):
     with open(os.path.join(args.directory, "report.json"), encoding="utf-8") as fp:
         data = json.load(fp)
     widths = widths_by_rounds(data["runs"], data["meta"]["rounds"])
-    print("| rounds | kind | " + " | ".join(PATHS) + " |")
-    print("|---:|---|" + "---:|" * len(PATHS))
+    ran = {p for kinds in widths.values() for paths in kinds.values() for p in paths}
+    columns = [p for p in PATHS if p not in OPT_IN_PATHS or p in ran]
+    print("| rounds | kind | " + " | ".join(columns) + " |")
+    print("|---:|---|" + "---:|" * len(columns))
     for k, kinds in widths.items():
         for kind, paths in kinds.items():
             if paths:
-                print(f"| {k} | {kind} | " + " | ".join(f"±{paths.get(p, float('nan')):.1f}" for p in PATHS) + " |")
+                print(f"| {k} | {kind} | " + " | ".join(f"±{paths.get(p, float('nan')):.1f}" for p in columns) + " |")
     return 0
 
 

@@ -3,7 +3,7 @@
 Usage (stack running, site created; see ``make start``)::
 
     .venv/bin/python -m loadtests ab [--users 10] [--spawn-rate 10] [--duration 60]
-        [--weights root=1,plone=1,json=1,blob=1] [--out var/reports]
+        [--weights root=1,plone=1,json=1,blob=1[,logged-in=1]] [--out var/reports]
         [--balance leastconn,roundrobin [--rounds 1] [--balancer-port PORT]]
 
 Reads ``parts/stack/stack.json`` (written by bin/buildout) for the HAProxy frontend, stats
@@ -53,8 +53,8 @@ from loadtests.ab.rounds import run_rounds
 from loadtests.core import balancers
 from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
                                 exits_2_when_not_ready, new_parser)
-from loadtests.core.stack import check_servers_up, default_buildout_config, load_stack
-from loadtests.weights import DEFAULT_WEIGHTS, parse_weights
+from loadtests.core.stack import check_servers_up, default_buildout_config, editor_password_missing, load_stack
+from loadtests.weights import DEFAULT_WEIGHTS, SHAPE_NAMES, parse_weights
 
 
 def parse_args(argv):
@@ -82,7 +82,9 @@ def parse_args(argv):
     parser.add_argument("--window", type=float, default=5.0,
                         help="seconds per time window, the unit the confidence intervals resample; default 5")
     parser.add_argument("--weights", default=DEFAULT_WEIGHTS,
-                        help=f"users per traffic shape (root, plone, json, blob); default {DEFAULT_WEIGHTS}")
+                        help=f"users per traffic shape ({', '.join(SHAPE_NAMES)}); default {DEFAULT_WEIGHTS}; "
+                        "logged-in (editors who log in, list, open the edit form and save; opt-in) needs "
+                        "the editors' password: $PLONEDEPLOY_EDITOR_PASSWORD or var/editor-password")
     add_stack_arguments(parser)
     parser.add_argument("--balance", default=None,
                         help="comma-separated HAProxy balance modes to compare, each through its own "
@@ -138,7 +140,8 @@ def parse_args(argv):
     if args.balancer_port is not None and not 1 <= args.balancer_port <= 65534:
         parser.error("--balancer-port must be between 1 and 65534 (the stats use the next port)")
     try:
-        parse_weights(args.weights)
+        if parse_weights(args.weights)["logged-in"] and (missing := editor_password_missing()):
+            raise ValueError(f"--weights {args.weights}: {missing}")
         if args.balance is not None:
             args.balance = balancers.parse_modes(args.balance)
     except ValueError as exc:

@@ -15,7 +15,7 @@ import psutil
 
 from loadtests.core import haproxy_stats
 from loadtests.core.procs import cpu_seconds, free_local_port, machine_busy_seconds, own_cpu_seconds
-from loadtests.core.stack import HERE, stack_pids
+from loadtests.core.stack import EDITOR_PASSWORD_FILE, HERE, stack_pids
 
 
 def locust_cpu_seconds():
@@ -91,6 +91,8 @@ def run_locust(args, config, directory, label="", on_warm=None):
     ] + locust_generator_args(args) + [
         "--host", config["frontend_url"],
         "--weights", args.weights,
+        # Locust runs in the report folder: the checkout's file by its absolute path.
+        "--editor-password-file", EDITOR_PASSWORD_FILE,
         "--csv", os.path.join(directory, "locust"),
         "--html", os.path.join(directory, "locust.html"),
         "--per-server-stats", os.path.join(directory, "per_server.json"),

@@ -14,9 +14,10 @@ bytes, shares as fractions 0..1.
 
 from loadtests.core.reports import markdown_table, new_figure, save_figure, write_report
 from loadtests.core.stats import histogram_percentile
+from loadtests.loggedin import REQUESTS as LOGGED_IN_REQUESTS
 
-#: Request names of the locustfile, in report order.
-PATHS = ("/", "/Plone", "@json", "blob 5MB")
+#: Request names of the locustfile, in report order (the logged-in shape's when it ran).
+PATHS = ("/", "/Plone", "@json", "blob 5MB") + tuple(LOGGED_IN_REQUESTS.values())
 
 
 def _ratio(a, b):

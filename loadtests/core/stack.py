@@ -29,6 +29,19 @@ PATHS = {
 }
 #: Bytes of the blob behind ``PATHS["blob"]``; scripts/create_site.py makes it this size.
 BLOB_SIZE = 5 * 1024 * 1024
+#: The editors' password of the locustfile's logged-in shape (scripts/create_site.py writes
+#: the file, 0600); the environment variable, when set, wins (also in Locust's processes).
+EDITOR_PASSWORD_FILE = os.path.join(ROOT, "var", "editor-password")
+EDITOR_PASSWORD_ENV = "PLONEDEPLOY_EDITOR_PASSWORD"
+
+
+def editor_password_missing():
+    """None when the logged-in shape can log in (``$PLONEDEPLOY_EDITOR_PASSWORD`` set or
+    EDITOR_PASSWORD_FILE present), else why not (a str naming both and ``make site``)."""
+    if os.environ.get(EDITOR_PASSWORD_ENV) or os.path.exists(EDITOR_PASSWORD_FILE):
+        return None
+    return (f"the logged-in shape needs the editors' password, ${EDITOR_PASSWORD_ENV} or {EDITOR_PASSWORD_FILE}, "
+            "and neither is there (run scripts/create_site.py: make site)")
 
 
 # ----------------------------------------------------------------------------- the stack

@@ -1,7 +1,7 @@
 """The kit's headline figures, re-measured side by side in one run, with their spread.
 
     python -m loadtests headline [--connections 4] [--duration 8] [--rounds 3] [--no-off] [--no-copy]
-                                 [--variant NAME ...]
+                                 [--variant NAME ...] [--logged-in]
 
 Against the running stack (``make start``): in every round, in an order rotated from round
 to round, one wrk run of ``--duration`` seconds with ``--connections`` connections on
@@ -26,6 +26,14 @@ NAME`` (repeatable; ``all``) adds others: ``pipesize-512k``, ``pipesize-1m``, ``
 config in a temporary HAProxy, their baseline; ``pyruvate-alone``, the config with only the
 pool's pyruvate client as server, against that client directly (the balancer's own cost).
 Every target and path first gets 2 s of uncounted load (caches, ZODB connections).
+
+With ``--logged-in`` every target of the four paths (not the HAProxy variants) also gets the
+path class ``logged-in``: not wrk but the locustfile's logged-in shape
+(:mod:`loadtests.core.locustrun`, one Locust process), ``--connections`` editors who log in
+during a 3 s warm-up that is not counted and then, each in a closed loop, view the front page
+as a Member, list the folder contents, open the edit form of a document of their own and save
+it, every answer checked (a failed check counts as an error). Its req/s counts those four
+requests together (one editor's round of them is four requests).
 
 Figures per target and path: req/s (median over the rounds, min-max), p50/p99 in ms
 (median), errors (wrk's socket errors and non-2xx/3xx answers, summed). Ratios, per round
@@ -69,11 +77,13 @@ from loadtests.core.balancers import BalancerError
 from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
                                 exits_2_when_not_ready, new_parser)
 from loadtests.core.reports import finish_report, markdown_table, new_figure, report_folder, save_figure, spread_bars
+from loadtests.core.locustrun import run_locust_shape
 from loadtests.core.stack import (BLOB_SIZE, PATHS, ROOT, check_servers_up, client_urls, default_buildout_config,
-                                  load_stack)
+                                  editor_password_missing, load_stack)
 from loadtests.core.stats import format_spread, spread
 from loadtests.core.wrk import require_wrk, run_wrk
 from loadtests.headline import offclients, variants
+from loadtests.loggedin import LOGGED_IN
 
 WORK_DIR = os.path.join(ROOT, "var", "headline")
 #: The servers compared directly; the recipe's A/B pair.
@@ -82,6 +92,14 @@ TARGETS = SERVERS + ("haproxy",)
 OFF = tuple(f"{s}-off" for s in SERVERS)
 #: The stack's HAProxy config run with ``-dS`` (no kernel splicing), on the blob path: the default variant.
 COPY = variants.target("copy")
+#: Every path label a run can have, in table order: wrk's four, then the opt-in Locust class.
+ALL_PATHS = tuple(PATHS) + (LOGGED_IN,)
+
+
+def _paths(labels):
+    """The labels of ALL_PATHS among ``labels``, in table order."""
+    labels = set(labels)
+    return [p for p in ALL_PATHS if p in labels]
 
 
 def parse_args(argv):
@@ -101,11 +119,18 @@ def parse_args(argv):
                         help="also measure the blob through this HAProxy variant, haproxy-NAME (repeatable): "
                         + "; ".join(f"{name} = {variants.describe(name)}" for name in variants.VARIANTS)
                         + f"; {variants.ALL} = every one. copy is measured unless --no-copy")
+    parser.add_argument("--logged-in", action="store_true",
+                        help="also measure the path class logged-in on every target but the variants: "
+                        "--connections editors (Locust's logged-in shape: front page as a Member, folder "
+                        "contents, edit form, save; bodies checked), their logins in an uncounted 3 s warm-up; "
+                        "needs $PLONEDEPLOY_EDITOR_PASSWORD or var/editor-password (make site)")
     add_buildout_config_argument(parser, "the off clients' buildout in var/headline")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     if args.connections < 1 or args.duration < 1 or args.rounds < 1:
         parser.error("--connections, --duration and --rounds must be >= 1")
+    if args.logged_in and (missing := editor_password_missing()):
+        parser.error(f"--logged-in: {missing}")
     try:
         args.variants = variants.select(args.variant, args.no_copy)
     except ValueError as exc:
@@ -142,12 +167,13 @@ def spliced_bytes(metrics_url):
     return int(float(found.group(1)))
 
 
-def plan(rounds, with_off, variant_names=()):
+def plan(rounds, with_off, variant_names=(), logged_in=False):
     """The runs in order: ``[(round, target, path label)]``, with the off clients on every path
-    if ``with_off`` and each of ``variant_names`` (:data:`variants.VARIANTS`) on the blob; the
-    order of the (target, path) pairs rotates by one per round so no pair always runs first or
-    after the same one."""
-    cells = [(t, p) for p in PATHS for t in TARGETS + (OFF if with_off else ())]
+    if ``with_off``, each of ``variant_names`` (:data:`variants.VARIANTS`) on the blob, and the
+    path class ``logged-in`` on every other target if ``logged_in``; the order of the (target,
+    path) pairs rotates by one per round so no pair always runs first or after the same one."""
+    paths = tuple(PATHS) + ((LOGGED_IN,) if logged_in else ())
+    cells = [(t, p) for p in paths for t in TARGETS + (OFF if with_off else ())]
     cells += [(variants.target(name), "blob") for name in variant_names]
     runs = []
     for number in range(1, rounds + 1):
@@ -157,9 +183,12 @@ def plan(rounds, with_off, variant_names=()):
 
 
 def measure(url, label, connections, duration):
-    """One wrk run of ``label`` (a key of ``loadtests.core.stack.PATHS``) against ``url``; a row
+    """One wrk run of ``label`` (a key of ``loadtests.core.stack.PATHS``) against ``url``, or for
+    ``logged-in`` one Locust run (:func:`run_locust_shape`, ``connections`` editors); a row
     dict: requests, rps (requests/s), mib_s (MiB/s of bodies), p50_ms, p99_ms, errors and,
     for the blob, short_bytes (fewer bytes than requests x 5 MiB)."""
+    if label == LOGGED_IN:
+        return run_locust_shape(url, f"{LOGGED_IN}=1", connections, duration)
     path, accept = PATHS[label]
     out = run_wrk(url + path, connections, duration, threads=min(2, connections), accept=accept)
     seconds = out["duration_us"] / 1e6
@@ -198,9 +227,10 @@ def summarize(runs):
         return spread([first[n]["rps"] / second[n]["rps"] for n in first
                        if n in second and second[n]["rps"] > 0])
 
-    ratios = {f"pyruvate/waitress {p}": ratio(("pyruvate", p), ("waitress", p)) for p in PATHS}
+    paths = _paths(p for _, p in by)
+    ratios = {f"pyruvate/waitress {p}": ratio(("pyruvate", p), ("waitress", p)) for p in paths}
     for server in SERVERS:
-        for p in PATHS:
+        for p in paths:
             if (f"{server}-off", p) in by:
                 ratios[f"{server} kit/stock {p}"] = ratio((server, p), (f"{server}-off", p))
     for name in variants.VARIANTS:
@@ -222,6 +252,7 @@ def _columns(cells):
 def to_markdown(meta, cells, ratios):
     """report.md: the settings, req/s per path and target, the ratios, the latencies."""
     columns = _columns(cells)
+    paths = _paths(c.split(" ", 1)[1] for c in cells)
     lines = [
         f"# Headline figures, {meta['started']}",
         "",
@@ -240,7 +271,7 @@ def to_markdown(meta, cells, ratios):
         "Requests/s, median over the rounds (min–max):",
         "",
         markdown_table(["path"] + columns, [[path] + [format_spread(cells.get(f"{t} {path}", {}).get("rps"))
-                                                          for t in columns] for path in PATHS]),
+                                                          for t in columns] for path in paths]),
         "",
         "Ratios of req/s in the same round, median (min–max); above 1: the first is faster:",
         "",
@@ -253,19 +284,24 @@ def to_markdown(meta, cells, ratios):
             "-" if f"{t} {path}" not in cells else
             f"{cells[f'{t} {path}']['p50_ms']} / {cells[f'{t} {path}']['p99_ms']}"
             + (f", {cells[f'{t} {path}']['errors']} errors" if cells[f"{t} {path}"]["errors"] else "")
-            for t in columns] for path in PATHS]),
+            for t in columns] for path in paths]),
         "",
         "![req/s per path and target](headline.png)",
         "",
     ]
+    if LOGGED_IN in paths:
+        lines[4:4] = [f"{LOGGED_IN}: Locust's logged-in shape ({meta['connections']} editors: front page as a Member, "
+                      "folder contents, edit form, save; every body checked), not wrk; its req/s counts those "
+                      "four requests together.", ""]
     return "\n".join(lines)
 
 
 def plot(cells, path):
     """Grouped bars of req/s (log scale) per path, one bar per target, min-max whiskers."""
     columns = _columns(cells)
+    paths = _paths(c.split(" ", 1)[1] for c in cells)
     fig, ax = new_figure(figsize=(9, 4.5))
-    spread_bars(ax, list(PATHS), [(t, {p: cells.get(f"{t} {p}", {}).get("rps") for p in PATHS}) for t in columns])
+    spread_bars(ax, paths, [(t, {p: cells.get(f"{t} {p}", {}).get("rps") for p in paths}) for t in columns])
     ax.set_yscale("log")
     ax.set_ylabel("requests/s (median, min-max; log scale)")
     ax.set_title("Headline: each server directly and through HAProxy")
@@ -311,11 +347,13 @@ def main(argv=None):
         metrics = {"haproxy": config["haproxy_metrics_url"],
                    **{target: balancer.metrics_url for target, balancer in balancers.items()}}
         spliced_before = {name: spliced_bytes(url) for name, url in metrics.items()}
-        todo = plan(args.rounds, not args.no_off, args.variants)
-        for target, label in sorted({(t, p) for _, t, p in todo}):
+        todo = plan(args.rounds, not args.no_off, args.variants, args.logged_in)
+        for target, label in sorted({(t, p) for _, t, p in todo if p != LOGGED_IN}):  # Locust warms up itself
             run_wrk(urls[target] + PATHS[label][0], 2, 2, accept=PATHS[label][1])  # warm-up, not counted
-        print(f"{len(todo)} wrk runs of {args.duration} s at {args.connections} connections "
-              f"(about {len(todo) * (args.duration + 1) / 60:.0f} min)", flush=True)
+        # A Locust run adds its 3 s warm-up and its start to the run time.
+        seconds = sum(args.duration + (6 if label == LOGGED_IN else 1) for _, _, label in todo)
+        print(f"{len(todo)} runs of {args.duration} s at {args.connections} connections "
+              f"(about {seconds / 60:.0f} min)", flush=True)
         for done, (number, target, label) in enumerate(todo, 1):
             row = {"round": number, "target": target, "path": label,
                    **measure(urls[target], label, args.connections, args.duration)}
@@ -339,7 +377,7 @@ def main(argv=None):
     cells, ratios = summarize(runs)
     meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "command": " ".join(
                 ["python -m loadtests headline", *(argv if argv is not None else sys.argv[1:])]),
-            "connections": args.connections,
+            "connections": args.connections, "logged_in": args.logged_in,
             "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(),
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
             "minutes": round((time.monotonic() - clock) / 60, 1), "clients": clients, "urls": urls,

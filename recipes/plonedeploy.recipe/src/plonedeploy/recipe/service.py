@@ -14,8 +14,9 @@ def service_layout(buildout, name, user, zeo_part, clients):
     (None on RelStorage) and the client parts ``clients`` run as it; it owns the
     directories they write (the ZEO server's Data.fs directory, blob directory and pid-file
     directory; each client's, :func:`client_layout`), their log files, the RelStorage
-    passfile the clients read, and ``var/admin-password`` (scripts/create_site.py, which a
-    client script run by root runs as this user, writes the generated password there); it
+    passfile the clients read, and ``var/admin-password`` and ``var/editor-password``
+    (scripts/create_site.py, which a client script run by root runs as this user, writes the
+    generated passwords there); it
     needs to reach the build (:func:`build_reach`). The defaults are those of
     plone.recipe.zeoserver where a part does not set the option.
 
@@ -57,8 +58,8 @@ def service_layout(buildout, name, user, zeo_part, clients):
         "files": unique(files),
         "readable": unique(readable),
         # Files it must be able to write in directories root keeps, made empty (0600) when
-        # missing: scripts/create_site.py fills an empty admin-password file.
-        "writable": [os.path.join(var, "admin-password")],
+        # missing: scripts/create_site.py fills an empty admin-password (editor-password) file.
+        "writable": [os.path.join(var, "admin-password"), os.path.join(var, "editor-password")],
         "reach": build_reach(buildout),
         "file_storage": file_storage,
         "blob_storage": blob_storage,
