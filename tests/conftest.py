@@ -110,6 +110,10 @@ def pytest_fixture_post_finalizer(fixturedef, request):
     _SET_UP.discard(fixturedef.argname)
 
 
+#: create_site.py's environment in the tests: the logged-in load test's editors too, as make site makes them.
+SITE_ENV = dict(os.environ, PLONEDEPLOY_EDITORS="on")
+
+
 def run(cmd, timeout, check=True, cwd_override=None, **kwargs):
     """Run ``cmd`` in the checkout (or ``cwd_override``); return CompletedProcess (text).
 
@@ -406,7 +410,8 @@ def stack():
         pytest.fail(f"ports in use: {taken}; stop the running stack ('make stop') first")
     try:
         run([STACK, "start", "--no-wait-up"], timeout=300)
-        first = run([os.path.join(ROOT, "bin", "instance"), "run", "scripts/create_site.py"], timeout=600)
+        first = run([os.path.join(ROOT, "bin", "instance"), "run", "scripts/create_site.py"], timeout=600,
+                    env=SITE_ENV)
         assert "site ready" in first.stdout
         run([STACK, "wait-up", "--timeout", "120"], timeout=180)
         yield described
