@@ -5,7 +5,7 @@ Usage (stack running, site created; see ``make start``)::
     .venv/bin/python -m loadtests ab [--users 10] [--spawn-rate 10] [--duration 60]
         [--weights root=1,plone=1,json=1,blob=1] [--out var/reports]
         [--balance leastconn,roundrobin [--rounds 1] [--balancer-port PORT]]
-        [--cpu-budget equal|off] [--slot-cpus 0.5] [--calibrate PERCENT] [--control]
+        [--cpu-budget equal|off] [--slot-cpus 0.25] [--calibrate PERCENT] [--control]
 
 Reads ``parts/stack/stack.json`` (written by bin/buildout) for the HAProxy frontend, stats
 URL, backend and which WSGI server each ZEO client runs. Then:
