@@ -56,7 +56,8 @@ class Freezer:
 
 
 def calibration_text(args):
-    """How ``--calibrate`` slows slot A: a smaller CPU quota under budgets, else freezing."""
+    """How ``--calibrate`` slows slot A (the run's opening line): a smaller CPU quota under
+    budgets, else freezing."""
     if args.cpu_budget == "equal":
         return f"with a CPU quota {args.calibrate:g}% below B's"
     return f"frozen {args.calibrate:g}%"
@@ -163,7 +164,10 @@ def run_rounds(args, config, directory):
                          "warmup_requests": data["meta"]["warmup_requests"], "restart_s": round(restart_s, 1),
                          "slot_cpu": slot_cpu})
     first, second = abslots.SERVERS
-    name_a = f"{args.control_server} {calibration_text(args)}" if args.calibrate is not None else first
+    name_a = first
+    if args.calibrate is not None:  # the verdicts' subject: "pyruvate (CPU quota -10%) finishes ..."
+        name_a = (f"{args.control_server} (CPU quota -{args.calibrate:g}%)" if args.cpu_budget == "equal"
+                  else f"{args.control_server} frozen {args.calibrate:g}%")
     name_b = args.control_server if args.calibrate is not None else second
     meta = {
         "started": os.path.basename(directory), "rounds": args.rounds, "runs": len(runs),
