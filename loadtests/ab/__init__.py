@@ -3,7 +3,7 @@
 ``abtest`` (options, ``main``) -> ``plan`` -> one module per mode (``rounds``, ``deployed``,
 ``balance``) -> ``measure`` (a Locust run and its measurements) -> ``abstats`` (statistics,
 rounds) -> ``report``, ``rounds_report``, ``modes_report`` (the reports); ``abslots`` builds
-the rounds' slot clients. Each stage hands the next plain lists and dicts: ``measure``
+the rounds' slot clients, ``budget`` gives each an equal CPU budget. Each stage hands the next plain lists and dicts: ``measure``
 returns a run's measurement (Locust's per-server statistics, HAProxy's counters, CPU),
 ``loadtests.core.haproxy_log`` reads the temporary HAProxy's log (server times, queue
 waits), and the run module hands both to the statistics and report stages.

@@ -5,6 +5,7 @@ Usage (stack running, site created; see ``make start``)::
     .venv/bin/python -m loadtests ab [--users 10] [--spawn-rate 10] [--duration 60]
         [--weights root=1,plone=1,json=1,blob=1[,logged-in=1]] [--out var/reports]
         [--balance leastconn,roundrobin [--rounds 1] [--balancer-port PORT]]
+        [--cpu-budget equal|off] [--slot-cpus 0.25] [--calibrate PERCENT] [--control]
 
 Reads ``parts/stack/stack.json`` (written by bin/buildout) for the HAProxy frontend, stats
 URL, backend and which WSGI server each ZEO client runs. Then:
@@ -29,10 +30,15 @@ per-mode ``report.md``, ``report.json`` and ``modes.png`` (``loadtests.ab.modes_
 Without ``--balance``, or with only the deployed mode, the run is the plain one above
 through the deployed HAProxy, with unchanged output.
 
+The rounds (the default) run each slot's client within an equal CPU budget
+(``--cpu-budget equal``, ``--slot-cpus`` cores each: ``loadtests.ab.budget``), which needs
+root and the cgroup v1 ``cpu`` controller; ``--cpu-budget off`` runs them without.
+
 Exit status: 0 when every request passed its check, 1 when some failed (the report is
 written all the same), 2 when the stack is not ready, an option is invalid (e.g. a
-``--balance`` mode not in ``loadtests.core.balancers.MODES``) or a temporary HAProxy could
-not start. Traffic goes only to HAProxy frontends on 127.0.0.1.
+``--balance`` mode not in ``loadtests.core.balancers.MODES``), a temporary HAProxy could
+not start or the CPU budgets cannot be made (not root, no cgroup v1 ``cpu``; checked before
+anything is built or started). Traffic goes only to HAProxy frontends on 127.0.0.1.
 
 The run's stages are modules of loadtests.ab: ``plan`` (which runs, in which order),
 ``rounds``, ``deployed`` and ``balance`` (one module per mode), ``measure`` (one Locust run
@@ -45,12 +51,12 @@ import signal
 import sys
 from datetime import datetime, timezone
 
-from loadtests.ab import abslots
+from loadtests.ab import abslots, budget
 from loadtests.ab.balance import run_modes
 from loadtests.ab.deployed import run_deployed
 from loadtests.ab.plan import can_vary, ports as plan_ports
 from loadtests.ab.rounds import run_rounds
-from loadtests.core import balancers
+from loadtests.core import balancers, cpubudget
 from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
                                 exits_2_when_not_ready, new_parser)
 from loadtests.core.stack import check_servers_up, default_buildout_config, editor_password_missing, load_stack
@@ -102,8 +108,10 @@ def parse_args(argv):
                         help=f"the WSGI server of both slots in the A/A control; default {abslots.SERVERS[0]}")
     parser.add_argument("--calibrate", type=float, default=None, metavar="PERCENT",
                         help="instead of the A/B, run A/A rounds (both on --control-server) with slot A "
+                        "PERCENT slower: with --cpu-budget equal its CPU quota PERCENT percent below B's, with off "
                         "frozen (SIGSTOP) PERCENT of every 100 ms: a known difference the verdict must "
                         "detect (sensitivity check)")
+    budget.add_arguments(parser)
     parser.add_argument("--slot-port", type=int, default=None,
                         help="127.0.0.1 port of slot a; slot b uses the next one; default the deployed "
                         "frontend port + 12")
@@ -133,6 +141,7 @@ def parse_args(argv):
         parser.error("--master-port must be between 1 and 65535")
     if args.calibrate is not None and not 0 < args.calibrate < 100:
         parser.error("--calibrate PERCENT must be between 0 and 100")
+    budget.resolve(args, parser.error)
     if args.buildout_config is None:
         args.buildout_config = default_buildout_config()
     # Locust runs in the report folder: a relative --out would point inside it.
@@ -169,6 +178,12 @@ def main(argv=None):
               f"{args.stack_config} has none (run it with a buildout's parts/stack/stack.json)",
               file=sys.stderr)
         return 2
+    try:
+        if rounds and args.cpu_budget == "equal":
+            cpubudget.check_available(budget.OPTION)
+    except cpubudget.BudgetError as exc:
+        print(f"abtest: {exc}; --cpu-budget off runs the slots without budgets", file=sys.stderr)
+        return 2
     started = datetime.now(timezone.utc)
     directory = os.path.join(args.out, started.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(directory, exist_ok=True)
@@ -176,7 +191,11 @@ def main(argv=None):
     # slot clients: turn it into SystemExit so that the with-blocks' cleanup runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if rounds:
-        return run_rounds(args, config, directory)
+        try:
+            return run_rounds(args, config, directory)
+        except cpubudget.BudgetError as exc:
+            print(f"abtest: {exc}", file=sys.stderr)
+            return 2
     if deployed_only:
         return run_deployed(args, config, directory)
     args.balancer_port, _ = plan_ports(args, config)

@@ -35,7 +35,8 @@ def rounds_markdown(data):
         f"{meta['balance']} through a temporary HAProxy in front of two slots: a (:{meta['slot_ports']['a']}, "
         f"first in the server list) and b (:{meta['slot_ports']['b']}). A = {meta['name_a']}, "
         f"B = {meta['name_b']}; A sits in slot a in odd rounds and in slot b in even ones. "
-        f"Machine: {meta['cores']} cores, load average at the start {meta['load_average_start'][0]:.2f}.",
+        f"Machine: {meta['cores']} cores, load average at the start {meta['load_average_start'][0]:.2f}. "
+        + budget_sentence(meta),
         "",
         "## Verdict",
         "",
@@ -63,13 +64,36 @@ def rounds_markdown(data):
         lines += ["A/A:", "", table(data["server_time"]["aa"]), ""]
     lines += ["## Runs", "", markdown_table(
         ["run", "slot a", "slot b", "requests", "failures", "req/s", "warm-up requests left out",
-         "Locust cores", "machine busy %", "foreign %", "report"],
+         "Locust cores", "machine busy %", "foreign %", "slot a CPU", "slot b CPU", "report"],
         [[f"{run['kind']} r{run['round']}", run["slots"]["a"], run["slots"]["b"], run["totals"]["requests"],
           run["totals"]["failures"], round(run["totals"]["rps"], 1), sum(run["warmup_requests"].values()),
           run["cpu"]["load_generator_cores"], run["cpu"]["machine_busy_percent"], run["cpu"]["foreign_percent"],
+          *(slot_cpu_cell((run.get("slot_cpu") or {}).get(slot)) for slot in ("a", "b")),
           f"[{run['directory']}]({run['directory']}/report.md)"] for run in data["runs"]])]
     lines += ["", "![A/B with intervals](ab.png)", ""]
     return "\n".join(lines)
+
+
+def budget_sentence(meta):
+    """The report's sentence on the CPU budgets (``loadtests.ab.budget``) of ``meta``."""
+    if meta.get("cpu_budget") != "equal":
+        return ("No CPU budgets (`--cpu-budget off`): the slots' clients share the machine with Locust and "
+                "HAProxy, and the share shows how a saturated machine is shared, too.")
+    cut = meta.get("calibrate_percent")
+    return (f"CPU budgets: each slot's client in a cgroup v1 `cpu` group with a quota of {meta['slot_cpus']:g} "
+            "cores, Locust and HAProxy outside" + (f"; in the calibration's A/B runs A's quota is {cut:g}% lower"
+                                                    if cut is not None else "")
+            + ". The slot CPU columns below give cores used / quota and the share of CFS periods in which "
+            "the slot used its whole quota (throttled): a slot at its budget is near its quota and near 100%.")
+
+
+def slot_cpu_cell(usage):
+    """``used/quota cores (throttled %)`` of one slot in one run, "-" without budgets."""
+    if not usage:
+        return "-"
+    throttled = "" if usage["throttled"] is None else f" ({100 * usage['throttled']:.0f}%)"
+    used = "-" if usage["used_cores"] is None else f"{usage['used_cores']:.2f}"
+    return f"{used}/{usage['cores']:.2f}{throttled}"
 
 
 def _ci(entry, scale=100.0, digits=1, unit="%"):

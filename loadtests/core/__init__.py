@@ -9,7 +9,8 @@ packages import from here and never from each other:
 - ``reports``: the report folder, report.json/report.md, Markdown tables, plots;
 - ``haproxy_stats``: HAProxy's stats CSV; ``haproxy_log``: its request log (queue waits,
   server times); ``balancers``: temporary HAProxys;
-- ``extrabuild``: builds and runs ZEO clients beside the stack.
+- ``extrabuild``: builds and runs ZEO clients beside the stack;
+- ``cpubudget``: a fixed CPU budget for a process tree (a cgroup v1 ``cpu`` group with a quota).
 
 Units: seconds for times and CPU, bytes for sizes, requests/s for rates, unless a name
 says otherwise (``_us`` microseconds, ``_ms`` milliseconds).
