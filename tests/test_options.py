@@ -313,6 +313,16 @@ def test_template_defines_blob_filter_only_when_on(server):
 
 
 @pytest.mark.parametrize("server", ["pyruvate", "waitress"])
+def test_template_defines_explicittx_filter_only_when_explicit(server):
+    on = configparser.ConfigParser(interpolation=None)
+    on.read_string(_render_stage_one(server, explicit_tx=True))
+    assert dict(on["filter:explicittx"]) == {"use": "egg:plonedeploy.runtime#explicittx"}
+    off = configparser.ConfigParser(interpolation=None)
+    off.read_string(_render_stage_one(server, explicit_tx=False))
+    assert set(off.sections()) == set(on.sections()) - {"filter:explicittx"}
+
+
+@pytest.mark.parametrize("server", ["pyruvate", "waitress"])
 def test_template_defines_metrics_filter_only_with_address(server):
     on = configparser.ConfigParser(interpolation=None)
     on.read_string(_render_stage_one(server, metrics_address="127.0.0.1:8091"))
@@ -823,7 +833,7 @@ def test_transaction_mode_choices_and_the_filter_place_in_the_pipeline():
     assert options.insert_pipeline_filter_before_app(
         "blobsendfile\nmetrics\ntranslogger\negg:Zope#httpexceptions\nzope", "explicittx").split() == [
         "blobsendfile", "metrics", "translogger", "egg:Zope#httpexceptions", "explicittx", "zope"]
-    assert options.insert_pipeline_filter_before_app("explicittx zope", "explicittx") == "explicittx zope"
+    assert options.insert_pipeline_filter_before_app("zope explicittx", "explicittx").split() == ["zope", "explicittx"]
 
 
 def test_postgresql_settings_become_command_line_settings_after_the_parts_own():
