@@ -301,25 +301,16 @@ def test_blob_filter_goes_first_in_pipeline():
     assert options.add_pipeline_filter(own).split() == own.split()
 
 
+@pytest.mark.parametrize("flag, name", [("blob_sendfile", "blobsendfile"), ("explicit_tx", "explicittx")])
 @pytest.mark.parametrize("server", ["pyruvate", "waitress"])
-def test_template_defines_blob_filter_only_when_on(server):
+def test_template_defines_a_plain_filter_only_when_on(server, flag, name):
     on = configparser.ConfigParser(interpolation=None)
-    on.read_string(_render_stage_one(server, blob_sendfile=True))
-    assert dict(on["filter:blobsendfile"]) == {"use": "egg:plonedeploy.runtime#blobsendfile"}
+    on.read_string(_render_stage_one(server, **{flag: True}))
+    assert dict(on[f"filter:{name}"]) == {"use": f"egg:plonedeploy.runtime#{name}"}
     off = configparser.ConfigParser(interpolation=None)
-    off.read_string(_render_stage_one(server, blob_sendfile=False))
-    assert "filter:blobsendfile" not in off
-    assert set(off.sections()) == set(on.sections()) - {"filter:blobsendfile"}
-
-
-@pytest.mark.parametrize("server", ["pyruvate", "waitress"])
-def test_template_defines_explicittx_filter_only_when_explicit(server):
-    on = configparser.ConfigParser(interpolation=None)
-    on.read_string(_render_stage_one(server, explicit_tx=True))
-    assert dict(on["filter:explicittx"]) == {"use": "egg:plonedeploy.runtime#explicittx"}
-    off = configparser.ConfigParser(interpolation=None)
-    off.read_string(_render_stage_one(server, explicit_tx=False))
-    assert set(off.sections()) == set(on.sections()) - {"filter:explicittx"}
+    off.read_string(_render_stage_one(server, **{flag: False}))
+    assert f"filter:{name}" not in off
+    assert set(off.sections()) == set(on.sections()) - {f"filter:{name}"}
 
 
 @pytest.mark.parametrize("server", ["pyruvate", "waitress"])
