@@ -301,15 +301,16 @@ def test_blob_filter_goes_first_in_pipeline():
     assert options.add_pipeline_filter(own).split() == own.split()
 
 
+@pytest.mark.parametrize("flag, name", [("blob_sendfile", "blobsendfile"), ("explicit_tx", "explicittx")])
 @pytest.mark.parametrize("server", ["pyruvate", "waitress"])
-def test_template_defines_blob_filter_only_when_on(server):
+def test_template_defines_a_plain_filter_only_when_on(server, flag, name):
     on = configparser.ConfigParser(interpolation=None)
-    on.read_string(_render_stage_one(server, blob_sendfile=True))
-    assert dict(on["filter:blobsendfile"]) == {"use": "egg:plonedeploy.runtime#blobsendfile"}
+    on.read_string(_render_stage_one(server, **{flag: True}))
+    assert dict(on[f"filter:{name}"]) == {"use": f"egg:plonedeploy.runtime#{name}"}
     off = configparser.ConfigParser(interpolation=None)
-    off.read_string(_render_stage_one(server, blob_sendfile=False))
-    assert "filter:blobsendfile" not in off
-    assert set(off.sections()) == set(on.sections()) - {"filter:blobsendfile"}
+    off.read_string(_render_stage_one(server, **{flag: False}))
+    assert f"filter:{name}" not in off
+    assert set(off.sections()) == set(on.sections()) - {f"filter:{name}"}
 
 
 @pytest.mark.parametrize("server", ["pyruvate", "waitress"])
@@ -769,3 +770,92 @@ def test_malloc_initialization_preloads_jemalloc_into_the_processes_it_starts():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
                              check=True).stdout
         assert json.loads(out) == [preload, "2", True], before
+
+
+# RelStorage tuning (issue 32; docs/how-to/relstorage.md#tuning)
+
+def _tuning(blobs="database", **given):
+    table = optiontables.DeclaredOptions("instance", {k.replace("_", "-"): v for k, v in given.items()},
+                                         optiontables.INSTANCE)
+    return clientoptions.relstorage_tuning("instance", table, blobs)
+
+
+def test_relstorage_tuning_writes_relstorage_keys_only_when_set():
+    assert _tuning() == []  # RelStorage's defaults: 10 MB, no persistent cache, unbounded blob cache
+    assert _tuning(relstorage_cache_local_mb=" 0100 ", relstorage_cache_local_dir="/srv/var/rs-cache",
+                   relstorage_blob_cache_size="1GB") == [
+        ("cache-local-mb", "100"), ("cache-local-dir", "/srv/var/rs-cache"), ("blob-cache-size", str(2**30))]
+    assert _tuning(relstorage_cache_local_mb="0") == [("cache-local-mb", "0")]
+    lines = options.relstorage_lines("dbname=plone", "database", "/srv/blobs", [("cache-local-mb", "100")])
+    assert lines.splitlines()[-2:] == ["shared-blob-dir false", "cache-local-mb 100"]
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"relstorage_cache_local_mb": "-1"}, "[instance] relstorage-cache-local-mb = '-1' is invalid: expected a whole "
+                                          "number of MB >= 0 (0: no local pickle cache), or empty for RelStorage's 10"),
+    ({"relstorage_cache_local_mb": "10MB"}, "relstorage-cache-local-mb = '10MB' is invalid"),
+    ({"relstorage_cache_local_dir": "var/cache"}, "[instance] relstorage-cache-local-dir = 'var/cache' is invalid: "
+                                                  "expected an absolute path, or empty (no persistent cache)"),
+    ({"relstorage_blob_cache_size": "lots"}, "[instance] relstorage-blob-cache-size = 'lots' is invalid: "
+                                             "expected a size in bytes such as 512MB, 1GB or 65536"),
+])
+def test_relstorage_tuning_errors_name_the_option_and_allowed_values(given, message):
+    with pytest.raises(zc.buildout.UserError) as err:
+        _tuning(**given)
+    assert message in str(err.value)
+
+
+def test_blob_cache_size_is_refused_with_a_shared_blob_directory():
+    with pytest.raises(zc.buildout.UserError) as err:
+        _tuning("shared-directory", relstorage_blob_cache_size="1GB")
+    assert str(err.value) == ("[instance] relstorage-blob-cache-size = '1GB' is invalid: expected empty with "
+                              "relstorage-blobs = shared-directory (the blobs there are no cache)")
+
+
+def test_transaction_mode_choices_and_the_filter_place_in_the_pipeline():
+    given = {}
+    assert clientoptions.transaction_mode("instance", given) is False and given["transaction-mode"] == "implicit"
+    assert clientoptions.transaction_mode("instance", {"transaction-mode": " explicit "}) is True
+    with pytest.raises(zc.buildout.UserError) as err:
+        clientoptions.transaction_mode("instance", {"transaction-mode": "manual"})
+    assert str(err.value) == ("[instance] transaction-mode = 'manual' is invalid: expected one of: "
+                              "implicit, explicit")
+    # innermost: right before the Zope app, after the filters that wrap the response
+    assert options.insert_pipeline_filter_before_app(
+        "blobsendfile\nmetrics\ntranslogger\negg:Zope#httpexceptions\nzope", "explicittx").split() == [
+        "blobsendfile", "metrics", "translogger", "egg:Zope#httpexceptions", "explicittx", "zope"]
+    assert options.insert_pipeline_filter_before_app("zope explicittx", "explicittx").split() == ["zope", "explicittx"]
+
+
+def test_postgresql_settings_become_command_line_settings_after_the_parts_own():
+    from plonedeploy.stack import postgresql, storage
+
+    settings = storage.parse_postgresql_settings(
+        "\n shared_buffers = 256MB\n  work_mem=16MB\nplan_cache_mode = force_generic_plan\njit = off\n"
+        "random_page_cost = 1.1\n")
+    assert settings == {"shared_buffers": "256MB", "work_mem": "16MB", "plan_cache_mode": "force_generic_plan",
+                        "jit": "off", "random_page_cost": "1.1"}
+    config = {"bin_directory": "/pg/bin", "data_directory": "/d", "host": "127.0.0.1", "port": 8432,
+              "socket_directory": "/s", "settings": settings}
+    argv = postgresql.server_argv(config)
+    assert argv[:3] == ["/pg/bin/postgres", "-D", "/d"]
+    assert argv[3:9] == ["-c", "listen_addresses=127.0.0.1", "-c", "port=8432", "-c", "unix_socket_directories=/s"]
+    assert argv[9:] == ["-c", "shared_buffers=256MB", "-c", "work_mem=16MB", "-c", "plan_cache_mode=force_generic_plan",
+                        "-c", "jit=off", "-c", "random_page_cost=1.1"]
+    del config["settings"]  # a postgresql.json written before the option
+    assert len(postgresql.server_argv(config)) == 9
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("port = 9999", "names of: shared_buffers, work_mem"),          # the part's own
+    ("shared_buffers 256MB", "'name = value' lines"),
+    ("work_mem = 4MB\nwork_mem = 8MB", "each name once"),
+    ("work_mem = 4MB -c port=1", "values such as 256MB, off or 1.1 (line 'work_mem = 4MB -c port=1')"),
+    ("jit = 'off'", "values such as 256MB"),
+])
+def test_postgresql_settings_refuse_other_names_and_values(text, fragment):
+    from plonedeploy.stack import storage
+
+    with pytest.raises(ValueError) as err:
+        storage.parse_postgresql_settings(text)
+    assert fragment in str(err.value)

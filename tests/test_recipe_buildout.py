@@ -626,6 +626,16 @@ BAD = [
      "[postgresql] database = 'Plone-Site' is invalid: expected a lower-case identifier"),
     (PG + "[postgresql]\nbin-directory = /nonexistent\n",
      "[postgresql] bin-directory = '/nonexistent' is invalid: expected the directory of PostgreSQL's initdb"),
+    ("[instance]\nstorage = relstorage\nrelstorage-dsn = dbname=plone\nrelstorage-cache-local-mb = ten\n",
+     "[instance] relstorage-cache-local-mb = 'ten' is invalid: expected a whole number of MB >= 0"),
+    ("[instance]\nstorage = relstorage\nrelstorage-dsn = dbname=plone\nrelstorage-blobs = shared-directory\n"
+     "relstorage-blob-cache-size = 1GB\n",
+     "[instance] relstorage-blob-cache-size = '1GB' is invalid: expected empty with relstorage-blobs = shared-directory"),
+    ("[instance]\ntransaction-mode = manual\n",
+     "[instance] transaction-mode = 'manual' is invalid: expected one of: implicit, explicit"),
+    (PG + "[postgresql]\nsettings = port = 1\n",
+     "[postgresql] settings = 'port = 1' is invalid: expected 'name = value' lines, each name once, names of: "
+     "shared_buffers"),
     (PG + "[stack]\nzeoserver = zeoserver\n",
      "[stack] zeoserver and database are both set; keep one"),
     (PG + "[stack]\ndatabase =\nzeoserver =\n",
@@ -862,6 +872,35 @@ def test_relstorage_switch_renders_every_client(tmp_path):
     assert not (tmp_path / "var" / "postgresql").exists()
     usage = subprocess.run([str(tmp_path / "bin" / "postgresql")], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "fg | init | psql" in usage.stderr
+
+
+def test_relstorage_tuning_options_reach_zope_conf_the_pipeline_and_postgres(tmp_path):
+    """Issue 32's settings: RelStorage's cache keys in every client's <relstorage>,
+    transaction-mode = explicit as the explicittx filter right before the Zope app (with
+    plonedeploy.runtime among the eggs), and the postgresql part's settings in the
+    server's command line after the part's own."""
+    result = buildout(tmp_path, PG + "[instance]\nrelstorage-cache-local-mb = 100\n"
+                      "relstorage-cache-local-dir = ${buildout:directory}/var/rs-cache\n"
+                      "relstorage-blob-cache-size = 512MB\ntransaction-mode = explicit\n"
+                      "[postgresql]\nsettings =\n    shared_buffers = 256MB\n    jit = off\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for part in ("instance", "client2", "uploads"):
+        zope_conf = (tmp_path / "parts" / part / "etc" / "zope.conf").read_text()
+        assert "shared-blob-dir false\n        cache-local-mb 100\n" in zope_conf, zope_conf
+        assert f"cache-local-dir {tmp_path}/var/rs-cache\n" in zope_conf
+        assert f"blob-cache-size {512 * 2**20}\n" in zope_conf
+        ini = _ini(tmp_path / "parts" / part / "etc" / "wsgi.ini")
+        assert dict(ini["filter:explicittx"]) == {"use": "egg:plonedeploy.runtime#explicittx"}
+        assert ini["pipeline:main"]["pipeline"].split()[-2:] == ["explicittx", "zope"]
+        assert "plonedeploy.runtime" in (tmp_path / "bin" / part).read_text()
+    pg_config = json.loads((tmp_path / "parts" / "postgresql" / "postgresql.json").read_text())
+    assert pg_config["settings"] == {"shared_buffers": "256MB", "jit": "off"}
+    # the default: no filter, RelStorage's own cache settings
+    result = buildout(tmp_path, PG)
+    assert result.returncode == 0, result.stdout + result.stderr
+    zope_conf = (tmp_path / "parts" / "instance" / "etc" / "zope.conf").read_text()
+    assert "cache-local" not in zope_conf and "blob-cache-size" not in zope_conf
+    assert "explicittx" not in (tmp_path / "parts" / "instance" / "etc" / "wsgi.ini").read_text()
 
 
 def test_relstorage_shared_blob_directory(tmp_path):

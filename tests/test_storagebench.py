@@ -21,7 +21,9 @@ from loadtests.storage.variant import buildout_text
 def test_options_fail_naming_the_option_and_allowed_values(capsys):
     for argv, message in ((["--variants", "relstorage"], "--variants: expected zeo and at least one of"),
                           (["--variants", "zeo,nfs"], "--variants: nfs is invalid; expected comma-separated "
-                                                      "values of: zeo, relstorage, relstorage-shared"),
+                                                      "values of: zeo, relstorage, relstorage-shared, rs-explicit, "
+                                                      "rs-cache-100mb, rs-cache-dir, rs-blob-cache-1gb, rs-pg-tuned, "
+                                                      "rs-tuned"),
                           (["--paths", "/,put"], "--paths: put is invalid"),
                           (["--connections", "0"], "--connections: expected comma-separated integers >= 1"),
                           (["--server", "apache"], "--server: invalid choice: 'apache'"),
@@ -34,6 +36,10 @@ def test_options_fail_naming_the_option_and_allowed_values(capsys):
     assert args.variants == ["zeo", "relstorage"]  # zeo first: the baseline of every ratio
     assert args.paths == ["/", "write"] and args.connections == [1, 10, 100]
     assert not hasattr(args, "stack_config")  # it builds its own stacks
+    # the tuning variants only when asked for: make storagebench keeps its three
+    assert storagebench.parse_args([]).variants == ["zeo", "relstorage", "relstorage-shared"]
+    assert storagebench.parse_args(["--variants", "rs-tuned,zeo,rs-explicit"]).variants == [
+        "zeo", "rs-explicit", "rs-tuned"]
 
 
 def test_plan_runs_every_cell_once_per_round_variants_adjacent_and_rotated():
@@ -73,6 +79,28 @@ def test_buildout_text_per_variant(tmp_path):
     assert f"extends = {ROOT}/relstorage.cfg" in shared
     assert "parts = postgresql instance haproxy stack" in shared
     assert "relstorage-blobs = shared-directory" in shared and "postgresql = 9730" in shared
+
+
+def test_tuning_variants_set_one_thing_each_and_rs_tuned_them_together(tmp_path):
+    """Issue 32's variants: each an explicit setting on relstorage.cfg with blobs in the
+    database (its blob directory a cache), the PostgreSQL settings in [postgresql]; the
+    plain relstorage variant sets none of them."""
+    from loadtests.storage.plan import VARIANTS, blobs_in_database
+
+    texts = {name: buildout_text(name, str(tmp_path), storagebench.ports(9700, i), "pyruvate")
+             for i, name in enumerate(VARIANTS)}
+    tuning = {"rs-explicit": "transaction-mode = explicit", "rs-cache-100mb": "relstorage-cache-local-mb = 100",
+              "rs-cache-dir": "relstorage-cache-local-dir = ${buildout:directory}/var/relstorage-cache",
+              "rs-blob-cache-1gb": "relstorage-blob-cache-size = 1GB",
+              "rs-pg-tuned": "[postgresql]\nsettings =\n    shared_buffers = 256MB\n    work_mem = 16MB\n"
+                             "    plan_cache_mode = force_generic_plan\n    jit = off\n"}
+    for name, line in tuning.items():
+        assert line in texts[name] and line not in texts["relstorage"], name
+        assert all(line not in texts[other] for other in tuning if other != name)
+        assert line in texts["rs-tuned"] or name in ("rs-blob-cache-1gb",), name
+        assert f"extends = {ROOT}/relstorage.cfg" in texts[name] and blobs_in_database(name)
+    assert blobs_in_database("relstorage") and not blobs_in_database("relstorage-shared")
+    assert not blobs_in_database("zeo")
 
 
 def _row(number, variant, path, n, rps, errors=0):

@@ -5,13 +5,35 @@ import os
 
 from loadtests.core.stack import PATHS, ROOT
 
+#: The [postgresql] settings of the rs-pg-tuned variant: twice the default shared buffers
+#: (the demo database, ~20 MB, fits either way), a larger sort memory, generic plans for
+#: RelStorage's prepared statements (no re-planning per execution) and no JIT.
+PG_TUNED = ["settings =", "    shared_buffers = 256MB", "    work_mem = 16MB",
+            "    plan_cache_mode = force_generic_plan", "    jit = off"]
 
-#: The variants: name -> (config extended, extra lines of [instance]).
+#: The variants: name -> (config extended, extra lines of [instance], extra lines of
+#: [postgresql]). The ``rs-*`` ones are the RelStorage tuning of issue 32, one setting each
+#: and ``rs-tuned`` the promising ones together; each names its setting explicitly, so it
+#: keeps its meaning whatever relstorage.cfg's defaults become
+#: (docs/how-to/relstorage.md#tuning).
 VARIANTS = {
-    "zeo": ("buildout.cfg", []),
-    "relstorage": ("relstorage.cfg", ["relstorage-blobs = database"]),
-    "relstorage-shared": ("relstorage.cfg", ["relstorage-blobs = shared-directory"]),
+    "zeo": ("buildout.cfg", [], []),
+    "relstorage": ("relstorage.cfg", ["relstorage-blobs = database"], []),
+    "relstorage-shared": ("relstorage.cfg", ["relstorage-blobs = shared-directory"], []),
+    "rs-explicit": ("relstorage.cfg", ["relstorage-blobs = database", "transaction-mode = explicit"], []),
+    "rs-cache-100mb": ("relstorage.cfg", ["relstorage-blobs = database", "relstorage-cache-local-mb = 100"], []),
+    "rs-cache-dir": ("relstorage.cfg", ["relstorage-blobs = database",
+                                        "relstorage-cache-local-dir = ${buildout:directory}/var/relstorage-cache"],
+                     []),
+    "rs-blob-cache-1gb": ("relstorage.cfg", ["relstorage-blobs = database", "relstorage-blob-cache-size = 1GB"], []),
+    "rs-pg-tuned": ("relstorage.cfg", ["relstorage-blobs = database"], PG_TUNED),
+    "rs-tuned": ("relstorage.cfg", ["relstorage-blobs = database", "transaction-mode = explicit",
+                                    "relstorage-cache-local-mb = 100",
+                                    "relstorage-cache-local-dir = ${buildout:directory}/var/relstorage-cache"],
+                 PG_TUNED),
 }
+#: What ``--variants`` defaults to (``make storagebench``): the storages and blob modes.
+DEFAULT_VARIANTS = ("zeo", "relstorage", "relstorage-shared")
 BASELINE = "zeo"
 #: The path labels: core.PATHS' four reads and the write path.
 WRITE = "write"
@@ -28,6 +50,13 @@ DEFAULT_WORK_DIR = os.path.join(ROOT, "var", "storagebench")
 
 
 # ----------------------------------------------------------------------------- plan
+
+def blobs_in_database(variant):
+    """True if ``variant`` is a RelStorage one with its blobs in PostgreSQL (its client's
+    blob directory is then a cache)."""
+    extends, instance_lines, _ = VARIANTS[variant]
+    return variant != BASELINE and "relstorage-blobs = database" in instance_lines
+
 
 def ports(base_port, index):
     """``{[ports] key: port}`` of variant number ``index`` (0-based) from ``base_port``."""

@@ -1,7 +1,7 @@
 """ZEO vs RelStorage on PostgreSQL, side by side in one run (issue 14;
 docs/results.md#zeo-vs-relstorage-under-load).
 
-    python -m loadtests storage [--variants zeo,relstorage,relstorage-shared]
+    python -m loadtests storage [--variants zeo,relstorage,relstorage-shared,rs-explicit,...]
         [--paths /,/Plone,@json,blob,write] [--connections 1,10,100] [--server pyruvate]
         [--duration 5] [--warmup 2] [--rounds 3] [--base-port 9700] [--work-dir var/storagebench]
 
@@ -15,7 +15,13 @@ its own (``--base-port`` + 15 per variant), with the checkout's eggs:
   the same client with ``storage = relstorage``, ``relstorage-blobs = database`` (blobs in
   PostgreSQL, each client with a blob cache);
 - ``relstorage-shared``: the same with ``relstorage-blobs = shared-directory`` (blobs as
-  files in one directory, none in PostgreSQL).
+  files in one directory, none in PostgreSQL);
+- the RelStorage tuning of issue 32 (not run by default; ``loadtests.storage.plan.VARIANTS``
+  has their lines): ``rs-explicit`` (``transaction-mode = explicit``), ``rs-cache-100mb``
+  (``relstorage-cache-local-mb = 100``), ``rs-cache-dir`` (``relstorage-cache-local-dir``),
+  ``rs-blob-cache-1gb`` (``relstorage-blob-cache-size = 1GB``), ``rs-pg-tuned`` (the
+  ``[postgresql]`` part's ``settings``: shared_buffers, work_mem, plan_cache_mode, jit) and
+  ``rs-tuned`` (explicit mode, both caches and the PostgreSQL settings together).
 
 Each client is the ``[instance]`` part as built (``--server``, default pyruvate; 2 workers
 or threads, ``pool-size`` 2); only its storage differs. Per variant: the database starts,
@@ -90,7 +96,8 @@ from loadtests.core.reports import finish_report, report_folder
 from loadtests.core.stack import NotReady
 from loadtests.core.wrk import require_wrk
 from loadtests.storage.measure import measure
-from loadtests.storage.plan import BASELINE, DEFAULT_WORK_DIR, LABELS, PG_BIN, PORT_STRIDE, VARIANTS, plan, ports
+from loadtests.storage.plan import (BASELINE, DEFAULT_VARIANTS, DEFAULT_WORK_DIR, LABELS, PG_BIN, PORT_STRIDE, VARIANTS,
+                                   plan, ports)
 from loadtests.storage.summary import plot, summarize, to_markdown
 from loadtests.storage.variant import Variant, build, leftovers, port_taken
 from plonedeploy.stack.errors import StackError
@@ -102,9 +109,9 @@ def parse_args(argv):
     parser = new_parser(
         "storage", "ZEO vs RelStorage on PostgreSQL side by side: req/s, p50/p99, CPU per request "
         "of client and database, database size, on stacks of its own (ports --base-port and up).")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated storages to build and compare, zeo first; of {', '.join(VARIANTS)} "
-                        f"(default all; ratios are to zeo)")
+                        f"(default {','.join(DEFAULT_VARIANTS)}; ratios are to zeo)")
     parser.add_argument("--paths", default=",".join(LABELS),
                         help=f"comma-separated paths of {', '.join(LABELS)} (default all)")
     add_counts_argument(parser, "--connections", "1,10,100", "comma-separated wrk connection counts")

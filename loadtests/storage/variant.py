@@ -17,7 +17,7 @@ import requests
 from loadtests.core import extrabuild
 from loadtests.core.stack import BLOB_SIZE, PATHS, ROOT, load_stack
 from loadtests.storage import conflicts
-from loadtests.storage.plan import BASELINE, VARIANTS, WRITE_FOLDER
+from loadtests.storage.plan import BASELINE, VARIANTS, WRITE_FOLDER, blobs_in_database
 from plonedeploy.stack import balancer as stack_balancer, supervisor as stack_supervisor
 
 
@@ -30,7 +30,7 @@ def buildout_text(variant, work_dir, port_map, server):
     stack.json lists the processes; its upload lane's client ``uploads`` stays configured,
     unbuilt and unstarted (HAProxy has it DOWN), since HAProxy's body-limit rules want one
     in front of pyruvate) and ``server`` as the client's WSGI server."""
-    extends, instance_lines = VARIANTS[variant]
+    extends, instance_lines, postgresql_lines = VARIANTS[variant]
     database = "zeoserver" if variant == BASELINE else "postgresql"
     lines = [
         extrabuild.checkout_header(os.path.join(ROOT, extends), [database, "instance", "haproxy", "stack"],
@@ -42,6 +42,7 @@ def buildout_text(variant, work_dir, port_map, server):
         f"wsgi-server = {server}",
         *instance_lines,
         "",
+        *(["[postgresql]", *postgresql_lines, ""] if postgresql_lines else []),
         "[haproxy]",
         "backends = instance",
         "cache =",
@@ -123,7 +124,7 @@ class Variant:
 
     def blob_cache(self):
         """The client's blob directory that is a cache (RelStorage, blobs in the database), else None."""
-        if self.name != "relstorage":
+        if not blobs_in_database(self.name):
             return None
         return os.path.join(self.directory, "var", "blobcache", "instance")
 

@@ -70,6 +70,8 @@ setup(
             "blobsendfile = plonedeploy.runtime.blobfilter:filter_factory",
             # metrics-address set: use = egg:plonedeploy.runtime#metrics (needs prometheus-client)
             "metrics = plonedeploy.runtime.metrics:filter_factory",
+            # transaction-mode = explicit: use = egg:plonedeploy.runtime#explicittx
+            "explicittx = plonedeploy.runtime.explicittx:filter_factory",
         ],
         # hello-world app for loadtests/matrix/matrix.py: use = egg:plonedeploy.runtime#hello
         "paste.app_factory": [

@@ -18,6 +18,7 @@ from plonedeploy.stack.rules import (
     default_memory_limit, recycle_check_window)
 from plonedeploy.recipe.options import (
     RELSTORAGE_BLOBS,
+    TRANSACTION_MODES,
     STORAGES,
     auto_threads,
     check_choice,
@@ -230,9 +231,48 @@ def storage_options(buildout, name, options):
         fail(name, "relstorage-blob-dir", blob_dir, "an absolute path")
     options["relstorage-blobs"] = blobs
     options["relstorage-blob-dir"] = blob_dir
-    options["rel-storage"] = relstorage_lines(dsn, blobs, blob_dir)
+    options["rel-storage"] = relstorage_lines(dsn, blobs, blob_dir, relstorage_tuning(name, opts, blobs))
     options["zeo-client"] = "off"
     return storage
+
+
+def relstorage_tuning(name, opts, blobs):
+    """RelStorage's cache keys from the part's options (``opts``: its DeclaredOptions), as
+    ``[(key, value)]`` for :func:`options.relstorage_lines`; an empty option writes nothing
+    (RelStorage's default). ``relstorage-cache-local-mb``: whole MB >= 0 (0: no local
+    cache); ``relstorage-cache-local-dir``: an absolute path (RelStorage creates it);
+    ``relstorage-blob-cache-size``: a byte size, only with ``relstorage-blobs = database``
+    (with a shared directory the blobs are no cache). Raises ``zc.buildout.UserError``
+    naming the option and the allowed values."""
+    tuning = []
+    megabytes = opts.setdefault("relstorage-cache-local-mb").strip()
+    if megabytes:
+        if not megabytes.isdigit():
+            fail(name, "relstorage-cache-local-mb", megabytes,
+                 "a whole number of MB >= 0 (0: no local pickle cache), or empty for RelStorage's 10")
+        tuning.append(("cache-local-mb", str(int(megabytes))))
+    directory = opts.setdefault("relstorage-cache-local-dir").strip()
+    if directory:
+        if not os.path.isabs(directory):
+            fail(name, "relstorage-cache-local-dir", directory, "an absolute path, or empty (no persistent cache)")
+        tuning.append(("cache-local-dir", directory))
+    size = opts.setdefault("relstorage-blob-cache-size").strip()
+    if size:
+        if blobs != "database":
+            fail(name, "relstorage-blob-cache-size", size,
+                 "empty with relstorage-blobs = shared-directory (the blobs there are no cache)")
+        tuning.append(("blob-cache-size", str(parse_byte_size(name, "relstorage-blob-cache-size", size))))
+    return tuning
+
+
+def transaction_mode(name, options):
+    """Check ``transaction-mode`` (one of ``options.TRANSACTION_MODES``); return True for
+    ``explicit``, which puts the ``explicittx`` filter (plonedeploy.runtime.explicittx) in the
+    pipeline. Raises ``zc.buildout.UserError`` naming the option and the allowed values."""
+    opts = DeclaredOptions(name, options, INSTANCE)
+    mode = check_choice(name, "transaction-mode", opts.setdefault("transaction-mode").strip(), TRANSACTION_MODES)
+    options["transaction-mode"] = mode
+    return mode == "explicit"
 
 def resolve_auto_threads(buildout, name, options, server):
     """Resolve ``threads = auto`` (``rules.auto_threads``); log the choice; return it as text."""

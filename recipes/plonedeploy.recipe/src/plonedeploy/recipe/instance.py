@@ -21,7 +21,13 @@ each; docs/reference/recipe.md's table is generated from it). The reasons behind
   back-offs within HAProxy's ``timeout server`` (``rules.CONFLICT_RETRIES``).
 - ``storage = relstorage`` forces ``zeo-client`` off (the stock recipe refuses both), so a
   part made with ``<= instance`` switches by this one option; ``relstorage-dsn`` must not
-  hold a password because zope.conf is world-readable (``options.parse_dsn``).
+  hold a password because zope.conf is world-readable (``options.parse_dsn``). The
+  ``relstorage-cache-local-mb``, ``relstorage-cache-local-dir`` and ``relstorage-blob-cache-size``
+  options become RelStorage's own keys (``clientoptions.relstorage_tuning``), unset by default.
+- ``transaction-mode = explicit`` (``clientoptions.transaction_mode``): the ``explicittx``
+  filter (plonedeploy.runtime.explicittx) last before the Zope app in the pipeline, so each
+  request's thread uses the transaction package's explicit mode: one storage poll per
+  request instead of three (docs/how-to/relstorage.md#tuning).
 - ``memory-limit`` (with ``metrics-address``; ``clientoptions.memory_watchdog``): the memory
   watchdog in the metrics filter (plonedeploy.runtime.watchdog); its default is
   ``rules.default_memory_limit`` over ``host-memory`` and ``clients-per-host``
@@ -76,6 +82,7 @@ from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
 from plonedeploy.recipe.service import check_service_user, client_layout
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
+    EXPLICIT_TX_FILTER,
     HELLO_APP,
     METRICS_EGG,
     METRICS_FILTER,
@@ -86,6 +93,7 @@ from plonedeploy.recipe.options import (
     check_choice,
     fail,
     insert_pipeline_filter_after,
+    insert_pipeline_filter_before_app,
     insert_pool_size,
     parse_byte_size,
     parse_http_address,
@@ -171,6 +179,11 @@ class Recipe(Zope2InstanceRecipe):
 
         self.storage = clientoptions.storage_options(buildout, name, options)
         clientoptions.conflict_retries(name, options)
+        self.explicit_tx = clientoptions.transaction_mode(name, options)
+        if not self.explicit_tx and EXPLICIT_TX_FILTER in opts.get("pipeline", "").split():
+            raise zc.buildout.UserError(
+                f"[{name}] pipeline names {EXPLICIT_TX_FILTER} but transaction-mode = implicit; "
+                f"remove it from pipeline or set transaction-mode = explicit")
 
         if "wsgi-ini-template" in opts:
             raise zc.buildout.UserError(
@@ -189,6 +202,12 @@ class Recipe(Zope2InstanceRecipe):
             raise zc.buildout.UserError(
                 f"[{name}] metrics-address is set but {self.template} defines no [filter:{METRICS_FILTER}] "
                 "(see templates/_common.ini.in); add it or remove metrics-address"
+            )
+
+        if self.explicit_tx and f"[filter:{EXPLICIT_TX_FILTER}]" not in render_template(self.template, self.context()):
+            raise zc.buildout.UserError(
+                f"[{name}] transaction-mode = explicit but {self.template} defines no [filter:{EXPLICIT_TX_FILTER}] "
+                "(see templates/_common.ini.in); add it or set transaction-mode = implicit"
             )
 
         if self.hello_address and HELLO_APP not in render_template(self.template, self.hello_context()):
@@ -211,7 +230,8 @@ class Recipe(Zope2InstanceRecipe):
         eggs = opts.get("eggs", "").split()
         eggs += [egg for egg in SERVERS[self.server] if egg not in eggs]
         # egg:plonedeploy.runtime#blobsendfile, #hello; plonedeploy.runtime.access.become
-        if (self.blob_sendfile or self.hello_address or self.service_user) and RUNTIME_EGG not in eggs:
+        if (self.blob_sendfile or self.hello_address or self.service_user or self.explicit_tx) \
+                and RUNTIME_EGG not in eggs:
             eggs.append(RUNTIME_EGG)
         if self.metrics_address:
             # egg:plonedeploy.runtime#metrics, which imports prometheus_client
@@ -246,6 +266,9 @@ class Recipe(Zope2InstanceRecipe):
             # After blobsendfile, which must stay outermost; the metrics filter never wraps
             # the response body, so anything it sees is still the application's own.
             options["pipeline"] = insert_pipeline_filter_after(opts["pipeline"], METRICS_FILTER, BLOB_FILTER)
+        if self.explicit_tx:
+            # Innermost, so that nothing runs in the request's thread between it and Zope.
+            options["pipeline"] = insert_pipeline_filter_before_app(opts["pipeline"], EXPLICIT_TX_FILTER)
 
     def install(self, update=False):
         if self.opts.get("user"):
@@ -273,6 +296,7 @@ class Recipe(Zope2InstanceRecipe):
             "threads": self.threads,
             "blob_sendfile": self.blob_sendfile,
             "metrics_address": self.metrics_address,
+            "explicit_tx": self.explicit_tx,
             **self.probes,
             "hello_app": False,
             **self.mod_wsgi_context(self.port),
@@ -290,7 +314,7 @@ class Recipe(Zope2InstanceRecipe):
         host, port = self.hello_address
         return {**self.context(), **self.mod_wsgi_context(port),
                 "host": host, "port": port, "http_address": f"{host}:{port}",
-                "blob_sendfile": False, "metrics_address": None, "hello_app": True}
+                "blob_sendfile": False, "metrics_address": None, "explicit_tx": False, "hello_app": True}
 
     def build_wsgi_ini(self):
         etc = os.path.dirname(self.options["wsgi-ini-template"])

@@ -33,6 +33,12 @@ HELLO_APP = "egg:plonedeploy.runtime#hello"
 #: egg it needs in the client.
 METRICS_FILTER = "metrics"
 METRICS_EGG = "prometheus-client"
+#: Name of the WSGI filter that puts each request's thread into the transaction package's
+#: explicit mode (``[filter:explicittx]``, ``transaction-mode = explicit``;
+#: plonedeploy.runtime.explicittx), and the option's values.
+EXPLICIT_TX_FILTER = "explicittx"
+TRANSACTION_MODES = ("implicit", "explicit")
+DEFAULT_TRANSACTION_MODE = "implicit"
 
 # The shared templates and their renderer (one copy, with bin/stack's; plonedeploy.stack.templates).
 from plonedeploy.stack.templates import HAPROXY_TEMPLATE, TEMPLATES_DIRECTORY, render_template  # noqa: E402,F401
@@ -227,6 +233,16 @@ def insert_pipeline_filter_after(pipeline, name, after):
     return "\n".join(steps)
 
 
+def insert_pipeline_filter_before_app(pipeline, name):
+    """Return ``pipeline`` with filter ``name`` right before its last step, the application
+    (innermost: it runs in the request's thread just before the app is called). A pipeline
+    that already names ``name`` is returned unchanged."""
+    steps = pipeline.split()
+    if name not in steps:
+        steps.insert(max(len(steps) - 1, 0), name)
+    return "\n".join(steps)
+
+
 def check_choice(part, option, value, choices):
     """Return ``value`` if it is one of ``choices``, else raise ``zc.buildout.UserError``."""
     if value not in choices:
@@ -295,18 +311,21 @@ def parse_dsn(part, option, value):
         fail(part, option, redact_dsn(value), str(exc))
 
 
-def relstorage_lines(dsn, blobs, blob_dir):
+def relstorage_lines(dsn, blobs, blob_dir, tuning=()):
     """The ``rel-storage`` option of plone.recipe.zope2instance for PostgreSQL, as text.
 
     ``dsn``: the checked libpq DSN (:func:`parse_dsn`); ``blobs``: a key of
     :data:`RELSTORAGE_BLOBS`; ``blob_dir``: RelStorage's ``blob-dir`` (the blobs themselves
-    with ``shared-directory``, a local cache of them with ``database``). The stock recipe
-    renders it as ``%import relstorage`` and ``<relstorage>`` with ``<postgresql>`` in
-    zope.conf. Raises ``KeyError`` for an unknown ``blobs``.
+    with ``shared-directory``, a local cache of them with ``database``); ``tuning``: checked
+    ``(key, value)`` pairs of RelStorage's own keys (``cache-local-mb``, ``cache-local-dir``,
+    ``blob-cache-size``), written in that order after the others. The stock recipe renders
+    it as ``%import relstorage`` and ``<relstorage>`` with ``<postgresql>`` in zope.conf
+    (keys with a dash go into ``<relstorage>``). Raises ``KeyError`` for an unknown ``blobs``.
     """
     return "\n".join((
         "type postgresql",
         f"dsn {dsn}",
         f"blob-dir {blob_dir}",
         f"shared-blob-dir {RELSTORAGE_BLOBS[blobs]}",
+        *(f"{key} {value}" for key, value in tuning),
     ))

@@ -17,9 +17,10 @@ relstorage-tools modules take their ``DEFAULT_*`` constants from these tables.
 from typing import NamedTuple, Tuple, Union
 
 from plonedeploy.recipe import edge, tls
-from plonedeploy.stack import rules
+from plonedeploy.stack import rules, storage
 from plonedeploy.recipe.options import (
-    BALANCE_ALGORITHMS, DEFAULT_RELSTORAGE_BLOBS, DEFAULT_STORAGE, RELSTORAGE_BLOBS, STORAGES, SWITCH_VALUES)
+    BALANCE_ALGORITHMS, DEFAULT_RELSTORAGE_BLOBS, DEFAULT_STORAGE, DEFAULT_TRANSACTION_MODE, RELSTORAGE_BLOBS, STORAGES,
+    SWITCH_VALUES, TRANSACTION_MODES)
 
 
 class Option(NamedTuple):
@@ -223,6 +224,19 @@ INSTANCE = (
     Option("relstorage-blob-dir", None, "an absolute path",
            "RelStorage's `blob-dir`",
            "`var/blobcache/<part>` (database); `var/relstorage-blobs` (shared-directory)"),
+    Option("relstorage-cache-local-mb", "", "a whole number of MB >= 0, or empty",
+           "RelStorage's `cache-local-mb`: the pickle cache each client process shares among its threads "
+           "(0: none)", "empty (RelStorage's 10)"),
+    Option("relstorage-cache-local-dir", "", "an absolute path, or empty",
+           "RelStorage's `cache-local-dir`: the local pickle cache is saved there at shutdown and read "
+           "at start (warm after a restart)", "empty (not saved)"),
+    Option("relstorage-blob-cache-size", "", "a size such as 512MB, or empty; only with `relstorage-blobs = database`",
+           "RelStorage's `blob-cache-size`: the client's blob cache is pruned above it", "empty (unbounded)"),
+    Option("transaction-mode", DEFAULT_TRANSACTION_MODE, TRANSACTION_MODES,
+           "`explicit`: the `explicittx` WSGI filter puts each request's thread into the transaction "
+           "package's explicit mode, so ZODB polls the storage once per request instead of three times "
+           "(RelStorage: round trips to PostgreSQL; [how-to/relstorage.md](../how-to/relstorage.md#tuning)); "
+           "adds `plonedeploy.runtime` to `eggs`"),
     Option("rel-storage", "", "nothing",
            "plone.recipe.zope2instance's option, refused here: written from `storage = relstorage` and the `relstorage-*` options",
            "unset"),
@@ -424,6 +438,10 @@ POSTGRESQL = (
     Option("run-as", "postgres", "a system user",
            "who runs `initdb` and `postgres` when `bin/<part>` runs as root (PostgreSQL refuses root)"),
     Option("eggs", "plonedeploy.recipe", "egg names", "zc.recipe.egg's: the eggs `bin/<part>` runs with"),
+    Option("settings", "", "`name = value` lines; names: " + ", ".join(f"`{n}`" for n in storage.POSTGRESQL_SETTINGS)
+           + "; values such as `256MB`, `off`, `1.1`",
+           "PostgreSQL settings, each given to `postgres` as `-c name=value` after the part's own",
+           "empty (PostgreSQL's defaults)"),
 )
 
 #: ``plonedeploy.recipe:relstorage-tools`` (relstoragetools.py): zodbconvert's and zodbpack's configs.

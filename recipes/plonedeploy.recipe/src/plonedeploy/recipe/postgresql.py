@@ -19,6 +19,11 @@ in ``var/<part>``, its own port, TCP on a loopback address only. Options:
     The system user that runs ``initdb`` and ``postgres`` when ``bin/<part>`` (and so
     ``bin/stack``) runs as root, which PostgreSQL refuses; default ``postgres`` (Debian's
     package creates it). Ignored when not root: the server then runs as the invoking user.
+``settings``
+    ``name = value`` lines, each passed to ``postgres`` as ``-c name=value``: the names of
+    ``storage.POSTGRESQL_SETTINGS`` (``shared_buffers``, ``work_mem``, ...), values a number
+    with a unit or a word; default none (PostgreSQL's own). Measured for RelStorage's reads
+    in docs/how-to/relstorage.md#tuning.
 
 Options set for other parts (``${<part>:dsn}`` ...): ``dsn`` (libpq key=value, with
 ``passfile`` and without the password: the clients' ``relstorage-dsn``), ``passfile``,
@@ -88,7 +93,7 @@ import zc.buildout
 from plonedeploy.recipe.options import fail, parse_http_address
 from plonedeploy.recipe.optiontables import POSTGRESQL, DeclaredOptions
 # The DSN and the verifier are storage.py's (Ansible's postgresql role uses them too).
-from plonedeploy.stack.storage import IDENTIFIER_RE, site_dsn
+from plonedeploy.stack.storage import IDENTIFIER_RE, parse_postgresql_settings, site_dsn
 #: The kernel's limit for a Unix socket path (sun_path) minus its terminating NUL.
 _SOCKET_PATH_MAX = 107
 
@@ -114,6 +119,10 @@ class Recipe:
             value = opts.setdefault(key).strip()
             if not IDENTIFIER_RE.match(value):
                 fail(name, key, value, "a lower-case identifier such as plone ([a-z_][a-z0-9_]*)")
+        try:
+            settings = parse_postgresql_settings(opts.setdefault("settings"))
+        except ValueError as exc:
+            fail(name, "settings", opts["settings"].strip(), str(exc))
         bin_dir = opts.setdefault("bin-directory")
         run_as = opts.setdefault("run-as").strip()
         directory = os.path.join(buildout["buildout"]["directory"], "var", name)
@@ -131,6 +140,7 @@ class Recipe:
             "passfile": os.path.join(directory, "pgpass"),
             # Beside var/<part>, so deleting it to start over keeps the dumps.
             "backup_directory": f"{directory}-backups",
+            "settings": settings,
         }
         socket_path = os.path.join(self.config["socket_directory"], f".s.PGSQL.{port}")
         if len(socket_path.encode()) > _SOCKET_PATH_MAX:

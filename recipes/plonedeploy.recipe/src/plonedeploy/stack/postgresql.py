@@ -135,12 +135,14 @@ def initialise(config):
 
 
 def server_argv(config):
-    """The ``postgres`` command line of this cluster (settings the buildout owns as ``-c``)."""
+    """The ``postgres`` command line of this cluster: the settings the buildout owns, then the
+    part's ``settings`` (checked by ``storage.parse_postgresql_settings``), each as ``-c``."""
     return [
         os.path.join(config["bin_directory"], "postgres"), "-D", config["data_directory"],
         "-c", f"listen_addresses={config['host']}",
         "-c", f"port={config['port']}",
         "-c", f"unix_socket_directories={config['socket_directory']}",
+        *(arg for name, value in config.get("settings", {}).items() for arg in ("-c", f"{name}={value}")),
     ]
 
 

@@ -23,6 +23,36 @@ DEFAULT_STORAGE = "zeo"
 RELSTORAGE_BLOBS = {"database": "false", "shared-directory": "true"}
 DEFAULT_RELSTORAGE_BLOBS = "database"
 
+#: PostgreSQL settings the ``postgresql`` part's ``settings`` option may set (``-c`` on the
+#: server's command line): the memory and planner ones issue 32 tried. The others the part
+#: owns (listen_addresses, port, unix_socket_directories) or leaves to PostgreSQL.
+POSTGRESQL_SETTINGS = ("shared_buffers", "work_mem", "effective_cache_size", "jit", "synchronous_commit",
+                       "random_page_cost", "plan_cache_mode")
+#: A setting's value: a number with an optional unit (``256MB``), or a word (``off``, ``auto``).
+POSTGRESQL_VALUE_RE = re.compile(r"^(\d+(\.\d+)?(B|kB|MB|GB|TB|ms|s|min|h|d)?|[a-z_]+)$")
+
+
+def parse_postgresql_settings(text):
+    """``name = value`` lines (blank lines ignored) -> ``{name: value}`` in their order.
+
+    Names from :data:`POSTGRESQL_SETTINGS`, each once; values matching
+    :data:`POSTGRESQL_VALUE_RE` (so nothing can be quoted into the command line). PostgreSQL
+    itself checks a value's range at start. Raises ``ValueError`` saying what is allowed
+    and naming the line (the recipe puts it after "expected")."""
+    settings = {}
+    for line in (line.strip() for line in text.splitlines()):
+        if not line:
+            continue
+        name, sep, value = (part.strip() for part in line.partition("="))
+        if not sep or name not in POSTGRESQL_SETTINGS or name in settings:
+            raise ValueError(f"'name = value' lines, each name once, names of: "
+                             f"{', '.join(POSTGRESQL_SETTINGS)} (line {line!r})")
+        if not POSTGRESQL_VALUE_RE.match(value):
+            raise ValueError(f"values such as 256MB, off or 1.1 (line {line!r})")
+        settings[name] = value
+    return settings
+
+
 #: PostgreSQL database and role names the kit accepts: lower-case identifiers that need no
 #: quoting in SQL (``[a-z_][a-z0-9_]*``, at most 63 bytes, PostgreSQL's NAMEDATALEN - 1).
 IDENTIFIER_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
