@@ -31,7 +31,7 @@ def test_lint_and_syntax():
     lint = run([os.path.join(BIN, "ansible-lint"), "--profile", "production"], timeout=600,
                cwd_override=ANSIBLE, env=env)
     assert "passed" in lint.stdout + lint.stderr
-    for book in ("site.yml", "restart.yml"):
+    for book in ("site.yml", "restart.yml", "rollback.yml"):
         run([os.path.join(BIN, "ansible-playbook"), book, "--syntax-check"], timeout=120,
             cwd_override=ANSIBLE, env=env)
 
@@ -921,5 +921,38 @@ def test_failed_build_changes_nothing_that_runs(deployed):
     assert sorted(os.listdir(os.path.join(prefix, "zeoclient", "releases"))) == kept
     assert _client_pids(deployed["supervisorctl"], r"client\d|uploads") == before
     assert _served_releases() == dict.fromkeys(CLIENT_METRICS, running)
+    assert_loaded_throughout(log, seconds)
+    assert failures == [], failures[:10]
+
+
+def test_rollback_returns_to_the_previous_release_under_load(deployed):
+    """rollback.yml after the changed build: ``current`` back to the first converge's
+    release, without a build, each client restarted once (drained in HAProxy), every
+    client's metrics naming that release and its zope.conf the first build's cache size;
+    0 failed requests meanwhile."""
+    prefix = deployed["prefix"]
+    first = deployed["first_releases"]["zeoclient"]
+    if current_release(prefix) == first:
+        pytest.skip("needs the second release of test_changed_build_rolls_the_clients_under_load (run the module)")
+    kept = sorted(os.listdir(os.path.join(prefix, "zeoclient", "releases")))
+    before = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
+    log = []
+    result, seconds, done, failures = while_loaded(
+        FRONTEND + "/Plone/@@ok", lambda: playbook("rollback.yml", extra=deployed["extra"], timeout=900),
+        log=log, rate=RESTART_LOAD_RATE)
+    record("rollback.yml under load", result, seconds)
+    print(f"\nrollback: {seconds:.0f} s, {done} requests, {len(failures)} failed")
+    after = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
+    assert recap(result.stdout)["failed"] == 0
+    assert current_release(prefix) == first
+    # no build, no release removed: the newer one stays for a roll forward
+    assert sorted(os.listdir(os.path.join(prefix, "zeoclient", "releases"))) == kept
+    assert set(after) == set(before) == set(CLIENT_METRICS)
+    assert all(after[name] != before[name] for name in before), (before, after)
+    for name in before:  # one drain per client: one rolling restart
+        assert result.stdout.count(f"Drain in HAProxy and wait for the sessions to end of {name}") == 1, name
+    assert _served_releases() == dict.fromkeys(CLIENT_METRICS, first)
+    conf = os.path.join(prefix, "zeoclient", "current", "parts", "client1", "etc", "zope.conf")
+    assert re.search(r"cache-size\s+30000\b", open(conf, encoding="utf-8").read()), conf
     assert_loaded_throughout(log, seconds)
     assert failures == [], failures[:10]
