@@ -1,5 +1,6 @@
 """The Ansible deployment the tests share: ``ansible-playbook`` in ansible/, its PLAY RECAP,
-and ``deployed``, one converge of site.yml with ansible/inventories/local per pytest session.
+and ``deployed``, one converge of site.yml with ansible/inventories/local per pytest session
+(with the ids of the releases it built, ``first_releases``: ``{"zeoserver": id, "zeoclient": id}``).
 
 The converge goes into an isolated prefix under pytest's temporary directory (ports 18xxx,
 varnish on 16081), with this checkout's eggs as the eggs cache (so bin/buildout downloads
@@ -94,6 +95,12 @@ def record(title, result, seconds):
         fp.write(text)
 
 
+def current_release(prefix, build="zeoclient"):
+    """The id of the release ``<prefix>/<build>/current`` links to (the buildout role's
+    releases side by side): the name of its directory in ``releases/``."""
+    return os.path.basename(os.path.realpath(os.path.join(prefix, build, "current")))
+
+
 def port_taken(port):
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
@@ -143,7 +150,8 @@ def deployed():
         started = time.monotonic()
         first = playbook("site.yml", extra=extra, timeout=1500)
         record("site.yml, first run", first, time.monotonic() - started)
-        yield {"prefix": prefix, "extra": extra, "first": first, "supervisorctl": supervisorctl}
+        yield {"prefix": prefix, "extra": extra, "first": first, "supervisorctl": supervisorctl,
+               "first_releases": {build: current_release(prefix, build) for build in ("zeoserver", "zeoclient")}}
     finally:
         pidfile = os.path.join(prefix, "var", "run", "supervisord.pid")
         if os.path.exists(pidfile):

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from ansible_deploy import (ANSIBLE, BIN, BLOB_SIZE, CRON_FILES, FRONTEND, PROMETHEUS, TLS_FRONTEND,
-                            VARNISH, playbook, recap, record, render_units)
+                            VARNISH, current_release, playbook, recap, record, render_units)
 from conftest import RESTART_LOAD_RATE, ROOT, assert_loaded_throughout, run, while_loaded
 from loadtests.core import haproxy_stats
 from plonedeploy.recipe import optiontables, varnish
@@ -31,7 +31,7 @@ def test_lint_and_syntax():
     lint = run([os.path.join(BIN, "ansible-lint"), "--profile", "production"], timeout=600,
                cwd_override=ANSIBLE, env=env)
     assert "passed" in lint.stdout + lint.stderr
-    for book in ("site.yml", "restart.yml"):
+    for book in ("site.yml", "restart.yml", "rollback.yml"):
         run([os.path.join(BIN, "ansible-playbook"), book, "--syntax-check"], timeout=120,
             cwd_override=ANSIBLE, env=env)
 
@@ -276,6 +276,9 @@ BAD = [
     ({"zeoserver_address": "0.0.0.0:18100"}, "not 0.0.0.0"),
     ({"zeoserver_backup_keep": -1}, "zeoserver_backup_keep must be >= 0"),
     ({"zeoserver_logrotate_rotate": 0}, "zeoserver_logrotate_rotate >= 1"),
+    # releases side by side: the running one and one to roll back to
+    ({"zeoserver_releases_keep": 1}, "zeoserver_releases_keep >= 2 (the running release and one before it)"),
+    ({"zeoclient_releases_keep": 1}, "zeoclient_releases_keep >= 2 (the running release and one to roll back to)"),
     ({"zeoclient_clients": [{"name": "backup", "port": 18081}]}, "not one of buildout, versions"),
     ({"process_manager_kind": "runit"}, "value of process_manager_kind must be one of: supervisor, systemd"),
     # the recipe's own edge rules (edge.py through filter_plugins/plonedeploy_edge.py)
@@ -661,9 +664,9 @@ def test_four_paths_through_haproxy(deployed):
 
 def test_clients_run_the_configured_servers(deployed):
     prefix = deployed["prefix"]
-    ini = open(os.path.join(prefix, "zeoclient", "parts", "client1", "etc", "wsgi.ini")).read()
+    ini = open(os.path.join(prefix, "zeoclient", "current", "parts", "client1", "etc", "wsgi.ini")).read()
     assert "use = egg:pyruvate#main" in ini and "socket = 127.0.0.1:18081" in ini
-    ini = open(os.path.join(prefix, "zeoclient", "parts", "client2", "etc", "wsgi.ini")).read()
+    ini = open(os.path.join(prefix, "zeoclient", "current", "parts", "client2", "etc", "wsgi.ini")).read()
     assert "use = egg:waitress#main" in ini and "listen = 127.0.0.1:18082" in ini
 
 
@@ -674,7 +677,7 @@ def test_cron_jobs_run_as_cron_runs_them(deployed):
     minimal environment) -- the jobs, not only the scripts, work: the backup lands in
     zeoserver_backup_directory, the snapshot beside it, logrotate accepts its config."""
     prefix = deployed["prefix"]
-    build = os.path.join(prefix, "zeoserver")
+    build = os.path.join(prefix, "zeoserver", "current")
     for script in ("backup", "snapshotbackup", "restore"):
         assert os.access(os.path.join(build, "bin", script), os.X_OK), script
     jobs = {}
@@ -747,8 +750,16 @@ def test_changed_build_rolls_the_clients_under_load(deployed):
     assert recap(result.stdout)["failed"] == 0
     assert all(after[name] != before[name] for name in before), (before, after)
     for name in before:
-        conf = os.path.join(deployed["prefix"], "zeoclient", "parts", name, "etc", "zope.conf")
+        conf = os.path.join(deployed["prefix"], "zeoclient", "current", "parts", name, "etc", "zope.conf")
         assert re.search(r"cache-size\s+25000\b", open(conf, encoding="utf-8").read()), conf
+    # a new release of the clients beside the first, served by all; the ZEO server's build
+    # did not change, so neither did its release
+    releases = deployed["first_releases"]
+    assert current_release(deployed["prefix"]) != releases["zeoclient"]
+    assert sorted(os.listdir(os.path.join(deployed["prefix"], "zeoclient", "releases"))) == sorted(
+        [releases["zeoclient"], current_release(deployed["prefix"])])
+    assert current_release(deployed["prefix"], "zeoserver") == releases["zeoserver"]
+    assert _served_releases() == dict.fromkeys(CLIENT_METRICS, current_release(deployed["prefix"]))
     assert_loaded_throughout(log, seconds)
     assert failures == [], failures[:10]
 
@@ -846,9 +857,25 @@ def test_cache_hit_over_tls(deployed):
     assert requests.get(TLS_FRONTEND + "/Plone", verify=False, timeout=60).headers["X-Cache"] == "HIT"
 
 
-def _client_pids(supervisorctl):
+def _client_pids(supervisorctl, pattern=r"client\d"):
     status = run(supervisorctl + ["status"], timeout=60).stdout
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(client\d)\s+RUNNING\s+pid (\d+)", status, re.MULTILINE)}
+    return {m.group(1): int(m.group(2))
+            for m in re.finditer(rf"^({pattern})\s+RUNNING\s+pid (\d+)", status, re.MULTILINE)}
+
+
+#: The metrics ports of inventories/local's clients.
+CLIENT_METRICS = {"client1": 18091, "client2": 18092, "uploads": 18093}
+
+
+def _served_releases():
+    """``{client: release id}``: the ``release`` label of ``plonedeploy_release_info`` on each
+    client's metrics port (None for a client that has no such series)."""
+    served = {}
+    for name, port in CLIENT_METRICS.items():
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        found = re.findall(r'^plonedeploy_release_info\{release="([^"]*)"\} 1\.0$', text, re.MULTILINE)
+        served[name] = found[0] if len(found) == 1 else None
+    return served
 
 
 def test_rolling_restart_under_load(deployed):
@@ -862,5 +889,70 @@ def test_rolling_restart_under_load(deployed):
     assert recap(result.stdout)["failed"] == 0
     assert set(after) == {"client1", "client2"}
     assert all(after[name] != before[name] for name in before), (before, after)
+    assert_loaded_throughout(log, seconds)
+    assert failures == [], failures[:10]
+
+
+# Longer than pytest.ini's 1,200 s on a loaded machine: site.yml up to the clients' build.
+@pytest.mark.timeout(1500)
+def test_failed_build_changes_nothing_that_runs(deployed):
+    """site.yml with a clients' build that bin/buildout refuses (the recipe's error for a
+    wsgi-server it does not know), under request loops through HAProxy: the play fails with
+    the recipe's message, the half-built release is removed, ``current``, the kept
+    releases, the clients' PIDs and the release in their metrics stay as they were, 0 failed
+    requests."""
+    prefix = deployed["prefix"]
+    running = current_release(prefix)
+    kept = sorted(os.listdir(os.path.join(prefix, "zeoclient", "releases")))
+    before = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
+    assert _served_releases() == dict.fromkeys(CLIENT_METRICS, running)
+    extra = dict(deployed["extra"], zeoclient_buildout_overrides="[client1]\nwsgi-server = tornado\n")
+    log = []
+    result, seconds, done, failures = while_loaded(
+        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=1200, check=False), threads=2,
+        log=log, rate=RESTART_LOAD_RATE)
+    record("site.yml, a build that fails, under load", result, seconds)
+    print(f"\nfailed build: {seconds:.0f} s, {done} requests, {len(failures)} failed")
+    output = re.sub(r"\s+", " ", result.stdout + result.stderr)
+    assert result.returncode != 0 and recap(result.stdout)["failed"] == 1, output[-3000:]
+    assert f"in {prefix}/zeoclient failed and was removed" in output, output[-3000:]
+    assert "wsgi-server = 'tornado' is invalid" in output.replace("''", "'"), output[-3000:]
+    assert current_release(prefix) == running
+    assert sorted(os.listdir(os.path.join(prefix, "zeoclient", "releases"))) == kept
+    assert _client_pids(deployed["supervisorctl"], r"client\d|uploads") == before
+    assert _served_releases() == dict.fromkeys(CLIENT_METRICS, running)
+    assert_loaded_throughout(log, seconds)
+    assert failures == [], failures[:10]
+
+
+def test_rollback_returns_to_the_previous_release_under_load(deployed):
+    """rollback.yml after the changed build: ``current`` back to the first converge's
+    release, without a build, each client restarted once (drained in HAProxy), every
+    client's metrics naming that release and its zope.conf the first build's cache size;
+    0 failed requests meanwhile."""
+    prefix = deployed["prefix"]
+    first = deployed["first_releases"]["zeoclient"]
+    if current_release(prefix) == first:
+        pytest.skip("needs the second release of test_changed_build_rolls_the_clients_under_load (run the module)")
+    kept = sorted(os.listdir(os.path.join(prefix, "zeoclient", "releases")))
+    before = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
+    log = []
+    result, seconds, done, failures = while_loaded(
+        FRONTEND + "/Plone/@@ok", lambda: playbook("rollback.yml", extra=deployed["extra"], timeout=900),
+        log=log, rate=RESTART_LOAD_RATE)
+    record("rollback.yml under load", result, seconds)
+    print(f"\nrollback: {seconds:.0f} s, {done} requests, {len(failures)} failed")
+    after = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
+    assert recap(result.stdout)["failed"] == 0
+    assert current_release(prefix) == first
+    # no build, no release removed: the newer one stays for a roll forward
+    assert sorted(os.listdir(os.path.join(prefix, "zeoclient", "releases"))) == kept
+    assert set(after) == set(before) == set(CLIENT_METRICS)
+    assert all(after[name] != before[name] for name in before), (before, after)
+    for name in before:  # one drain per client: one rolling restart
+        assert result.stdout.count(f"Drain in HAProxy and wait for the sessions to end of {name}") == 1, name
+    assert _served_releases() == dict.fromkeys(CLIENT_METRICS, first)
+    conf = os.path.join(prefix, "zeoclient", "current", "parts", "client1", "etc", "zope.conf")
+    assert re.search(r"cache-size\s+30000\b", open(conf, encoding="utf-8").read()), conf
     assert_loaded_throughout(log, seconds)
     assert failures == [], failures[:10]

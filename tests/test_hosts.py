@@ -83,8 +83,9 @@ def test_clients_cannot_write_their_build(deployed):
     """The service user writes var/ and the data, not bin/, parts/, the eggs or the configs."""
     prefix = deployed["prefix"]
     writable = {}
-    for path in ("zeoclient/bin", "zeoclient/parts", "zeoclient/parts/client1/etc/zope.conf", "zeoclient/deploy.cfg",
-                 "zeoserver/bin", "zeoserver/parts", "zeoclient/var", "zeoserver/var", "var/filestorage/Data.fs",
+    for path in ("zeoclient/current/bin", "zeoclient/current/parts", "zeoclient/current/parts/client1/etc/zope.conf",
+                 "zeoclient/current/deploy.cfg", "zeoclient/releases", "zeoserver/current/bin",
+                 "zeoserver/current/parts", "zeoclient/var", "zeoserver/var", "var/filestorage/Data.fs",
                  "var/blobstorage"):
         result = subprocess.run(["runuser", "-u", "plone", "--", "test", "-w", os.path.join(prefix, path)],
                                 timeout=30, check=False)

@@ -306,6 +306,22 @@ def test_filter_refuses_bad_settings_before_anything_listens(option, value, mess
         metrics.filter_factory({}, "127.0.0.1:1", **{option: value})
 
 
+def test_release_id_is_read_from_the_build_of_the_wsgi_ini(tmp_path):
+    """plonedeploy_release_info's label: RELEASE of the build three levels above PasteDeploy's
+    ``here`` (parts/<part>/etc), as the Ansible buildout role writes it into each release."""
+    build = tmp_path / "releases" / "3f2a9c1b7d04"
+    etc = build / "parts" / "client1" / "etc"
+    etc.mkdir(parents=True)
+    conf = {"here": str(etc), "__file__": str(etc / "wsgi.ini")}
+    assert metrics.release_id(conf) is None  # a build without RELEASE (make build's stack)
+    (build / "RELEASE").write_text("3f2a9c1b7d04\n")
+    assert metrics.release_id(conf) == "3f2a9c1b7d04"
+    assert metrics.release_id({}) is None
+    for bad in ("", "a b", 'x"}', "x" * 65):
+        (build / "RELEASE").write_text(bad + "\n")
+        assert metrics.release_id(conf) is None, bad
+
+
 def test_check_target_sends_probe_paths_to_the_metrics_address():
     assert rules.check_target("/readyz", "c1", "127.0.0.1:8071") == {"check_addr": "127.0.0.1", "check_port": 8071}
     assert rules.check_target("/livez", "c1", "[fd00::1]:8071") == {"check_addr": "fd00::1", "check_port": 8071}

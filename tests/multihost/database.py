@@ -37,14 +37,14 @@ def database_checks():
     results.append(("the password file on db1 and the passfile on app1 are 0600, 32 characters",
                     set(modes.values()) == {"0o600"} and len(password) == 32
                     and open(passfile, encoding="ascii").read().strip().endswith(":" + password), modes))
-    zope_conf = open(f"{WORK}/app1/zeoclient/parts/client1/etc/zope.conf", encoding="utf-8").read()
+    zope_conf = open(f"{WORK}/app1/zeoclient/current/parts/client1/etc/zope.conf", encoding="utf-8").read()
     results.append(("client1's zope.conf: <relstorage> on db1 with the passfile, no password, no <zeoclient>",
                     "<relstorage>" in zope_conf and f"host=10.231.0.6 port={PG_PORT} dbname=plone" in zope_conf
                     and f"passfile={passfile}" in zope_conf and "<zeoclient>" not in zope_conf
                     and password not in zope_conf, ""))
     # The built parts (zope.conf, the tools' configs), the logs, and the playbook's output.
     leaked = []
-    for directory in (f"{WORK}/app1/zeoclient/parts", f"{WORK}/app1/var/log", f"{WORK}/db1/var/log",
+    for directory in (f"{WORK}/app1/zeoclient/current/parts", f"{WORK}/app1/var/log", f"{WORK}/db1/var/log",
                       f"{WORK}/app1/zeoclient/var/log"):
         for base, _dirs, files in os.walk(directory):
             for name in files:

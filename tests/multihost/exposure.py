@@ -99,8 +99,9 @@ def service_user_checks():
                         {"root": [" ".join(p.cmdline()[:3]) for p in root if p not in masters], "users": users}))
     writable = {path: subprocess.run(["runuser", "-u", "plone", "--", "test", "-w", f"{WORK}/app1/zeoclient/{path}"],
                                      timeout=30, check=False).returncode == 0
-                for path in ("bin", "parts", "parts/client1/etc/zope.conf", "var")}
-    results.append(("app1: the clients' user (plone) writes var/, not bin/, parts/ or zope.conf",
-                    writable == {"bin": False, "parts": False, "parts/client1/etc/zope.conf": False, "var": True},
+                for path in ("current/bin", "current/parts", "current/parts/client1/etc/zope.conf", "var")}
+    results.append(("app1: the clients' user (plone) writes var/, not the release's bin/, parts/ or zope.conf",
+                    writable == {"current/bin": False, "current/parts": False,
+                                 "current/parts/client1/etc/zope.conf": False, "var": True},
                     writable))
     return results

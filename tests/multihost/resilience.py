@@ -185,7 +185,7 @@ def selfheal_checks(wait=300):
                 all(answer == (200, "ready") for answer in answers.values()), answers))
 
     def ini(name):
-        return open(f"{WORK}/app1/zeoclient/parts/{name}/etc/wsgi.ini", encoding="utf-8").read()
+        return open(f"{WORK}/app1/zeoclient/current/parts/{name}/etc/wsgi.ini", encoding="utf-8").read()
 
     def setting(text, key):
         found = re.search(rf"^{key} = (.*)$", text, re.MULTILINE)

@@ -101,7 +101,7 @@ def verify():
           all(f"10.231.0.3:{port}" in clients for port in (8081, 8082, 8083, 8079)) and "0.0.0.0:80" not in clients)
     # The mixed pool: three servers, client3's threads by the recipe's auto rule, and
     # HAProxy's maxconn for it the same number.
-    ini = open(f"{WORK}/app1/zeoclient/parts/client3/etc/wsgi.ini", encoding="utf-8").read()
+    ini = open(f"{WORK}/app1/zeoclient/current/parts/client3/etc/wsgi.ini", encoding="utf-8").read()
     threads = int(re.search(r"^threads = (\d+)$", ini, re.MULTILINE).group(1))
     cores = int(in_ns("pdmh-app", "nproc", capture=True))
     expected = rules.auto_threads("gunicorn", cores, 4)[0]

@@ -52,6 +52,10 @@ Series (units in the names; all per client process):
   does not recycle (``backoff``: ``memory-limit-restarts`` per hour reached; ``no_peer``);
   ``plonedeploy_memory_limit_bytes``. Only with ``memory_limit``
   (:mod:`plonedeploy.runtime.watchdog`, docs/how-to/operate.md#memory-watchdog).
+- ``plonedeploy_release_info{release}``: 1, labelled with the id of the release this
+  client runs: the first line of ``RELEASE`` in its build directory, which the Ansible
+  buildout role writes into each release (docs/how-to/ansible.md#releases-side-by-side). Absent when the
+  build has no such file (a buildout stack of ``make build``). See :func:`release_id`.
 - ``process_*`` (resident memory, CPU seconds, open file descriptors) and
   ``python_gc_*``, ``python_info`` from prometheus-client's own collectors.
 
@@ -81,6 +85,7 @@ after ``blobsendfile``::
     pipeline = blobsendfile metrics translogger egg:Zope#httpexceptions zope
 """
 import logging
+import os
 import threading
 import time
 
@@ -229,6 +234,8 @@ class Metrics:
                                     ["reason"], registry=registry)
         self.memory_limit = Gauge("plonedeploy_memory_limit_bytes",
                                   "The memory watchdog's memory-limit (absent: off)", registry=registry)
+        self.release = Gauge("plonedeploy_release_info", "1, labelled with the id of the release this client runs",
+                             ["release"], registry=registry)
 
     def count_abort(self, event):
         """Handler of ZPublisher's ``IPubBeforeAbort``: count a conflict by its class and a
@@ -386,6 +393,32 @@ def watchdog_settings(limit, grace, restarts, peers, state_file, check_window):
             "check_window": _seconds("check_window", check_window)}
 
 
+#: The file of a build that names its release (the Ansible buildout role writes it).
+RELEASE_FILE = "RELEASE"
+
+
+def release_id(global_conf):
+    """The id of the release this client runs, or None: the first line of ``RELEASE`` in the
+    build directory, which is three levels above PasteDeploy's ``here`` (the directory of
+    the client's ``parts/<part>/etc/wsgi.ini``, the instance recipe's layout). None when
+    ``global_conf`` has no ``here``, or the build has no such file or an empty one; the id
+    is kept only if it is short (<= 64 characters) and of letters, digits, ``.``, ``_``,
+    ``-`` (a label value read from a file must not be able to make a scrape unreadable)."""
+    here = global_conf.get("here")
+    if not here:
+        return None
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(here)))), RELEASE_FILE)
+    try:
+        with open(path, encoding="utf-8") as fp:
+            value = fp.readline().strip()
+    except OSError:
+        return None
+    if not value or len(value) > 64 or not all(c.isascii() and (c.isalnum() or c in "._-") for c in value):
+        logger.warning("%s names no release id (letters, digits, . _ -, at most 64): %r", path, value[:80])
+        return None
+    return value
+
+
 def filter_factory(global_conf, address, threads="1", stall_timeout=str(probes.STALL_TIMEOUT),
                    storage_grace=str(probes.STORAGE_GRACE), warmup_paths="", warmup_host="127.0.0.1:80",
                    memory_limit="off", memory_limit_grace=str(watchdog.GRACE),
@@ -399,7 +432,9 @@ def filter_factory(global_conf, address, threads="1", stall_timeout=str(probes.S
     space, rendered once each in a thread of their own before ``/readyz`` says ready (empty:
     ready at once); ``warmup_host``: ``host:port`` the warm-up requests name (the client's
     http-address), where it then asks each of the ``threads`` worker threads once
-    (:func:`plonedeploy.runtime.probes.warm_threads`). Raises ValueError naming the option when one is invalid.
+    (:func:`plonedeploy.runtime.probes.warm_threads`). ``global_conf``'s ``here`` (PasteDeploy's) locates the
+    build's ``RELEASE`` for ``plonedeploy_release_info`` (:func:`release_id`). Raises ValueError naming the
+    option when one is invalid.
     """
     parse_address(address)  # fail at load time, before anything listens
     if not str(threads).strip().isdigit() or int(threads) < 1:
@@ -412,9 +447,12 @@ def filter_factory(global_conf, address, threads="1", stall_timeout=str(probes.S
     warm_host, warm_port = parse_address(warmup_host)
     memory = watchdog_settings(memory_limit, memory_limit_grace, memory_limit_restarts, memory_limit_peers,
                                memory_state_file, check_window)
+    release = release_id(global_conf)
 
     def make_filter(app):
         metrics, health = exporter(address, int(threads), stall, grace, len(paths))
+        if release is not None:
+            metrics.release.labels(release).set(1)
         if memory is not None and getattr(health, "watchdog", None) is None:  # once per process
             health.watchdog = watchdog.Watchdog(health, metrics=metrics, address=address, **memory)
             watchdog.start(health.watchdog)
