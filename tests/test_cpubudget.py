@@ -38,9 +38,10 @@ def test_cpu_budget_option_defaults_and_errors(capsys):
     assert abtest.parse_args(["--slot-cpus", "0.25", "--calibrate", "10"]).slot_cpus == 0.25
     for bad, message in ((["--cpu-budget", "half"], "invalid choice: 'half' (choose from 'equal', 'off')"),
                          (["--deployed", "--cpu-budget", "equal"], "--cpu-budget equal applies to the rounds'"),
-                         (["--slot-cpus", "0"], "--slot-cpus 0: cores must be above 0.01"),
-                         (["--slot-cpus", "0.005"], "--slot-cpus 0.005: cores must be above 0.01"),
-                         (["--slot-cpus", str(os.cpu_count() + 1)], "at most")):
+                         (["--cpu-budget", "equal", "--slot-cpus", "0"], "--slot-cpus 0: cores must be above 0.01"),
+                         (["--cpu-budget", "equal", "--slot-cpus", "0.005"],
+                          "--slot-cpus 0.005: cores must be above 0.01"),
+                         (["--cpu-budget", "equal", "--slot-cpus", str(os.cpu_count() + 1)], "at most")):
         with pytest.raises(SystemExit):
             abtest.parse_args(bad)
         assert message in capsys.readouterr().err, bad
