@@ -87,13 +87,15 @@ def test_refuses_without_root_or_cgroup_v1(tmp_path):
     with pytest.raises(cpubudget.BudgetError, match="--cpu-budget equal needs the cgroup v1 cpu controller"):
         cpubudget.check_available("--cpu-budget equal", root=str(tmp_path))
     if os.geteuid() != 0:
-        pytest.skip("setpriv needs root to drop to nobody")
-    # A real unprivileged process (nobody), not a patched geteuid.
-    code = ("from loadtests.core import cpubudget\n"
+        pytest.skip("only root can drop to nobody")
+    # A real unprivileged process (nobody), not a patched geteuid. It imports the module as
+    # root first, then drops to nobody: a checkout made with mktemp -d (mode 0700, as in CI)
+    # is not readable by nobody.
+    code = ("import os\nfrom loadtests.core import cpubudget\n"
+            "os.setgroups([])\nos.setgid(65534)\nos.setuid(65534)\n"
             "try:\n    cpubudget.check_available('--cpu-budget equal')\n"
             "except cpubudget.BudgetError as exc:\n    print(exc)\n")
-    result = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                             sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.stdout.startswith("--cpu-budget equal needs root"), (result.stdout, result.stderr)
 
