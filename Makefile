@@ -138,8 +138,8 @@ start:
 	bin/stack wait-up
 
 site:
-	@# The logged-in load test's editors and documents: a lab site's, not a production one's.
-	PLONEDEPLOY_EDITORS=on bin/instance run scripts/create_site.py
+	@# PLONEDEPLOY_EDITORS=on make site: also the logged-in load test's editors and documents.
+	bin/instance run scripts/create_site.py
 
 status:
 	bin/stack status

@@ -27,9 +27,9 @@ nothing):
   with ``moderateCaching`` (its ``s-maxage``, 86400 s; browsers revalidate), and purging
   (plone.cachepurging) enabled towards those proxies for the content types of
   ``PURGED_TYPES``: an edit purges the changed pages within a second;
-- for the logged-in load test, only with ``PLONEDEPLOY_EDITORS=on`` in the environment (``make
-  site`` and the tests' stack set it; an Ansible deployment does not, so a production site gets
-  no load-test accounts): a folder ``editing`` with ``DOCUMENTS`` (40) Documents
+- for the logged-in load test, only with ``PLONEDEPLOY_EDITORS=on`` in the environment (``PLONEDEPLOY_EDITORS=on
+  make site``; tests/test_loggedin.py sets it; an Ansible deployment does not, so a production
+  site gets no load-test accounts): a folder ``editing`` with ``DOCUMENTS`` (40) Documents
   ``doc-01`` .. ``doc-40`` holding a few paragraphs of text (an existing one is left as the
   load test last saved it), and ``EDITORS`` (10) Plone users ``editor1`` .. ``editor10``
   (global role Member, local role Editor on that folder only) sharing one password:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, admin_session, run
+from conftest import ROOT, SITE_ENV, admin_session, run
 from loadtests import loggedin
 from loadtests.ab import abstats, abtest
 from loadtests.core import stack as stack_module
@@ -233,10 +233,20 @@ def test_headline_reports_the_logged_in_class_with_its_ratios():
     assert "| /Plone |" not in text  # paths not measured have no row
 
 
+@pytest.fixture(scope="module")
+def editors(stack):
+    """The stack with the logged-in load test's editors and documents (create_site.py as
+    `PLONEDEPLOY_EDITORS=on make site` runs it); the stack fixture makes a site without them."""
+    made = run([os.path.join(ROOT, "bin", "instance"), "run", "scripts/create_site.py"], timeout=600, env=SITE_ENV)
+    assert "site ready" in made.stdout, made.stdout
+    return stack
+
+
 @pytest.mark.integration
-def test_the_headline_runs_the_class_against_a_client_directly(stack):
+def test_the_headline_runs_the_class_against_a_client_directly(editors):
     """The headline's logged-in cell (run_locust_shape) against the pyruvate client itself (no
     HAProxy, no write lane): two editors' rounds counted after their logins, no failed check."""
+    stack = editors
     url = stack.client_urls[next(n for n, kind in stack.kinds.items() if kind == "pyruvate")]
     row = run_locust_shape(url, "logged-in=1", 2, 4)
     assert row["requests"] >= 4 and row["errors"] == 0, row
@@ -244,10 +254,11 @@ def test_the_headline_runs_the_class_against_a_client_directly(stack):
 
 
 @pytest.mark.integration
-def test_logged_in_shape_through_the_ab(stack, tmp_path):
+def test_logged_in_shape_through_the_ab(editors, tmp_path):
     """The shape through the deployed HAProxy (two Locust worker processes, four editors):
     no failure in any step, every step counted by the A/B report, the path class in the
     windows, and each editor's own document saved with its text changed."""
+    stack = editors
     session = admin_session()
     docs = [loggedin.assignment(i)[1] for i in range(4)]
     before = {doc: session.get(stack.frontend_url + doc, timeout=30).json()["text"]["data"] for doc in docs}

@@ -41,7 +41,7 @@ def editor_password_missing():
     if os.environ.get(EDITOR_PASSWORD_ENV) or os.path.exists(EDITOR_PASSWORD_FILE):
         return None
     return (f"the logged-in shape needs the editors' password, ${EDITOR_PASSWORD_ENV} or {EDITOR_PASSWORD_FILE}, "
-            "and neither is there (run scripts/create_site.py: make site)")
+            "and neither is there (run scripts/create_site.py with its editors: PLONEDEPLOY_EDITORS=on make site)")
 
 
 # ----------------------------------------------------------------------------- the stack

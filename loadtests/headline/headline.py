@@ -123,7 +123,7 @@ def parse_args(argv):
                         help="also measure the path class logged-in on every target but the variants: "
                         "--connections editors (Locust's logged-in shape: front page as a Member, folder "
                         "contents, edit form, save; bodies checked), their logins in an uncounted 3 s warm-up; "
-                        "needs $PLONEDEPLOY_EDITOR_PASSWORD or var/editor-password (make site)")
+                        "needs $PLONEDEPLOY_EDITOR_PASSWORD or var/editor-password (PLONEDEPLOY_EDITORS=on make site)")
     add_buildout_config_argument(parser, "the off clients' buildout in var/headline")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
