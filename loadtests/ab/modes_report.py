@@ -19,14 +19,7 @@ mode's runs, in percent of all cores.
 
 from loadtests.ab.report import _fmt, _pct, latency
 from loadtests.core.reports import markdown_table, new_figure, save_figure, write_report
-
-
-def _merge(histograms):
-    merged = {}
-    for histogram in histograms:
-        for ms, count in histogram.items():
-            merged[int(ms)] = merged.get(int(ms), 0) + count
-    return merged
+from loadtests.core.stats import merge_histograms
 
 
 def _ratio(a, b):
@@ -45,7 +38,7 @@ def build(meta, runs, server_kinds):
             per_run = [r["report"]["servers"].get(name, {}) for r in mine]
             requests = sum(s.get("requests", 0) for s in per_run)
             stot = sum(s.get("haproxy", {}).get("stot", 0) for s in per_run)
-            histogram = _merge(r["per_server"].get("server_totals", {}).get(name, {}).get("response_times", {})
+            histogram = merge_histograms(r["per_server"].get("server_totals", {}).get(name, {}).get("response_times", {})
                                for r in mine)
             servers[name] = {
                 "wsgi_server": kind,

@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from loadtests.core.stack import EDITOR_PASSWORD_FILE, HERE
-from loadtests.core.stats import histogram_percentile
+from loadtests.core.stats import histogram_percentile, merge_histograms
 
 
 def row_of(per_server):
@@ -22,10 +22,7 @@ def row_of(per_server):
     response-time histograms; None without requests), "errors" (Locust failures: a wrong
     status or a body that failed its check)}``."""
     totals = per_server.get("server_totals", {}).values()
-    histogram = {}
-    for entry in totals:
-        for ms, n in entry.get("response_times", {}).items():
-            histogram[ms] = histogram.get(ms, 0) + n
+    histogram = merge_histograms(entry.get("response_times", {}) for entry in totals)
     elapsed = per_server.get("elapsed_s") or 1.0
     requests = sum(e["num_requests"] for e in totals)
     p50, p99 = (histogram_percentile(histogram, q) for q in (0.50, 0.99))

@@ -26,6 +26,16 @@ def littles_law(connections, rps, p99):
             "p99_over_littles_mean": round(p99 / little, 2) if little and p99 is not None else None}
 
 
+def merge_histograms(histograms):
+    """One Locust histogram ``{ms (int): count}`` summing ``histograms`` (an iterable of
+    ``{rounded ms: count}``; keys may be strings, as in JSON)."""
+    merged = {}
+    for histogram in histograms:
+        for ms, count in histogram.items():
+            merged[int(ms)] = merged.get(int(ms), 0) + count
+    return merged
+
+
 def histogram_percentile(histogram, fraction):
     """Response time (ms) within which ``fraction`` (0..1) of the requests finished, from
     Locust's histogram ``{rounded ms: count}`` (keys may be strings, as in JSON).
