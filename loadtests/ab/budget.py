@@ -34,7 +34,7 @@ SLOT_SHARES = 4096
 
 def add_arguments(parser):
     """Add ``--cpu-budget`` and ``--slot-cpus`` to the A/B's parser."""
-    parser.add_argument("--cpu-budget", choices=MODES, default=None,
+    parser.add_argument("--cpu-budget", choices=MODES, default="off",
                         help="equal: each slot's client in a cgroup v1 cpu group of its own with the same "
                         "quota (--slot-cpus), Locust and HAProxy outside (needs root and "
                         f"{cpubudget.CGROUP_CPU}); off: no budgets, the slots share the machine with "
@@ -48,16 +48,14 @@ def add_arguments(parser):
 
 
 def resolve(args, error):
-    """Check the budget options of the parsed ``args`` and fill in ``args.cpu_budget``'s
-    default (off: equal has not yet shown the sensitivity it is for, docs/explanation/ab-method.md;
-    equal is refused with ``--deployed`` or ``--balance``). ``error``:
+    """Check the budget options of the parsed ``args`` (``--cpu-budget`` defaults to off:
+    equal has not yet shown the sensitivity it is for, docs/explanation/ab-method.md; equal
+    is refused with ``--deployed`` or ``--balance``). ``error``:
     the parser's ``error`` (exits 2 with the message). Checks the options only: whether
     this machine can make groups is :func:`SlotBudgets`' to say, before the run builds
     anything."""
     slot_runs = not (args.deployed or args.balance)
-    if args.cpu_budget is None:
-        args.cpu_budget = "off"
-    elif args.cpu_budget == "equal" and not slot_runs:
+    if args.cpu_budget == "equal" and not slot_runs:
         error("--cpu-budget equal applies to the rounds' slot clients; --deployed and --balance run the "
               "deployed clients, which it does not budget: use --cpu-budget off with them")
     if args.cpu_budget == "equal":
