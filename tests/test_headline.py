@@ -15,7 +15,7 @@ import requests
 from conftest import ROOT, run
 from loadtests.core.balancers import BalancerError
 from loadtests.core.procs import free_local_port
-from loadtests.core.stack import PATHS
+from loadtests.core.stack import PATHS, load_stack, stack_pids
 from loadtests.headline import headline, variants
 from plonedeploy.recipe import edge, options, tls
 
@@ -251,13 +251,20 @@ def test_one_short_round_on_the_stack(stack, tmp_path):
     with the kit's pipeline and with Zope's stock one on every path, the blob through HAProxy
     with and without kernel splicing and through one more variant (nbthread-1, which splices)
     (the stack's HAProxy spliced blob bodies, its -dS copy none), the report written, the off
-    clients and the variants stopped."""
+    clients and the variants stopped; the stack's two compared clients were restarted first
+    (new PIDs), so that both sides started alike."""
+    config = load_stack()
+    _, clients = headline.targets(config)
+    before = {name: proc.pid for name, proc in stack_pids(config).items() if name in clients.values()}
     result = run([sys.executable, "-m", "loadtests", "headline", "--duration", "1", "--rounds", "1",
                   "--connections", "2", "--variant", "nbthread-1", "--out", str(tmp_path)], timeout=600)
     print(result.stdout[-3000:])
     (folder,) = list(tmp_path.iterdir())
     data = json.loads((folder / "report.json").read_text())
     assert len(data["runs"]) == 5 * len(PATHS) + 3  # + copy, same, nbthread-1 on the blob
+    assert sorted(data["meta"]["restarted_clients"]) == sorted(before) == sorted(clients.values())
+    after = stack_pids(config)
+    assert all(name in after and after[name].pid != pid for name, pid in before.items()), (before, after)
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in data["runs"]), data["runs"]
     assert not any(r.get("short_bytes") for r in data["runs"])
     assert {f"{s} kit/stock {p}" for s in headline.SERVERS for p in PATHS} | {

@@ -15,7 +15,8 @@ and also against ``pyruvate-off`` and ``waitress-off``: the same two clients wit
 stock pipeline, ``blob-sendfile = off`` and no ``metrics-address`` (``translogger
 httpexceptions``, without the kit's ``blobsendfile`` and ``metrics`` filters;
 :mod:`loadtests.headline.offclients`, built in ``var/headline``, on the ports after the
-stack's clients), unless ``--no-off``; and on the blob path against HAProxy variants
+stack's clients; the stack's two clients are restarted first, drained, so that both sides
+start alike, unless ``--no-restart``), unless ``--no-off``; and on the blob path against HAProxy variants
 (:mod:`loadtests.headline.variants`): HAProxys of the stack's config
 (:class:`loadtests.core.balancers.TemporaryBalancer`, two free ports each) with other
 command-line options or ``global`` lines, ``haproxy-<variant>``. By default ``haproxy-copy``,
@@ -113,6 +114,9 @@ def parse_args(argv):
     add_run_arguments(parser, duration=8, rounds=3)
     parser.add_argument("--no-off", action="store_true",
                         help="leave out the clients with Zope's stock pipeline (no extra build)")
+    parser.add_argument("--no-restart", action="store_true",
+                        help="do not restart the stack's pyruvate and waitress clients (drained, one at a time) "
+                        "before the -off clients start; by default both sides start alike")
     parser.add_argument("--no-copy", action="store_true",
                         help=f"leave out {COPY}, the stack's HAProxy config without kernel splicing")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME",
@@ -154,6 +158,37 @@ def targets(config):
     urls = {server: url for server, url in zip(clients, client_urls(config, clients.values()).values())}
     urls["haproxy"] = config["frontend_url"].rstrip("/")
     return urls, clients
+
+
+def start_off_clients(config, clients, urls, buildout_config=None, restart=True):
+    """Build and start the ``-off`` clients (Zope's stock pipeline, :mod:`loadtests.headline.offclients`)
+    beside the stack's two compared clients ``clients`` (``{server: part}``), and add their
+    URLs to ``urls`` as ``<server>-off``. Returns their extra stack config (for
+    :func:`loadtests.core.extrabuild.stop`).
+
+    With ``restart`` (the default; ``--no-restart``) the stack's two clients are first restarted
+    one at a time, drained in HAProxy (``bin/stack restart``'s steps,
+    :func:`plonedeploy.stack.balancer.restart_client`): the -off clients start fresh, and a
+    kit client that had served minutes of load more than its stock twin measured 14 % slower
+    on ``/Plone`` in one run and level in the next once both started alike (docs/results.md,
+    28 Nov 2026, "The same commands on a quiet machine"). Raises StackError, RuntimeError or
+    OSError from the restart, the build or the start.
+    """
+    from plonedeploy.stack.balancer import restart_client
+
+    names = [clients[s] for s in SERVERS]
+    if restart:
+        by_name = {proc["name"]: proc for proc in config["processes"]}
+        for name in names:
+            restart_client(config, by_name[name])
+    ports = offclients.ports({clients[s]: urls[s] for s in SERVERS}, len(config["servers"]))
+    offclients.build(WORK_DIR, buildout_config or default_buildout_config(), names, ports,
+                     tool="loadtests.headline")
+    off_config = offclients.stack_config(WORK_DIR, names, ports)
+    extrabuild.start(off_config)
+    for server in SERVERS:
+        urls[f"{server}-off"] = f"http://127.0.0.1:{ports[clients[server]]}"
+    return off_config
 
 
 def spliced_bytes(metrics_url):
@@ -331,14 +366,7 @@ def main(argv=None):
     runs, problems = [], []
     try:
         if not args.no_off:
-            names = [clients[s] for s in SERVERS]
-            ports = offclients.ports({clients[s]: urls[s] for s in SERVERS}, len(config["servers"]))
-            offclients.build(WORK_DIR, args.buildout_config or default_buildout_config(), names, ports,
-                             tool="loadtests.headline")
-            off_config = offclients.stack_config(WORK_DIR, names, ports)
-            extrabuild.start(off_config)
-            for server in SERVERS:
-                urls[f"{server}-off"] = f"http://127.0.0.1:{ports[clients[server]]}"
+            off_config = start_off_clients(config, clients, urls, args.buildout_config, not args.no_restart)
         # All variants run from here to the end; between their runs they only health-check the
         # clients (every 2 s), as the stack's HAProxy does.
         for name in args.variants:
@@ -378,6 +406,7 @@ def main(argv=None):
     meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "command": " ".join(
                 ["python -m loadtests headline", *(argv if argv is not None else sys.argv[1:])]),
             "connections": args.connections, "logged_in": args.logged_in,
+            "restarted_clients": [] if args.no_off or args.no_restart else [clients[s] for s in SERVERS],
             "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(),
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
             "minutes": round((time.monotonic() - clock) / 60, 1), "clients": clients, "urls": urls,
