@@ -26,8 +26,9 @@ ANSIBLE_PYTHON = os.path.join(ANSIBLE, ".venv", "bin", "python")
 def _in_ansible(code, *args):
     """Run ``code`` in the Ansible venv's Python with the canary filters as ``f`` (their
     dict) and ``args`` as ``sys.argv[1:]``; returns what it printed, parsed as JSON."""
+    plugin = os.path.join(ANSIBLE, "filter_plugins", "plonedeploy_canary.py")
     prelude = ("import json, sys, importlib.util\n"
-               f"spec = importlib.util.spec_from_file_location('c', {os.path.join(ANSIBLE, 'filter_plugins', 'plonedeploy_canary.py')!r})\n"
+               f"spec = importlib.util.spec_from_file_location('c', {plugin!r})\n"
                "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
                "f = m.FilterModule().filters()\n")
     out = subprocess.run([ANSIBLE_PYTHON, "-c", prelude + code, *args], capture_output=True, text=True, timeout=60)
