@@ -907,6 +907,21 @@ def test_rolling_restart_under_load(deployed):
     assert failures == [], failures[:10]
 
 
+def _failing_site_run_under_load(extra, title):
+    """site.yml with ``extra`` under 2 paced GET loops of HAProxy's /Plone/@@ok, a run that
+    must fail on its one host (asserted): its recap recorded as ``title``. Returns ``(its
+    output, white space collapsed to one space; seconds; the loops' log; their failures)``."""
+    log = []
+    result, seconds, done, failures = while_loaded(
+        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=1200, check=False), threads=2,
+        log=log, rate=RESTART_LOAD_RATE)
+    record(f"site.yml, {title}, under load", result, seconds)
+    print(f"\n{title}: {seconds:.0f} s, {done} requests, {len(failures)} failed")
+    output = re.sub(r"\s+", " ", result.stdout + result.stderr)
+    assert result.returncode != 0 and recap(result.stdout)["failed"] == 1, output[-3000:]
+    return output, seconds, log, failures
+
+
 # Longer than pytest.ini's 1,200 s on a loaded machine: site.yml up to the clients' build.
 @pytest.mark.timeout(1500)
 def test_failed_build_changes_nothing_that_runs(deployed):
@@ -921,14 +936,7 @@ def test_failed_build_changes_nothing_that_runs(deployed):
     before = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
     assert _served_releases() == dict.fromkeys(CLIENT_METRICS, running)
     extra = dict(deployed["extra"], zeoclient_buildout_overrides="[client1]\nwsgi-server = tornado\n")
-    log = []
-    result, seconds, done, failures = while_loaded(
-        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=1200, check=False), threads=2,
-        log=log, rate=RESTART_LOAD_RATE)
-    record("site.yml, a build that fails, under load", result, seconds)
-    print(f"\nfailed build: {seconds:.0f} s, {done} requests, {len(failures)} failed")
-    output = re.sub(r"\s+", " ", result.stdout + result.stderr)
-    assert result.returncode != 0 and recap(result.stdout)["failed"] == 1, output[-3000:]
+    output, seconds, log, failures = _failing_site_run_under_load(extra, "a build that fails")
     assert f"in {prefix}/zeoclient failed and was removed" in output, output[-3000:]
     assert "wsgi-server = 'tornado' is invalid" in output.replace("''", "'"), output[-3000:]
     assert current_release(prefix) == running
@@ -992,14 +1000,7 @@ def test_canary_with_slower_pages_is_rolled_back_under_load(deployed):
     before = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
     delay = "".join(f"[{c}]\nadded-delay = 50\n" for c in ("client1", "client2", "client3"))
     extra = dict(deployed["extra"], zeoclient_buildout_overrides=delay, **CANARY_TEST)
-    log = []
-    result, seconds, done, failures = while_loaded(
-        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=1200, check=False), threads=2,
-        log=log, rate=RESTART_LOAD_RATE)
-    record("site.yml, a canary of 50 ms slower pages, under load", result, seconds)
-    print(f"\ncanary: {seconds:.0f} s, {done} requests, {len(failures)} failed")
-    output = re.sub(r"\s+", " ", result.stdout + result.stderr)
-    assert result.returncode != 0 and recap(result.stdout)["failed"] == 1, output[-3000:]
+    output, seconds, log, failures = _failing_site_run_under_load(extra, "a canary of 50 ms slower pages")
     assert "not promoted: rollback: page Tr p50 of the canary is " in output, output[-3000:]
     assert f"The canary is back on release {running}" in output, output[-3000:]
     report = re.search(r"Report on localhost: (\S+)/report\.md", output)
