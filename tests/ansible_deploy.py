@@ -27,8 +27,8 @@ from plonedeploy.runtime import access
 
 ANSIBLE = os.path.join(ROOT, "ansible")
 BIN = os.path.join(ANSIBLE, ".venv", "bin")
-PORTS = (18079, 18080, 18081, 18082, 18100, 18404, 18443,
-         18091, 18092, 18093, 18190, 18191,  # clients' metrics, Prometheus, node-exporter
+PORTS = (18079, 18080, 18081, 18082, 18083, 18100, 18404, 18443,
+         18091, 18092, 18093, 18094, 18190, 18191,  # clients' metrics, Prometheus, node-exporter
          18192, 18193,  # Alertmanager, the blackbox exporter
          16081, 16088)  # varnish, HAProxy's cache_fill listener
 PROMETHEUS = "http://127.0.0.1:18190"
@@ -36,6 +36,19 @@ FRONTEND = "http://127.0.0.1:18080"
 TLS_FRONTEND = "https://127.0.0.1:18443"
 VARNISH = "http://127.0.0.1:16081"
 BLOB_SIZE = 5 * 1024 * 1024
+
+
+#: The converge's ZEO clients: inventories/local's (the A/B pair, the upload lane) and client3,
+#: a second pyruvate page client: a canary deploy compares its canary with page clients of
+#: its own WSGI server (the canary role; tests/test_ansible.py's canary test), and local's
+#: pair has none. After client2: the write lane's client stays client1.
+CLIENTS = [
+    {"name": "client1", "port": 18081, "metrics_port": 18091, "wsgi_server": "pyruvate", "threads": 2},
+    {"name": "client2", "port": 18082, "metrics_port": 18092, "wsgi_server": "waitress", "threads": 2},
+    {"name": "client3", "port": 18083, "metrics_port": 18094, "wsgi_server": "pyruvate", "threads": 2},
+    {"name": "uploads", "port": 18079, "metrics_port": 18093, "wsgi_server": "waitress", "threads": 1,
+     "lane": "uploads"},
+]
 
 
 def playbook(*args, extra, timeout=900, check=True):
@@ -144,6 +157,7 @@ def deployed():
         # at the end), where test_cron_jobs_run_as_cron_runs_them finds and runs them.
         "zeoserver_cron_file": CRON_FILES["zeoserver"],
         "zeoclient_cron_file": CRON_FILES["zeoclient"],
+        "zeoclient_clients": CLIENTS,
     }
     supervisorctl = ["supervisorctl", "-c", os.path.join(prefix, "etc", "supervisord.conf")]
     try:

@@ -381,6 +381,18 @@ BAD = [
     ({"haproxy_acme_challenge_bind": "127.0.0.1:80"}, "'3,15', '41', '127.0.0.1:80'"),
     ({"haproxy_acme_cron_file": "acme.renew"}, "got 'acme', 'acme.renew', '3,15'"),
     ({"haproxy_acme_timer": "anacron"}, "value of haproxy_acme_timer must be one of: cron, systemd, got: anacron"),
+    # the canary deploy (issue 29): checked with plonedeploy_canary only, before the build
+    ({"canary_weight": 0, "plonedeploy_canary": True}, "canary_weight must be 1-256 (got 0)"),
+    ({"canary_max_slowdown": 0, "plonedeploy_canary": True}, "canary_max_slowdown a fraction > 0 and < 10 (got 0"),
+    ({"canary_window": 30, "canary_duration": 20, "plonedeploy_canary": True},
+     "canary_window > 0 s and at most the duration (got 30)"),
+    ({"canary_classes": ["html"], "plonedeploy_canary": True}, "canary_classes"),
+    ({"canary_duration": "long", "plonedeploy_canary": True},
+     "argument 'canary_duration' is of type str and we were unable to convert to int"),
+    # inventories/local's page clients are pyruvate and waitress: none has a peer of its server
+    ({"plonedeploy_canary": True}, "no page client has another page client of its WSGI server to be compared with"),
+    ({"canary_client": "uploads", "plonedeploy_canary": True},
+     "canary_client = 'uploads' is not a page client (lane pages) of the pool"),
 ]
 
 #: The postgresql role's checks: localhost joins the databases group (below).
@@ -512,7 +524,7 @@ REFUSALS = ([(f"{next(iter(b))}-{i}", None, b, m) for i, (b, m) in enumerate(BAD
 GROUP_VARIABLES = {"haproxy_backend_group": "clients", "varnish_zeoclient_group": "clients",
                    "monitoring_zeoclient_group": "clients", "postgresql_client_group": "clients",
                    "zeoclient_database_group": "databases", "zeoclient_cache_group": "balancers",
-                   "monitoring_haproxy_group": "balancers"}
+                   "monitoring_haproxy_group": "balancers", "canary_group": "clients"}
 
 
 def _failure_blocks(output):
@@ -595,8 +607,8 @@ def test_bad_variables_fail_before_any_change(refusals, label, message):
 
 
 def test_processes_run_under_supervisor(deployed):
-    names = ("zeoserver", "client1", "client2", "uploads", "varnish", "varnish-exporter", "haproxy", "prometheus",
-             "node-exporter", "alertmanager", "blackbox-exporter")
+    names = ("zeoserver", "client1", "client2", "client3", "uploads", "varnish", "varnish-exporter", "haproxy",
+             "prometheus", "node-exporter", "alertmanager", "blackbox-exporter")
     for _ in range(30):  # supervisor says STARTING for its first startsecs (5 s)
         status = run(deployed["supervisorctl"] + ["status"], timeout=60).stdout
         if all(re.search(rf"^{n}\s+RUNNING", status, re.MULTILINE) for n in names):
@@ -611,6 +623,7 @@ def test_processes_run_under_supervisor(deployed):
 PROMETHEUS_TARGETS = frozenset({
     ("prometheus", "127.0.0.1:18190"), ("haproxy", "127.0.0.1:18404"), ("varnish", "127.0.0.1:19131"),
     ("zeoclients", "127.0.0.1:18091"), ("zeoclients", "127.0.0.1:18092"), ("zeoclients", "127.0.0.1:18093"),
+    ("zeoclients", "127.0.0.1:18094"),
     ("node", "127.0.0.1:18191"), ("alertmanager", "127.0.0.1:18192"),
     # the blackbox exporter's probe of the public HTTPS URL (on 18193), by the URL
     ("blackbox", "https://127.0.0.1:18443/Plone/@@ok")})
@@ -648,7 +661,7 @@ def test_prometheus_scrapes_every_target_up(deployed):
 def test_four_paths_through_haproxy(deployed):
     rows = haproxy_stats.fetch("http://127.0.0.1:18404/stats;csv")
     states = {r["svname"]: r["status"] for r in rows if r["pxname"] == "zeoclients"}
-    assert states == {"client1": "UP", "client2": "UP", "BACKEND": "UP"}, states
+    assert states == {"client1": "UP", "client2": "UP", "client3": "UP", "BACKEND": "UP"}, states
     uploads = {r["svname"]: r["status"] for r in rows if r["pxname"] == "uploads"}
     assert uploads == {"uploads": "UP", "BACKEND": "UP"}, uploads
     assert requests.get(FRONTEND + "/", timeout=30).status_code == 200
@@ -659,7 +672,7 @@ def test_four_paths_through_haproxy(deployed):
     blobs = [requests.get(FRONTEND + "/Plone/blob-5mb/@@download/file", timeout=60) for _ in range(4)]
     assert {len(b.content) for b in blobs} == {BLOB_SIZE}
     assert len({hashlib.sha256(b.content).hexdigest() for b in blobs}) == 1
-    assert {b.headers["X-Served-By"] for b in blobs} <= {"client1", "client2"}
+    assert {b.headers["X-Served-By"] for b in blobs} <= {"client1", "client2", "client3"}
 
 
 def test_clients_run_the_configured_servers(deployed):
@@ -803,7 +816,8 @@ def test_ab_report_against_deployed_stack(deployed, tmp_path):
          "--duration", "10", "--users", "4", "--spawn-rate", "4", "--out", str(tmp_path)], timeout=120)
     (folder,) = list(tmp_path.iterdir())
     report = json.loads((folder / "report.json").read_text())
-    assert {n: s["wsgi_server"] for n, s in report["servers"].items()} == {"client1": "pyruvate", "client2": "waitress"}
+    assert {n: s["wsgi_server"] for n, s in report["servers"].items()} == {
+        "client1": "pyruvate", "client2": "waitress", "client3": "pyruvate"}
     assert all(s["requests"] > 0 and s["failures"] == 0 for s in report["servers"].values())
 
 
@@ -816,7 +830,7 @@ def test_edge_rules_deployed(deployed):
     assert attacks.send("127.0.0.1", 18080, attacks.request_head("GET", "/Plone", host=None)).status == 400
     big = requests.post(FRONTEND + "/Plone/@@ok", data=b"x" * 100_000, timeout=30)
     small = requests.post(FRONTEND + "/Plone/@@ok", data=b"x" * 100, timeout=30)
-    assert big.headers["X-Served-By"] == "uploads" and small.headers["X-Served-By"] in ("client1", "client2")
+    assert big.headers["X-Served-By"] == "uploads" and small.headers["X-Served-By"] in ("client1", "client2", "client3")
     # the 1,008 between the first and the last are misdirected (421 from HAProxy itself),
     # counted by the same per-source rate: the check does not hang on Zope's speed
     answers = attacks.rate_limit("127.0.0.1", 18080, 1010, source="127.0.0.2", misdirected=True)
@@ -863,8 +877,8 @@ def _client_pids(supervisorctl, pattern=r"client\d"):
             for m in re.finditer(rf"^({pattern})\s+RUNNING\s+pid (\d+)", status, re.MULTILINE)}
 
 
-#: The metrics ports of inventories/local's clients.
-CLIENT_METRICS = {"client1": 18091, "client2": 18092, "uploads": 18093}
+#: The metrics ports of the converge's clients (ansible_deploy.CLIENTS).
+CLIENT_METRICS = {"client1": 18091, "client2": 18092, "client3": 18094, "uploads": 18093}
 
 
 def _served_releases():
@@ -887,10 +901,25 @@ def test_rolling_restart_under_load(deployed):
     after = _client_pids(deployed["supervisorctl"])
     print(f"\nrolling restart: {seconds:.0f} s, {done} requests, {len(failures)} failed")
     assert recap(result.stdout)["failed"] == 0
-    assert set(after) == {"client1", "client2"}
+    assert set(after) == {"client1", "client2", "client3"}
     assert all(after[name] != before[name] for name in before), (before, after)
     assert_loaded_throughout(log, seconds)
     assert failures == [], failures[:10]
+
+
+def _failing_site_run_under_load(extra, title):
+    """site.yml with ``extra`` under 2 paced GET loops of HAProxy's /Plone/@@ok, a run that
+    must fail on its one host (asserted): its recap recorded as ``title``. Returns ``(its
+    output, white space collapsed to one space; seconds; the loops' log; their failures)``."""
+    log = []
+    result, seconds, done, failures = while_loaded(
+        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=1200, check=False), threads=2,
+        log=log, rate=RESTART_LOAD_RATE)
+    record(f"site.yml, {title}, under load", result, seconds)
+    print(f"\n{title}: {seconds:.0f} s, {done} requests, {len(failures)} failed")
+    output = re.sub(r"\s+", " ", result.stdout + result.stderr)
+    assert result.returncode != 0 and recap(result.stdout)["failed"] == 1, output[-3000:]
+    return output, seconds, log, failures
 
 
 # Longer than pytest.ini's 1,200 s on a loaded machine: site.yml up to the clients' build.
@@ -907,14 +936,7 @@ def test_failed_build_changes_nothing_that_runs(deployed):
     before = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
     assert _served_releases() == dict.fromkeys(CLIENT_METRICS, running)
     extra = dict(deployed["extra"], zeoclient_buildout_overrides="[client1]\nwsgi-server = tornado\n")
-    log = []
-    result, seconds, done, failures = while_loaded(
-        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=1200, check=False), threads=2,
-        log=log, rate=RESTART_LOAD_RATE)
-    record("site.yml, a build that fails, under load", result, seconds)
-    print(f"\nfailed build: {seconds:.0f} s, {done} requests, {len(failures)} failed")
-    output = re.sub(r"\s+", " ", result.stdout + result.stderr)
-    assert result.returncode != 0 and recap(result.stdout)["failed"] == 1, output[-3000:]
+    output, seconds, log, failures = _failing_site_run_under_load(extra, "a build that fails")
     assert f"in {prefix}/zeoclient failed and was removed" in output, output[-3000:]
     assert "wsgi-server = 'tornado' is invalid" in output.replace("''", "'"), output[-3000:]
     assert current_release(prefix) == running
@@ -954,5 +976,46 @@ def test_rollback_returns_to_the_previous_release_under_load(deployed):
     assert _served_releases() == dict.fromkeys(CLIENT_METRICS, first)
     conf = os.path.join(prefix, "zeoclient", "current", "parts", "client1", "etc", "zope.conf")
     assert re.search(r"cache-size\s+30000\b", open(conf, encoding="utf-8").read()), conf
+    assert_loaded_throughout(log, seconds)
+    assert failures == [], failures[:10]
+
+
+#: The canary test's phases: 2 s windows, 10 of them at least per phase (the judge's
+#: MIN_WINDOWS), in 30 s phases; at RESTART_LOAD_RATE a loop, 2 loops, leastconn over three
+#: page clients, the canary answers ~100-200 requests a phase (the slow one fewer).
+CANARY_TEST = {"plonedeploy_canary": True, "canary_duration": 30, "canary_window": 2, "canary_min_requests": 50}
+
+
+# Longer than pytest.ini's 1,200 s on a loaded machine: site.yml with a build.
+@pytest.mark.timeout(1500)
+def test_canary_with_slower_pages_is_rolled_back_under_load(deployed):
+    """site.yml -e plonedeploy_canary=true with a release that differs only by 50 ms added
+    to page requests (the recipe's added-delay, a testing aid): client1 (pyruvate; client3 is
+    its comparison) serves the running release, then the new one; the judge on the balancer
+    rolls it back naming the page class; the play fails saying so, the canary is back on the
+    running release (its link, its metrics), ``current`` and the other clients unchanged, the
+    report kept; GETs through HAProxy meanwhile fail none."""
+    prefix = deployed["prefix"]
+    running = current_release(prefix)
+    before = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
+    delay = "".join(f"[{c}]\nadded-delay = 50\n" for c in ("client1", "client2", "client3"))
+    extra = dict(deployed["extra"], zeoclient_buildout_overrides=delay, **CANARY_TEST)
+    output, seconds, log, failures = _failing_site_run_under_load(extra, "a canary of 50 ms slower pages")
+    assert "not promoted: rollback: page Tr p50 of the canary is " in output, output[-3000:]
+    assert f"The canary is back on release {running}" in output, output[-3000:]
+    report = re.search(r"Report on localhost: (\S+)/report\.md", output)
+    assert report and os.path.isfile(os.path.join(report.group(1), "report.json")), output[-3000:]
+    judged = json.load(open(os.path.join(report.group(1), "report.json"), encoding="utf-8"))
+    assert judged["verdict"] == "rollback" and judged["classes"]["page"]["verdict"] == "worse", judged["reasons"]
+    # the canary went to the new release and came back: restarted (twice), the others not
+    after = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
+    assert after["client1"] != before["client1"]
+    assert {n: p for n, p in after.items() if n != "client1"} == {n: p for n, p in before.items() if n != "client1"}
+    assert os.readlink(os.path.join(prefix, "zeoclient", "clients", "client1")) == "../current"
+    assert current_release(prefix) == running
+    assert _served_releases() == dict.fromkeys(CLIENT_METRICS, running)
+    rows = haproxy_stats.fetch("http://127.0.0.1:18404/stats;csv")
+    assert {r["svname"]: (r["status"], r["weight"]) for r in rows if r["pxname"] == "zeoclients"
+            and r["svname"] != "BACKEND"} == dict.fromkeys(("client1", "client2", "client3"), ("UP", "1"))
     assert_loaded_throughout(log, seconds)
     assert failures == [], failures[:10]

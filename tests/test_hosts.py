@@ -24,7 +24,7 @@ pytestmark = pytest.mark.ansible
 
 #: The user each program of the local converge runs as (every process of it).
 PROGRAM_USERS = {
-    "zeoserver": {"plone"}, "client1": {"plone"}, "client2": {"plone"}, "uploads": {"plone"},
+    "zeoserver": {"plone"}, "client1": {"plone"}, "client2": {"plone"}, "client3": {"plone"}, "uploads": {"plone"},
     "prometheus": {"prometheus"}, "node-exporter": {"prometheus"}, "varnish-exporter": {"varnishlog"},
     "alertmanager": {"prometheus"}, "blackbox-exporter": {"prometheus"},
     # varnishd's unix jail: the manager as varnish, the cache process as vcache
