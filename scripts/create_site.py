@@ -10,7 +10,8 @@ nothing):
 - a Zope root user ``admin`` with role Manager whose password is ``$PLONEDEPLOY_ADMIN_PASSWORD``
   or, if unset, the contents of ``var/admin-password`` (generated, 32 URL-safe characters,
   mode 0600, on first use, or into the empty file bin/stack hands a service user). The
-  password is never printed;
+  password is never printed. Everything below is made as that user, as an operator would
+  in a browser, so that the content records it as its creator and owner (see ``as_admin``);
 - the Plone site ``Plone`` from the ``classic`` distribution (plone.restapi installed), no
   example content;
 - a File ``blob-5mb`` in it holding 5,242,880 random bytes as a ZODB blob (served at
@@ -34,7 +35,10 @@ nothing):
   load test last saved it), and ``EDITORS`` (10) Plone users ``editor1`` .. ``editor10``
   (global role Member, local role Editor on that folder only) sharing one password:
   ``$PLONEDEPLOY_EDITOR_PASSWORD`` or, if unset, the contents of ``var/editor-password``
-  (generated like the admin's, mode 0600, never printed).
+  (generated like the admin's, mode 0600, never printed);
+- a Dublin Core creator on each of those objects (the site, ``blob-5mb``, ``editing`` and its
+  documents): one made without a creator (by this script before it ran as the admin) gets
+  ``admin`` (see ``ensure_creators``).
 
 Exit status 0 on success; an exception (with Zope's traceback) otherwise.
 """
@@ -129,6 +133,23 @@ def ensure_admin(app, password):
         print(f"updated the password of Zope root user {ADMIN}")
         return True
     return False
+
+
+def as_admin(app):
+    """Make the Zope root user ADMIN the current user for the rest of the run (AccessControl's
+    newSecurityManager; a Manager, so every step may change what it changes).
+
+    Why not the run script's own user: ``bin/instance run`` acts as "System Processes",
+    whose id is None, so content made by it has no Dublin Core creator and no owner. Plone
+    then adds the first logged-in reader as the creator when anything adapts the item to
+    its ownership schema (plone.app.dexterity's ``Ownership.__init__`` calls ``addCreator``),
+    e.g. the ZMI listing sizing it (``get_size``) or plone.restapi serializing it: a write on
+    a GET, which plone.protect aborts (and redirects an HTML page to ``@@confirm-action``),
+    so it happened again on every such GET.
+    """
+    from AccessControl.SecurityManagement import newSecurityManager
+
+    newSecurityManager(app.REQUEST, app.acl_users.getUser(ADMIN).__of__(app.acl_users))
 
 
 def ensure_site(app):
@@ -321,6 +342,27 @@ def ensure_editors(site, password):
     return bool(created or reset or granted)
 
 
+def ensure_creators(site):
+    """Give the site and the content this script makes (BLOB_ID, EDIT_FOLDER_ID and its
+    documents, those that exist) the Dublin Core creator ADMIN where they have none (made
+    before the script ran as the admin: see ``as_admin`` for the write on read that causes);
+    a creator already there (e.g. an editor of the load test) is kept. Only these objects:
+    a production site's own content is not this script's. Returns True if anything changed."""
+    folder = site.get(EDIT_FOLDER_ID)
+    objects = [site, site.get(BLOB_ID), folder]
+    if folder is not None:
+        objects += [folder.get(doc_id) for doc_id in document_ids()]
+    fixed = []
+    for obj in objects:
+        if obj is not None and not obj.listCreators():
+            obj.setCreators((ADMIN,))
+            obj.reindexObject(idxs=["Creator"])
+            fixed.append("/".join(obj.getPhysicalPath()))
+    if fixed:
+        print(f"set the creator {ADMIN} on {len(fixed)} objects that had none ({fixed[0]} ...)")
+    return bool(fixed)
+
+
 def _commit_if(changed, note):
     """Commit the step's changes (each step in its own transaction), or abort."""
     if changed:
@@ -336,21 +378,18 @@ def main(app):
     # One transaction per step: site creation starts transactions of its own, which
     # would silently drop changes made before it in the same transaction.
     changed = _commit_if(ensure_admin(app, admin_password()), "admin user")
+    as_admin(app)
     site, created = ensure_site(app)
     changed = _commit_if(created, "site") or changed
     setSite(site)
-    # Creating content needs a Manager; 'run' scripts have no authenticated user.
-    from plone import api
-
-    with api.env.adopt_roles(["Manager"]):
-        changed = _commit_if(ensure_blob(site), "blob") or changed
+    changed = _commit_if(ensure_blob(site), "blob") or changed
     changed = _commit_if(ensure_theming_blacklist(site), "theming") or changed
     changed = _commit_if(ensure_anonymous_restapi(site), "restapi permission") or changed
-    with api.env.adopt_roles(["Manager"]):
-        changed = _commit_if(ensure_caching(site, caching_proxies()), "caching") or changed
-        if os.environ.get("PLONEDEPLOY_EDITORS") == "on":
-            changed = _commit_if(ensure_editing_content(site), "editing content") or changed
-            changed = _commit_if(ensure_editors(site, editor_password()), "editors") or changed
+    changed = _commit_if(ensure_caching(site, caching_proxies()), "caching") or changed
+    if os.environ.get("PLONEDEPLOY_EDITORS") == "on":
+        changed = _commit_if(ensure_editing_content(site), "editing content") or changed
+        changed = _commit_if(ensure_editors(site, editor_password()), "editors") or changed
+    changed = _commit_if(ensure_creators(site), "creators") or changed
     print("site ready: committed" if changed else "site ready: unchanged")
 
 

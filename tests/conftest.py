@@ -110,9 +110,9 @@ def pytest_fixture_post_finalizer(fixturedef, request):
     _SET_UP.discard(fixturedef.argname)
 
 
-#: create_site.py's environment for the logged-in load test's editors and documents (as make
-#: site makes them). Not the stack fixture's: with them, the admin's GET of /Plone/manage_main
-#: writes and plone.protect redirects it (test_edge_bypass), so only test_loggedin adds them.
+#: create_site.py's environment for the logged-in load test's editors and documents (as
+#: ``PLONEDEPLOY_EDITORS=on make site`` makes them). Not the stack fixture's, which makes the
+#: site as ``make start`` does: test_loggedin adds them (its module fixture ``editors``).
 SITE_ENV = dict(os.environ, PLONEDEPLOY_EDITORS="on")
 
 

@@ -9,8 +9,9 @@ import re
 import sys
 
 import pytest
+import requests
 
-from conftest import ROOT, SITE_ENV, admin_session, run
+from conftest import ROOT, SITE_ENV, admin_auth, admin_session, run
 from loadtests import loggedin
 from loadtests.ab import abstats, abtest
 from loadtests.core import stack as stack_module
@@ -240,6 +241,24 @@ def editors(stack):
     made = run([os.path.join(ROOT, "bin", "instance"), "run", "scripts/create_site.py"], timeout=600, env=SITE_ENV)
     assert "site ready" in made.stdout, made.stdout
     return stack
+
+
+@pytest.mark.integration
+def test_the_admin_reads_the_zmi_without_a_write(editors):
+    """With the editors' folder in the site, the admin's GET of /Plone/manage_main (and of
+    /Plone/blob-5mb/manage_main, which acquires the same listing) is the ZMI page on every page
+    client, not plone.protect's redirect to @@confirm-action. The listing sizes each item; a
+    Dexterity item without Dublin Core creators adds the reader as its first creator while
+    doing so (plone.app.dexterity's Ownership adapter), a write on a GET that plone.protect
+    aborts, so every such GET was redirected again (scripts/create_site.py's content had none)."""
+    stack = editors
+    auth = admin_auth()
+    for server in stack.config["servers"]:
+        for path in ("/Plone/manage_main", "/Plone/blob-5mb/manage_main"):
+            reply = requests.get(stack.client_urls[server] + path, auth=auth, allow_redirects=False, timeout=60)
+            assert (reply.status_code, reply.headers.get("Location")) == (200, None), (server, path)
+            # The listing with the editors' folder, whose row wrote.
+            assert 'href="editing/manage_workspace"' in reply.text, (server, path, reply.text[:300])
 
 
 @pytest.mark.integration
