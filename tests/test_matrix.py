@@ -21,6 +21,7 @@ import time
 import psutil
 import pytest
 
+from loadtests.core import stack as stack_module
 from loadtests.matrix import matrix, matrix_plan, matrix_report, matrix_servers, matrix_summary
 from loadtests.matrix.matrix_plan import Cell, Part
 
@@ -95,6 +96,50 @@ def test_default_plan_size():
     assert len(cells) == 7 * 5 * 6 + 2 * 5 * 4 == 250
     assert len(pairs) == 7 * 3 + 2 == 23
     assert len(order) == 3 * 250
+
+
+def test_logged_in_runs_only_up_to_one_document_per_editor():
+    """Locust's editors each save a document of their own up to 40 of them: the path class
+    logged-in runs at the connection counts up to 40 only, the other paths at all."""
+    cells = matrix_plan.cells(["pyruvate"], ["/", "logged-in"], [1, 10, 40, 100], [1, 2], 100, SINGLE)
+    assert sorted(c.connections for c in cells if c.path == "logged-in") == [1, 10, 40]
+    assert sorted(c.connections for c in cells if c.path == "/") == [1, 10, 40, 100, 100]
+    assert not [c for c in cells if c.path == "logged-in" and c.threads == 1]   # the sweep at 100 left it out
+
+
+def test_logged_in_is_opt_in_and_refused_without_its_editors(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("PLONEDEPLOY_EDITOR_PASSWORD", raising=False)
+    monkeypatch.setattr(stack_module, "EDITOR_PASSWORD_FILE", str(tmp_path / "editor-password"))
+    assert "logged-in" not in matrix.parse_args([]).paths
+    with pytest.raises(SystemExit) as exc:
+        matrix.parse_args(["--paths", "/,logged-in"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--paths logged-in: the logged-in shape needs the editors' password" in err
+    assert "PLONEDEPLOY_EDITORS=on make site" in err
+    (tmp_path / "editor-password").write_text("secret\n")
+    assert matrix.parse_args(["--paths", "/,logged-in"]).paths == ["/", "logged-in"]
+    assert stack_module.editor_password() == "secret"
+    with pytest.raises(SystemExit):
+        matrix.parse_args(["--paths", "logged-in", "--connections", "100,1000"])
+    assert "--paths logged-in runs at up to 40 connections" in capsys.readouterr().err
+    # a stored matrix with the path is checked again on --resume
+    stored = dict(servers=["pyruvate"], paths=["logged-in"], connections=[4], threads=[2], sweep_at=None, runs=3,
+                  duration=2, warmup=1, timeout=5, seed=3, noisy_pct=25.0, drain_max=20)
+    (tmp_path / "options.json").write_text(json.dumps(stored))
+    (tmp_path / "editor-password").unlink()
+    with pytest.raises(SystemExit):
+        matrix.parse_args(["--resume", str(tmp_path)])
+    assert "--paths logged-in: the logged-in shape needs" in capsys.readouterr().err
+
+
+def test_estimate_counts_each_locust_start_and_login():
+    cell = ("pyruvate", 2, "logged-in", 4)
+    runs = [(cell, i) for i in range(3)]
+    expected = (3 * (2 + matrix_plan.RUN_OVERHEAD_S + matrix_plan.LOCUST_OVERHEAD_S)
+                + (1 + matrix_plan.CELL_OVERHEAD_S + matrix_plan.LOCUST_OVERHEAD_S)
+                + matrix_plan.STARTUP_BASE_S + matrix_plan.STARTUP_PER_PART_S)
+    assert matrix_plan.estimate_seconds(runs, 1, duration=2, warmup=1) == pytest.approx(expected)
 
 
 def test_order_covers_every_cell_and_run_once_round_by_round():
@@ -227,6 +272,25 @@ def test_cell_with_a_short_run_is_not_steady():
     assert "| 9.0 | 2.9 U | 3 |" in report
     assert "of 1-20 s (long enough for 3 requests per connection" in report
     assert "marked `U`): 1." in report
+
+
+def test_logged_in_cells_are_reported_as_editors(tmp_path):
+    """A logged-in cell in the report: its own note (editors, Locust's failures as non-2xx),
+    its table and its plot."""
+    cell = ("pyruvate", 2, "logged-in", 4)
+    runs = [_record(cell, i, requests=n, rps=n / 10, p50_ms=150.0, p95_ms=300.0, p99_ms=400.0, max_ms=500.0,
+                    cpu_ms_per_req=90.0, errors={"connect": 0, "read": 0, "write": 0, "timeout": 0}, non_2xx=i,
+                    peak_rss_bytes=300 * 2**20, foreign_pct=5.0, duration_s=10, wrk_threads=None)
+            for i, n in enumerate([120, 130, 140])]
+    meta = dict(started="t", cores=2, servers=["pyruvate"], paths=["logged-in"], runs=3, duration_s=1,
+                max_duration_s=20, requests_per_connection=3, warmup_s=1, seed=1, timeout_s=5, cells_done=1,
+                cells_planned=1, runs_done=3, runs_planned=3, estimate_s=60, noisy_pct=25, drain_max_s=20)
+    rows = matrix_report.write_all(runs, meta, str(tmp_path), SINGLE)
+    assert rows[0]["rps"] == 13.0 and rows[0]["non_2xx"] == 3
+    report = (tmp_path / "report.md").read_text()
+    assert "## logged-in" in report and "Locust's logged-in shape, not wrk: conns = editors" in report
+    assert "| pyruvate | 2 | 4 | 13.0 |" in report
+    assert (tmp_path / "matrix-logged-in.png").stat().st_size > 0
 
 
 def test_summary_tables_per_connection_count_and_threads():

@@ -1,7 +1,7 @@
 """The kit's headline figures, re-measured side by side in one run, with their spread.
 
     python -m loadtests headline [--connections 4] [--duration 8] [--rounds 3] [--no-off] [--no-copy]
-                                 [--variant NAME ...] [--logged-in]
+                                 [--variant NAME ...] [--logged-in] [--paths /,/Plone,@json,blob]
 
 Against the running stack (``make start``): in every round, in an order rotated from round
 to round, one wrk run of ``--duration`` seconds with ``--connections`` connections on
@@ -44,7 +44,11 @@ blob splice/copy``), each other variant against the unchanged config's temporary
 (``haproxy-<variant>/haproxy-same blob``) and that one against the pool (``haproxy-same/haproxy blob``),
 HAProxy over pyruvate alone against pyruvate directly (``haproxy-pyruvate-alone/pyruvate blob``)
 and the pool against the faster client's direct figure of the same round
-(``haproxy/best direct blob``). The run-to-run spread of the same cell is the noise a
+(``haproxy/best direct blob``), and with the off clients ``kit/hand-built <path>``: the kit's
+default client (pyruvate, the kit's pipeline) against ``waitress-off``, the nearest the kit
+builds to a hand-built default client (the backend image's waitress with ``threads = 2``,
+Zope's stock pipeline; the stack's waitress client has 2 threads and no tuning beyond the
+pipeline). The run-to-run spread of the same cell is the noise a
 difference has to beat (about 25 % on these shared machines).
 
 ``spliced_mib`` in the report: the MiB each HAProxy sent through kernel pipes during the run
@@ -124,18 +128,38 @@ def parse_args(argv):
                         "--connections editors (Locust's logged-in shape: front page as a Member, folder "
                         "contents, edit form, save; bodies checked), their logins in an uncounted 3 s warm-up; "
                         "needs $PLONEDEPLOY_EDITOR_PASSWORD or var/editor-password (PLONEDEPLOY_EDITORS=on make site)")
+    parser.add_argument("--paths", type=_path_list(parser),
+                        help=f"comma-separated path labels to measure, from {', '.join(ALL_PATHS)} (default "
+                        f"{','.join(PATHS)}; {LOGGED_IN} as with --logged-in)")
     add_buildout_config_argument(parser, "the off clients' buildout in var/headline")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     if args.connections < 1 or args.duration < 1 or args.rounds < 1:
         parser.error("--connections, --duration and --rounds must be >= 1")
+    args.paths = _paths((args.paths or list(PATHS)) + ([LOGGED_IN] if args.logged_in else []))
+    args.logged_in = LOGGED_IN in args.paths
     if args.logged_in and (missing := editor_password_missing()):
         parser.error(f"--logged-in: {missing}")
+    if args.variant and "blob" not in args.paths:
+        parser.error(f"--variant: the HAProxy variants run on the blob only, and --paths {','.join(args.paths)} "
+                     "leaves it out")
     try:
-        args.variants = variants.select(args.variant, args.no_copy)
+        # The variants differ from the stack's HAProxy on the blob only.
+        args.variants = variants.select(args.variant, args.no_copy) if "blob" in args.paths else []
     except ValueError as exc:
         parser.error(str(exc))
     return args
+
+
+def _path_list(parser):
+    """argparse ``type`` of --paths: comma-separated labels of ALL_PATHS (exits 2 naming the others)."""
+    def parse(text):
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in ALL_PATHS]
+        if bad or not values:
+            parser.error(f"--paths: {', '.join(bad) or 'empty'} not allowed; allowed: {', '.join(ALL_PATHS)}")
+        return values
+    return parse
 
 
 def targets(config):
@@ -167,12 +191,13 @@ def spliced_bytes(metrics_url):
     return int(float(found.group(1)))
 
 
-def plan(rounds, with_off, variant_names=(), logged_in=False):
-    """The runs in order: ``[(round, target, path label)]``, with the off clients on every path
-    if ``with_off``, each of ``variant_names`` (:data:`variants.VARIANTS`) on the blob, and the
-    path class ``logged-in`` on every other target if ``logged_in``; the order of the (target,
-    path) pairs rotates by one per round so no pair always runs first or after the same one."""
-    paths = tuple(PATHS) + ((LOGGED_IN,) if logged_in else ())
+def plan(rounds, with_off, variant_names=(), logged_in=False, paths=tuple(PATHS)):
+    """The runs in order: ``[(round, target, path label)]`` on each of ``paths`` (labels of
+    ALL_PATHS), with the off clients on every path if ``with_off``, each of ``variant_names``
+    (:data:`variants.VARIANTS`) on the blob, and the path class ``logged-in`` on every other
+    target if ``logged_in``; the order of the (target, path) pairs rotates by one per round so
+    no pair always runs first or after the same one."""
+    paths = _paths(list(paths) + ([LOGGED_IN] if logged_in else []))
     cells = [(t, p) for p in paths for t in TARGETS + (OFF if with_off else ())]
     cells += [(variants.target(name), "blob") for name in variant_names]
     runs = []
@@ -206,8 +231,9 @@ def summarize(runs):
     p99_ms, errors). ``cells``: ``{"target path": {"rps": spread, "p50_ms", "p99_ms"
     (medians), "errors" (sum), "runs"}}``; ``ratios``: ``{name: spread}`` of per-round
     ratios, for each path ``pyruvate/waitress <path>``, with the off clients ``<server>
-    kit/stock <path>``, with haproxy-copy ``haproxy blob splice/copy``, with another HAProxy
-    variant ``haproxy-<variant>/haproxy-same blob`` (:func:`variants.ratio`), and ``haproxy/best
+    kit/stock <path>`` and ``kit/hand-built <path>`` (pyruvate against waitress-off), with
+    haproxy-copy ``haproxy blob splice/copy``, with another HAProxy variant
+    ``haproxy-<variant>/haproxy-same blob`` (:func:`variants.ratio`), and ``haproxy/best
     direct blob`` (the pool against the faster of pyruvate and waitress in that round). A ratio
     needs both runs of its round."""
     by = {}
@@ -233,6 +259,9 @@ def summarize(runs):
         for p in paths:
             if (f"{server}-off", p) in by:
                 ratios[f"{server} kit/stock {p}"] = ratio((server, p), (f"{server}-off", p))
+    for p in paths:
+        if ("waitress-off", p) in by:
+            ratios[f"kit/hand-built {p}"] = ratio(("pyruvate", p), ("waitress-off", p))
     for name in variants.VARIANTS:
         if (variants.target(name), "blob") in by:
             label, (first, second) = variants.ratio(name)
@@ -261,7 +290,8 @@ def to_markdown(meta, cells, ratios):
         f"load average {meta['load_before']} before and {meta['load_after']} after; {meta['minutes']} min.",
         f"pyruvate = `{meta['clients']['pyruvate']}`, waitress = `{meta['clients']['waitress']}` directly; "
         "haproxy = the stack's pool (leastconn over both); -off = the same client with Zope's stock pipeline "
-        "(no blobsendfile, no metrics filter)"
+        "(no blobsendfile, no metrics filter); kit/hand-built = pyruvate against waitress-off (the backend "
+        "image's waitress, 2 threads, Zope's stock pipeline)"
         + "".join(f"; {variants.legend(name)}" for name in variants.VARIANTS if variants.target(name) in columns)
         + "."
         + (" MiB sent through kernel pipes (splice) during the runs: "
@@ -347,7 +377,7 @@ def main(argv=None):
         metrics = {"haproxy": config["haproxy_metrics_url"],
                    **{target: balancer.metrics_url for target, balancer in balancers.items()}}
         spliced_before = {name: spliced_bytes(url) for name, url in metrics.items()}
-        todo = plan(args.rounds, not args.no_off, args.variants, args.logged_in)
+        todo = plan(args.rounds, not args.no_off, args.variants, paths=args.paths)
         for target, label in sorted({(t, p) for _, t, p in todo if p != LOGGED_IN}):  # Locust warms up itself
             run_wrk(urls[target] + PATHS[label][0], 2, 2, accept=PATHS[label][1])  # warm-up, not counted
         # A Locust run adds its 3 s warm-up and its start to the run time.
@@ -377,7 +407,7 @@ def main(argv=None):
     cells, ratios = summarize(runs)
     meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "command": " ".join(
                 ["python -m loadtests headline", *(argv if argv is not None else sys.argv[1:])]),
-            "connections": args.connections, "logged_in": args.logged_in,
+            "connections": args.connections, "logged_in": args.logged_in, "paths": args.paths,
             "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(),
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
             "minutes": round((time.monotonic() - clock) / 60, 1), "clients": clients, "urls": urls,

@@ -4,7 +4,7 @@ HAProxy x blob-sendfile), each cell measured 3 times.
 Usage (stack running with the site: ``make start``; Debian's ``wrk`` on PATH)::
 
     .venv/bin/python -m loadtests matrix [--quick] [--servers pyruvate,waitress,...]
-        [--paths /,/Plone,@json,blob,hello] [--connections 1,10,100,1000]
+        [--paths /,/Plone,@json,blob,hello[,logged-in]] [--connections 1,10,100,1000]
         [--threads 1,2,4] [--sweep-at 100] [--clients 0] [--sendfile on]
         [--runs 3] [--duration 1] [--max-duration 20]
         [--requests-per-connection 3] [--warmup 1] [--drain-max 20]
@@ -15,6 +15,20 @@ still overrides them): ``servers-wrk`` (every server on ``/`` at 10 connections)
 ``scaling`` (pyruvate on ``/Plone`` through HAProxy over 1-4 ZEO clients at 1, 2 and 4
 threads) and ``blob`` (pyruvate and waitress on the blob at 1-8 connections, with
 ``blob-sendfile`` on and off, direct and through HAProxy).
+
+The path class ``logged-in`` (opt-in: not in the default ``--paths``) is no wrk path: each of
+its runs is one Locust process of the locustfile's logged-in shape (loadtests/loggedin.py,
+:func:`loadtests.matrix.matrix_measure.measure_logged_in`), ``--connections`` editors who log
+in during 3 uncounted seconds and then each, in a closed loop, view the front page as a
+Member, list the folder contents, open the edit form of a document of their own and save it,
+every answer checked (a failed check counts in ``non_2xx``); its req/s counts those four
+requests together. It runs only at connection counts up to 40 (the documents: more editors
+would save the same ones at once). It needs the site's editors, which only
+``PLONEDEPLOY_EDITORS=on make site`` creates (scripts/create_site.py): the matrix refuses the
+path (exit 2, naming ``--paths logged-in`` and that command) without their password
+(``$PLONEDEPLOY_EDITOR_PASSWORD`` or ``var/editor-password``) and, before it builds anything,
+when ``editor1`` cannot log in through the stack's frontend (the matrix's clients are ZEO
+clients of the same database, so they have the same users).
 
 The two extra axes: ``--clients`` 0 is wrk against one ZEO client directly; n >= 1 is wrk
 against a temporary HAProxy (the stack's own template, loadtests/core/balancers.py: leastconn,
@@ -78,11 +92,13 @@ import psutil
 
 from loadtests.core.cli import (add_counts_argument, add_run_arguments, add_stack_arguments, exits_2_when_not_ready,
                                 new_parser, parse_counts)
+from loadtests.core.locustrun import login_problem
 from loadtests.core.procs import raise_fd_limit
-from loadtests.core.stack import ROOT, load_stack, running_zeo_server, stack_pids
+from loadtests.core.stack import ROOT, editor_password_missing, load_stack, running_zeo_server, stack_pids
 from loadtests.core.wrk import require_wrk
+from loadtests.loggedin import LOGGED_IN
 from loadtests.matrix import matrix_plan, matrix_report, matrix_servers
-from loadtests.matrix.matrix_measure import MATRIX_PATHS
+from loadtests.matrix.matrix_measure import ALL_PATHS, MATRIX_PATHS
 from loadtests.matrix.run import measure_all
 from plonedeploy.stack.rules import SERVERS, SINGLE_THREADED
 
@@ -152,8 +168,10 @@ def parse_args(argv, preset=None):
                         help="CI mode: pyruvate and waitress, connections 1,50, threads 2, 1 s runs")
     parser.add_argument("--servers", type=_list(parser, "--servers", SERVERS),
                         help=f"comma-separated wsgi-server values from {', '.join(SERVERS)} (default: all)")
-    parser.add_argument("--paths", type=_list(parser, "--paths", list(MATRIX_PATHS)),
-                        help=f"comma-separated path labels from {', '.join(MATRIX_PATHS)} (default: all)")
+    parser.add_argument("--paths", type=_list(parser, "--paths", ALL_PATHS),
+                        help=f"comma-separated path labels from {', '.join(ALL_PATHS)} (default: all but "
+                        f"{LOGGED_IN}, the editors of Locust's logged-in shape, which needs PLONEDEPLOY_EDITORS=on "
+                        "make site and runs at up to 40 connections)")
     add_counts_argument(parser, "--connections", None, "comma-separated wrk connection counts (default 1,10,100,1000)")
     add_counts_argument(parser, "--threads", None, "comma-separated threads values swept at --sweep-at connections "
                         "(default 1,2,4; single-threaded servers only 1)")
@@ -195,6 +213,7 @@ def parse_args(argv, preset=None):
         args.subcommand = stored.get("subcommand", args.subcommand)
         if args.max_duration is None:
             args.max_duration = args.duration
+        _check_logged_in(parser, args)
         return args
     base = QUICK if args.quick else DEFAULTS
     for key, value in base.items():
@@ -218,7 +237,21 @@ def parse_args(argv, preset=None):
         parser.error("--warmup must be >= 0, --timeout and --drain-max >= 1")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(10**6)
+    _check_logged_in(parser, args)
     return args
+
+
+def _check_logged_in(parser, args):
+    """Exit 2 (``parser.error``) when ``--paths`` has ``logged-in`` but the editors' password
+    is missing, or none of ``--connections`` is within its PATH_MAX_CONNECTIONS."""
+    if not args.paths or LOGGED_IN not in args.paths:
+        return
+    if missing := editor_password_missing():
+        parser.error(f"--paths {LOGGED_IN}: {missing}")
+    most = matrix_plan.PATH_MAX_CONNECTIONS[LOGGED_IN]
+    if args.connections and min(args.connections) > most:
+        parser.error(f"--paths {LOGGED_IN} runs at up to {most} connections (editors with a document each), and "
+                     f"--connections {','.join(map(str, args.connections))} has none of them")
 
 
 def plan(args):
@@ -259,11 +292,15 @@ def main(argv=None, preset=None):
         sweep = f"at {args.sweep_at} connections, else the default 2 (bjoern, gevent: 1)"
     else:
         sweep = f"not swept: --sweep-at {args.sweep_at} is not among --connections; default 2 (bjoern, gevent: 1)"
+    capped = sorted({c for c in args.connections for p in args.paths
+                     if c > matrix_plan.PATH_MAX_CONNECTIONS.get(p, c)})
     axes = "" if args.clients == [0] and args.sendfile == ["on"] else (
         f", clients {','.join(map(str, args.clients))} (0: direct), blob-sendfile {','.join(args.sendfile)}")
     print(f"{args.subcommand}: {len(args.servers)} servers, {len(args.paths)} paths, connections "
           f"{','.join(map(str, args.connections))}, threads {','.join(map(str, args.threads))} "
-          f"({sweep}){axes}: {len(cells)} cells x {args.runs} runs = {len(order)} runs "
+          f"({sweep}){axes}"
+          + (f" ({LOGGED_IN} not at {','.join(map(str, capped))})" if capped else "")
+          + f": {len(cells)} cells x {args.runs} runs = {len(order)} runs "
           f"of {_run_length(args)} (+{args.warmup} s warm-up per cell), {len(pairs)} parts; "
           f"{len(order) - len(todo)} runs already measured; estimate {_minutes(estimate)}", flush=True)
     if args.estimate:
@@ -271,6 +308,13 @@ def main(argv=None, preset=None):
     wrk = require_wrk()
     config = load_stack(args.stack_config)
     zeo = running_zeo_server(config)
+    if todo and LOGGED_IN in args.paths:
+        # Before anything is built: the matrix's clients share the stack's database and users.
+        url = config["frontend_url"].rstrip("/")
+        if problem := login_problem(url):
+            print(f"matrix: --paths {LOGGED_IN}: the editors cannot log in at {url} ({problem}); the site "
+                  "needs them: PLONEDEPLOY_EDITORS=on make site", file=sys.stderr)
+            return 2
     stack = stack_pids(config)
     ports = matrix_servers.assign_ports(pairs, args.base_port)
     last_port = max(p for pair in ports.values() for p in pair)

@@ -5,7 +5,8 @@ tests/test_matrix.py.
 
 A *cell* is a :class:`Cell` ``(server, threads, path, connections, clients, sendfile)``:
 one wsgi-server value with one ``threads`` setting, one path label (``/``, ``/Plone``,
-``@json``, ``blob``, ``hello``), one wrk connection count, and the two axes that the
+``@json``, ``blob``, ``hello``, ``logged-in``), one wrk connection count (for ``logged-in``:
+editors, Locust users), and the two axes that the
 ``scaling`` and ``blob`` subcommands vary: ``clients`` (0: wrk talks to one ZEO client
 directly; n >= 1: to a temporary HAProxy over n ZEO clients of that server) and
 ``sendfile`` (the ZEO clients' ``blob-sendfile``; off only matters for the blob). A *run*
@@ -16,6 +17,8 @@ import collections
 import json
 import math
 import random
+
+from loadtests.loggedin import DOCUMENTS, LOGGED_IN
 
 SINGLE_THREADED_DEFAULT = 1
 MULTI_THREADED_DEFAULT = 2
@@ -35,7 +38,15 @@ CELL_OVERHEAD_S = 0.3
 #: headline and matrix runs of 22-24 Nov 2026, rounded down): used only to estimate how
 #: long steady-state runs take before anything is measured; the runs themselves size
 #: their duration from the cell's own warm-up or previous run.
-RATE_GUESS = {"hello": 2000.0, "/": 800.0, "@json": 100.0, "/Plone": SLOW_PAGE_RPS, "blob": 150.0}
+RATE_GUESS = {"hello": 2000.0, "/": 800.0, "@json": 100.0, "/Plone": SLOW_PAGE_RPS, "blob": 150.0,
+              LOGGED_IN: 15.0}
+#: Seconds a Locust run of the logged-in shape costs besides its counted duration: Locust's
+#: start and the editors' logins in its uncounted warm-up (3 s; the headline's estimate).
+LOCUST_OVERHEAD_S = 6.0
+#: The most connections (editors) a path runs at: the logged-in shape's editors each save a
+#: document of their own only up to DOCUMENTS of them (more would save the same documents at
+#: once: ZODB write conflicts, not the server's speed). Cells above are left out of the plan.
+PATH_MAX_CONNECTIONS = {LOGGED_IN: DOCUMENTS}
 #: Seconds to build (when built: ~20 s) and start the parts, all at once: 8 parts (16
 #: servers) answered after 122 s here on a busy shared 2-core machine.
 STARTUP_BASE_S = 40.0
@@ -63,7 +74,8 @@ def cells(servers, paths, connections, threads, sweep_at, single_threaded, clien
     Every server x path x connection level runs at the server's default threads (2, or 1
     for ``single_threaded`` servers); at ``sweep_at`` connections (if it is one of
     ``connections``) every value of ``threads`` runs too (only 1 for single-threaded
-    servers). ``sweep_at`` None: every connection level runs every ``threads`` value.
+    servers). ``sweep_at`` None: every connection level runs every ``threads`` value. A path
+    runs only at connection levels up to its PATH_MAX_CONNECTIONS (``logged-in``: 40).
     Each of those runs once per ``clients`` value (0: direct; n: through HAProxy over n
     ZEO clients) and, on the blob only, once per ``sendfile`` value (booleans; the other
     paths never reach the filter, so they run once, with it on). The hello-world app is
@@ -76,6 +88,8 @@ def cells(servers, paths, connections, threads, sweep_at, single_threaded, clien
             filters = sorted(set(sendfile), reverse=True) if path == "blob" else [True]
             counts = [0] if path == "hello" and 0 in clients else [] if path == "hello" else sorted(set(clients))
             for conns in connections:
+                if conns > PATH_MAX_CONNECTIONS.get(path, conns):
+                    continue
                 if sweep_at is None or conns == sweep_at:
                     values = allowed
                 else:
@@ -181,18 +195,21 @@ def estimate_seconds(runs, n_parts, duration, warmup, drain_max=20, per_connecti
     (nothing when ``runs`` is empty). At HIGH_CONNECTIONS or more on a Zope path a run
     adds the idle wait for the requests wrk abandoned: HIGH_DRAIN_S, or on ``/Plone``
     connections / SLOW_PAGE_RPS seconds, at most ``drain_max``; a run through HAProxy
-    (``clients`` >= 1) adds BALANCER_START_S."""
+    (``clients`` >= 1) adds BALANCER_START_S; a ``logged-in`` run and cell (its warm-up is a
+    Locust run too) add LOCUST_OVERHEAD_S each."""
     if not runs:
         return 0.0
     total = STARTUP_BASE_S + n_parts * STARTUP_PER_PART_S
-    total += len({cell for cell, _ in runs}) * (warmup + CELL_OVERHEAD_S)
+    distinct = {Cell(*cell) for cell, _ in runs}
+    total += sum(warmup + CELL_OVERHEAD_S + (LOCUST_OVERHEAD_S if c.path == LOGGED_IN else 0.0) for c in distinct)
     for cell, _ in runs:
         cell = Cell(*cell)
         path, conns = cell.path, cell.connections
         total += BALANCER_START_S if cell.clients else 0.0
+        total += LOCUST_OVERHEAD_S if path == LOGGED_IN else 0.0
         total += cell_duration(RATE_GUESS.get(path), conns, per_connection, duration,
                                duration if max_duration is None else max_duration) + RUN_OVERHEAD_S
-        if conns >= HIGH_CONNECTIONS and path != "hello":
+        if conns >= HIGH_CONNECTIONS and path not in ("hello", LOGGED_IN):
             total += min(conns / SLOW_PAGE_RPS if path == "/Plone" else HIGH_DRAIN_S, drain_max)
     return total
 

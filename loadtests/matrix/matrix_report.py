@@ -31,6 +31,7 @@ import os
 import matplotlib.ticker
 
 from loadtests.core.reports import new_figure, save_figure
+from loadtests.loggedin import LOGGED_IN
 from loadtests.matrix.matrix_plan import cell_of, steady, trimmed_mean
 from loadtests.matrix.matrix_rows import ERROR_KINDS, _errors, _fmt, default_threads_rows, label
 from loadtests.matrix.matrix_summary import summary
@@ -126,7 +127,7 @@ def plot(rows, paths, single_threaded, directory):
             ax.set_xticks(sorted({r["connections"] for r in cells}))
             ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-            ax.set_xlabel("connections (wrk)")
+            ax.set_xlabel("editors (Locust users)" if path == LOGGED_IN else "connections (wrk)")
             ax.set_ylabel(ylabel)
             ax.grid(True, alpha=0.3)
         axes.flat[0].legend(fontsize="small")
@@ -198,8 +199,14 @@ def markdown(rows, meta, pngs):
         cells = [r for r in rows if r["path"] == path]
         if not cells:
             continue
-        lines += ["", f"## {path}", "",
-                  "| server | threads | conns | req/s | p50 ms | p95 ms | p99 ms | max ms | CPU ms/req "
+        lines += ["", f"## {path}", ""]
+        if path == LOGGED_IN:
+            lines += ["Locust's logged-in shape, not wrk: conns = editors, each in a closed loop of the front page "
+                      "as a Member, the folder contents, the edit form of a document of its own and its save (req/s "
+                      "counts the four; their logins in 3 uncounted seconds before each run, and the CPU counted "
+                      "from then on); non-2xx = Locust's failures (a status other than 200 or a body that failed "
+                      "its check, connection errors included).", ""]
+        lines += ["| server | threads | conns | req/s | p50 ms | p95 ms | p99 ms | max ms | CPU ms/req "
                   "| socket errors c/r/w/t | non-2xx | peak RSS MiB | foreign CPU % | idle wait s | run s "
                   "| req/conn | runs |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
