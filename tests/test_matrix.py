@@ -75,6 +75,24 @@ def test_clients_and_sendfile_axes():
         "m_pyruvate_t2_off", "m_pyruvate_t2_off_r2", "m_pyruvate_t2", "m_pyruvate_t2_r2"]
 
 
+def test_zodb_cache_size_axis():
+    """--zodb-cache-sizes: every Zope path once per size, each size its own parts (named
+    _c<size>, built with that zodb-cache-size); the build's own size is cache 0, the
+    default-built client; hello only with it."""
+    args = matrix.parse_args(["--servers", "pyruvate", "--paths", "/Plone,hello", "--connections", "4",
+                              "--threads", "2", "--zodb-cache-sizes", "1000,30000"])
+    cells, parts, _ = matrix.plan(args)
+    assert sorted(cells) == [Cell("pyruvate", 2, "/Plone", 4), Cell("pyruvate", 2, "/Plone", 4, cache=1000),
+                             Cell("pyruvate", 2, "hello", 4)]
+    assert parts == [Part("pyruvate", 2), Part("pyruvate", 2, cache=1000)]
+    assert [matrix_servers.part_name(p) for p in parts] == ["m_pyruvate_t2", "m_pyruvate_t2_c1000"]
+    assert [matrix_servers.has_hello(p) for p in parts] == [True, False]
+    assert not matrix_plan.cells(["pyruvate"], ["hello"], [4], [2], None, SINGLE, caches=[1000])
+    assert matrix_plan.cell_of({"server": "pyruvate", "threads": 2, "path": "/", "connections": 1}).cache == 0
+    assert matrix_report.label({"server": "waitress", "cache": 5000, "clients": 2}) == \
+        "waitress cache 5,000 ×2 via HAProxy"
+
+
 @pytest.mark.parametrize("preset, cells, parts", [
     ("servers-wrk", 9, 9),              # every server once on / at 10 connections
     ("scaling", 3 * 4, 3 * 4),          # threads 1, 2, 4 x clients 1-4: replicas 1-4 per threads
@@ -216,23 +234,26 @@ def test_hello_servers_are_the_recipes_hello_address(tmp_path, monkeypatch):
     monkeypatch.setattr(matrix_servers.serverbuild, "build_parts",
                         lambda directory, parts, zeo, blobs, part_options, service_user:
                         built.update(parts=parts, options=part_options, user=service_user) or 7.0)
-    parts = [Part("pyruvate", 2), Part("waitress", 1), Part("waitress", 1, False), Part("waitress", 1, True, 2)]
+    parts = [Part("pyruvate", 2), Part("waitress", 1), Part("waitress", 1, False), Part("waitress", 1, True, 2),
+             Part("waitress", 1, cache=500)]
     ports = matrix_servers.assign_ports(parts, 9510)
     assert matrix_servers.build(str(tmp_path), parts, ports, "127.0.0.1:8100", "/blobs", "plonedeploy") == 7.0
     assert built["user"] == "plonedeploy"  # the parts run as the stack's service user
     assert built["parts"] == [("m_pyruvate_t2", "pyruvate", 9510, 2), ("m_waitress_t1", "waitress", 9512, 1),
-                              ("m_waitress_t1_off", "waitress", 9514, 1), ("m_waitress_t1_r2", "waitress", 9516, 1)]
+                              ("m_waitress_t1_off", "waitress", 9514, 1), ("m_waitress_t1_r2", "waitress", 9516, 1),
+                              ("m_waitress_t1_c500", "waitress", 9518, 1)]
     assert built["options"] == {"m_pyruvate_t2": "hello-address = 127.0.0.1:9511\n",
                                 "m_waitress_t1": "hello-address = 127.0.0.1:9513\n",
-                                "m_waitress_t1_off": "blob-sendfile = off\n", "m_waitress_t1_r2": ""}
+                                "m_waitress_t1_off": "blob-sendfile = off\n", "m_waitress_t1_r2": "",
+                                "m_waitress_t1_c500": "zodb-cache-size = 500\n"}
     config = matrix_servers.run_config(str(tmp_path), parts, ports)
     hello = next(p for p in config["processes"] if p["name"] == "m_waitress_t1-hello")
     assert hello["argv"][-1] == str(tmp_path / "parts" / "m_waitress_t1" / "etc" / "hello.ini")
     assert hello["ready"] == {"http": "http://127.0.0.1:9513/"}
     # only the default-built first client of a (server, threads) serves hello world
     assert sorted(p["name"] for p in config["processes"]) == [
-        "m_pyruvate_t2", "m_pyruvate_t2-hello", "m_waitress_t1", "m_waitress_t1-hello", "m_waitress_t1_off",
-        "m_waitress_t1_r2"]
+        "m_pyruvate_t2", "m_pyruvate_t2-hello", "m_waitress_t1", "m_waitress_t1-hello", "m_waitress_t1_c500",
+        "m_waitress_t1_off", "m_waitress_t1_r2"]
 
 
 def test_aggregate_trims_sums_errors_and_flags_noisy():
@@ -362,8 +383,29 @@ def test_sendfile_and_clients_summaries_pair_the_runs_of_one_round():
                                             "pyruvate sendfile off")
 
 
+def test_cache_and_thread_ratios_pair_the_runs_of_one_round():
+    base = dict(p50_ms=1.0, p95_ms=2.0, p99_ms=3.0, max_ms=9.0, cpu_ms_per_req=1.0, requests=1000, non_2xx=0,
+                errors={"connect": 0, "read": 0, "write": 0, "timeout": 0}, peak_rss_bytes=2**20, foreign_pct=0.0)
+    records = []
+    for cell, rates in [(("pyruvate", 2, "logged-in", 4), [20.0, 18.0, 21.0]),
+                        (("pyruvate", 2, "logged-in", 4, 0, True, 1000), [10.0, 18.0, 7.0]),
+                        (("pyruvate", 1, "logged-in", 4), [10.0, 9.0, 42.0]),
+                        (("pyruvate", 4, "logged-in", 4), [20.0, 36.0, 21.0])]:
+        records += [_record(cell, k, rps=rps, **base) for k, rps in enumerate(rates)]
+    assert matrix_summary.cache_ratios(records) == {Cell("pyruvate", 2, "logged-in", 4, cache=1000): [0.5, 1.0, 1/3]}
+    assert matrix_summary.thread_round_ratios(records, 4, SINGLE) == {
+        Cell("pyruvate", 1, "logged-in", 4): [0.5, 0.5, 2.0], Cell("pyruvate", 4, "logged-in", 4): [1.0, 2.0, 1.0]}
+    rows = matrix_report.aggregate(records, noisy_pct=25)
+    text = matrix_report.summary(rows, {"paths": ["logged-in"], "servers": ["pyruvate"], "sweep_at": 4},
+                                 SINGLE, records)
+    assert "| pyruvate (2) | `logged-in` | direct | 4 | 1,000 | 10.0 | 20.0 | 0.50 (0.33–1.00) | 1 / 1 |" in text
+    assert "| pyruvate | `logged-in` | 0.50 (0.50–2.00) | 1.00 (1.00–2.00) |" in text
+    assert "| server | path | 1/2 | 4/2 |" in text
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--servers", "pyruvate,nginx"], "allowed: pyruvate, waitress"),
+    (["--zodb-cache-sizes", "0"], "--zodb-cache-sizes: expected comma-separated integers >= 1"),
     (["--paths", "/x"], "allowed: /, /Plone, @json, blob, hello"),
     (["--connections", "0"], "--connections"),
     (["--sweep-at", "many"], "--sweep-at"),

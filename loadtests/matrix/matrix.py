@@ -5,7 +5,7 @@ Usage (stack running with the site: ``make start``; Debian's ``wrk`` on PATH)::
 
     .venv/bin/python -m loadtests matrix [--quick] [--servers pyruvate,waitress,...]
         [--paths /,/Plone,@json,blob,hello[,logged-in]] [--connections 1,10,100,1000]
-        [--threads 1,2,4] [--sweep-at 100] [--clients 0] [--sendfile on]
+        [--threads 1,2,4] [--sweep-at 100] [--clients 0] [--sendfile on] [--zodb-cache-sizes 30000]
         [--runs 3] [--duration 1] [--max-duration 20]
         [--requests-per-connection 3] [--warmup 1] [--drain-max 20]
         [--out var/reports] [--resume DIR] [--estimate]
@@ -30,12 +30,15 @@ path (exit 2, naming ``--paths logged-in`` and that command) without their passw
 when ``editor1`` cannot log in through the stack's frontend (the matrix's clients are ZEO
 clients of the same database, so they have the same users).
 
-The two extra axes: ``--clients`` 0 is wrk against one ZEO client directly; n >= 1 is wrk
+The three extra axes: ``--clients`` 0 is wrk against one ZEO client directly; n >= 1 is wrk
 against a temporary HAProxy (the stack's own template, loadtests/core/balancers.py: leastconn,
 maxconn = threads) over n ZEO clients of the same server and threads, started for each run
 (its CPU and RSS count as the server's, with the clients'; ``share`` in the run's record is
 each client's part of HAProxy's sessions). ``--sendfile off`` adds ZEO clients built with
 ``blob-sendfile = off``, measured on the blob only (no other path reaches the filter).
+``--zodb-cache-sizes`` adds ZEO clients built with another ``zodb-cache-size`` (objects per
+ZODB connection; the build's is 30000, :data:`loadtests.matrix.serverbuild.ZODB_CACHE_SIZE`),
+measured on every Zope path; the report compares each with the build's per round.
 
 What it does (method of the 2016 AppDynamics benchmark, improved):
 
@@ -100,16 +103,18 @@ from loadtests.loggedin import LOGGED_IN
 from loadtests.matrix import matrix_plan, matrix_report, matrix_servers
 from loadtests.matrix.matrix_measure import ALL_PATHS, MATRIX_PATHS
 from loadtests.matrix.run import measure_all
+from loadtests.matrix.serverbuild import ZODB_CACHE_SIZE
 from plonedeploy.stack.rules import SERVERS, SINGLE_THREADED
 
 
 # --duration and --warmup (1 s each) are the same with and without --quick: their parser defaults.
 DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 100, 1000],
             "threads": [1, 2, 4], "sweep_at": 100, "runs": 3, "max_duration": 20, "clients": [0],
-            "sendfile": ["on"]}
+            "sendfile": ["on"], "zodb_cache_sizes": [ZODB_CACHE_SIZE]}
 # --quick keeps 1 s runs (CI time): its cells say whether they reached the steady state.
 QUICK = {"servers": ["pyruvate", "waitress"], "paths": list(MATRIX_PATHS), "connections": [1, 50],
-         "threads": [2], "sweep_at": None, "runs": 4, "max_duration": 1, "clients": [0], "sendfile": ["on"]}
+         "threads": [2], "sweep_at": None, "runs": 4, "max_duration": 1, "clients": [0], "sendfile": ["on"],
+         "zodb_cache_sizes": [ZODB_CACHE_SIZE]}
 #: Subcommands that are the matrix with other defaults: ``{name: (options, one line for
 #: --help)}``; the command line overrides any of them. They replace the separate tools
 #: servers_wrk, scaling and blobbench (removed; docs/reference/loadtests.md).
@@ -125,9 +130,10 @@ PRESETS = {
 }
 PLAN_KEYS = ("servers", "paths", "connections", "threads", "sweep_at", "runs", "duration", "max_duration",
              "requests_per_connection", "warmup", "timeout", "seed", "noisy_pct", "drain_max", "clients",
-             "sendfile")
+             "sendfile", "zodb_cache_sizes")
 #: What a matrix stored before steady-state runs (options.json without these keys) ran with.
-OLD_PLAN = {"max_duration": None, "requests_per_connection": 0, "clients": [0], "sendfile": ["on"]}
+OLD_PLAN = {"max_duration": None, "requests_per_connection": 0, "clients": [0], "sendfile": ["on"],
+            "zodb_cache_sizes": [ZODB_CACHE_SIZE]}
 
 
 #: The matrix's numeric run settings: ``(option, type, default, help)``; a None default is
@@ -183,6 +189,9 @@ def parse_args(argv, preset=None):
     parser.add_argument("--sendfile", type=_list(parser, "--sendfile", ["on", "off"]),
                         help="comma-separated blob-sendfile values of the clients, on and/or off; off is measured "
                         "on the blob only (default on)")
+    parser.add_argument("--zodb-cache-sizes", type=lambda text: parse_counts(parser, "--zodb-cache-sizes", text),
+                        help=f"comma-separated zodb-cache-size values (objects per ZODB connection) of the ZEO "
+                        f"clients, each a build of its own (default {ZODB_CACHE_SIZE}, the build's)")
     parser.add_argument("--runs", type=int, help="runs per cell (default 3: their median; 4: mean of the middle "
                         "two; --quick 4)")
     add_run_arguments(parser, duration=1, warmup=1, duration_help="seconds per run at least",
@@ -258,7 +267,8 @@ def plan(args):
     """``(cells, pairs, order)`` of the options: the cells, the (server, threads) parts and
     the randomized run order (see loadtests/matrix/matrix_plan.py)."""
     cells = matrix_plan.cells(args.servers, args.paths, args.connections, args.threads, args.sweep_at,
-                              SINGLE_THREADED, args.clients, [value == "on" for value in args.sendfile])
+                              SINGLE_THREADED, args.clients, [value == "on" for value in args.sendfile],
+                              [0 if size == ZODB_CACHE_SIZE else size for size in args.zodb_cache_sizes])
     return cells, matrix_plan.parts_needed(cells), matrix_plan.run_order(cells, args.runs, args.seed)
 
 
@@ -296,6 +306,8 @@ def main(argv=None, preset=None):
                      if c > matrix_plan.PATH_MAX_CONNECTIONS.get(p, c)})
     axes = "" if args.clients == [0] and args.sendfile == ["on"] else (
         f", clients {','.join(map(str, args.clients))} (0: direct), blob-sendfile {','.join(args.sendfile)}")
+    if args.zodb_cache_sizes != [ZODB_CACHE_SIZE]:
+        axes += f", zodb-cache-size {','.join(map(str, args.zodb_cache_sizes))}"
     print(f"{args.subcommand}: {len(args.servers)} servers, {len(args.paths)} paths, connections "
           f"{','.join(map(str, args.connections))}, threads {','.join(map(str, args.threads))} "
           f"({sweep}){axes}"

@@ -1,7 +1,8 @@
 """Aggregate the benchmark matrix's runs into cells; write matrix.csv, matrix.json, PNGs
 and report.md.
 
-Per cell (server, threads, path, connections, clients, sendfile: loadtests.matrix.matrix_plan.Cell),
+Per cell (server, threads, path, connections, clients, sendfile, cache:
+loadtests.matrix.matrix_plan.Cell),
 from its runs (results.jsonl records):
 
 - trimmed mean (drop the highest and the lowest run, mean of the rest: of 4 runs the
@@ -38,7 +39,7 @@ from loadtests.matrix.matrix_summary import summary
 
 
 TRIMMED = ("rps", "p50_ms", "p95_ms", "p99_ms", "max_ms", "cpu_ms_per_req")
-COLUMNS = (["server", "threads", "path", "connections", "clients", "sendfile", "runs"] + list(TRIMMED)
+COLUMNS = (["server", "threads", "path", "connections", "clients", "sendfile", "cache", "runs"] + list(TRIMMED)
            + ["requests"] + [f"err_{k}" for k in ERROR_KINDS]
            + ["non_2xx", "peak_rss_mib", "foreign_pct", "noisy", "drain_s", "backlog", "duration_s",
               "req_per_conn", "steady", "share"])
@@ -77,7 +78,7 @@ def aggregate(records, noisy_pct, per_connection=3, duration=1):
                         for name in sorted({n for s in shares for n in s})} if shares else None
         rows.append(row)
     rows.sort(key=lambda r: (r["server"], r["path"], r["connections"], r["threads"], r["clients"],
-                             not r["sendfile"]))
+                             not r["sendfile"], r["cache"]))
     return rows
 
 
@@ -145,12 +146,12 @@ def plot_clients(rows, directory):
     line per server, threads, path and connection count; returns the file name."""
     balanced = [r for r in rows if r["clients"]]
     fig, ax = new_figure(figsize=(7, 4.5))
-    for key in sorted({(r["server"], r["threads"], r["path"], r["connections"], r["sendfile"]) for r in balanced}):
-        mine = sorted((r for r in balanced if (r["server"], r["threads"], r["path"], r["connections"],
-                                               r["sendfile"]) == key), key=lambda r: r["clients"])
-        server, threads, path, conns, on = key
+    for key in sorted({(label(dict(r, clients=0)), r["threads"], r["path"], r["connections"]) for r in balanced}):
+        mine = sorted((r for r in balanced if (label(dict(r, clients=0)), r["threads"], r["path"],
+                                               r["connections"]) == key), key=lambda r: r["clients"])
+        name, threads, path, conns = key
         ax.plot([r["clients"] for r in mine], [r["rps"] for r in mine], marker="o",
-                label=f"{server}{'' if on else ' sendfile off'}, threads {threads}, {path}, {conns} conn.")
+                label=f"{name}, threads {threads}, {path}, {conns} conn.")
     ax.set_xlabel("ZEO clients behind HAProxy (leastconn)")
     ax.set_ylabel("requests/s")
     ax.set_xticks(sorted({r["clients"] for r in balanced}))
