@@ -79,7 +79,7 @@ import requests
 from loadtests.core import extrabuild
 from loadtests.core.balancers import BalancerError
 from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
-                                exits_2_when_not_ready, new_parser)
+                                exits_2_when_not_ready, name_list, new_parser)
 from loadtests.core.reports import finish_report, markdown_table, new_figure, report_folder, save_figure, spread_bars
 from loadtests.core.locustrun import run_locust_shape
 from loadtests.core.stack import (BLOB_SIZE, PATHS, ROOT, check_servers_up, client_urls, default_buildout_config,
@@ -128,7 +128,7 @@ def parse_args(argv):
                         "--connections editors (Locust's logged-in shape: front page as a Member, folder "
                         "contents, edit form, save; bodies checked), their logins in an uncounted 3 s warm-up; "
                         "needs $PLONEDEPLOY_EDITOR_PASSWORD or var/editor-password (PLONEDEPLOY_EDITORS=on make site)")
-    parser.add_argument("--paths", type=_path_list(parser),
+    parser.add_argument("--paths", type=name_list(parser, "--paths", ALL_PATHS),
                         help=f"comma-separated path labels to measure, from {', '.join(ALL_PATHS)} (default "
                         f"{','.join(PATHS)}; {LOGGED_IN} as with --logged-in)")
     add_buildout_config_argument(parser, "the off clients' buildout in var/headline")
@@ -149,17 +149,6 @@ def parse_args(argv):
     except ValueError as exc:
         parser.error(str(exc))
     return args
-
-
-def _path_list(parser):
-    """argparse ``type`` of --paths: comma-separated labels of ALL_PATHS (exits 2 naming the others)."""
-    def parse(text):
-        values = [v.strip() for v in text.split(",") if v.strip()]
-        bad = [v for v in values if v not in ALL_PATHS]
-        if bad or not values:
-            parser.error(f"--paths: {', '.join(bad) or 'empty'} not allowed; allowed: {', '.join(ALL_PATHS)}")
-        return values
-    return parse
 
 
 def targets(config):

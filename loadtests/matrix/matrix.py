@@ -94,7 +94,7 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests.core.cli import (add_counts_argument, add_run_arguments, add_stack_arguments, exits_2_when_not_ready,
-                                new_parser, parse_counts)
+                                name_list, new_parser, parse_counts)
 from loadtests.core.locustrun import login_problem
 from loadtests.core.procs import raise_fd_limit
 from loadtests.core.stack import ROOT, editor_password_missing, load_stack, running_zeo_server, stack_pids
@@ -151,18 +151,6 @@ RUN_OPTIONS = (
 )
 
 
-def _list(parser, option, allowed):
-    """argparse ``type`` of a comma-separated list of names from ``allowed`` (lists of
-    integers: :func:`loadtests.core.cli.add_counts_argument`)."""
-    def parse(text):
-        values = [v.strip() for v in text.split(",") if v.strip()]
-        bad = [v for v in values if v not in allowed]
-        if bad or not values:
-            parser.error(f"{option}: {', '.join(bad) or 'empty'} not allowed; allowed: {', '.join(allowed)}")
-        return values
-    return parse
-
-
 def parse_args(argv, preset=None):
     """Options (argparse.Namespace); ``preset``: a name of PRESETS whose options become the
     defaults; plan options still None are filled from DEFAULTS or QUICK (``--quick``).
@@ -172,9 +160,9 @@ def parse_args(argv, preset=None):
                         "and docs/reference/servers.md.")
     parser.add_argument("--quick", action="store_true",
                         help="CI mode: pyruvate and waitress, connections 1,50, threads 2, 1 s runs")
-    parser.add_argument("--servers", type=_list(parser, "--servers", SERVERS),
+    parser.add_argument("--servers", type=name_list(parser, "--servers", SERVERS),
                         help=f"comma-separated wsgi-server values from {', '.join(SERVERS)} (default: all)")
-    parser.add_argument("--paths", type=_list(parser, "--paths", ALL_PATHS),
+    parser.add_argument("--paths", type=name_list(parser, "--paths", ALL_PATHS),
                         help=f"comma-separated path labels from {', '.join(ALL_PATHS)} (default: all but "
                         f"{LOGGED_IN}, the editors of Locust's logged-in shape, which needs PLONEDEPLOY_EDITORS=on "
                         "make site and runs at up to 40 connections)")
@@ -186,7 +174,7 @@ def parse_args(argv, preset=None):
     parser.add_argument("--clients", type=lambda text: parse_counts(parser, "--clients", text, minimum=0),
                         help="comma-separated ZEO client counts: 0 direct to one client, n >= 1 through a "
                         "temporary HAProxy over n clients of the same server (default 0)")
-    parser.add_argument("--sendfile", type=_list(parser, "--sendfile", ["on", "off"]),
+    parser.add_argument("--sendfile", type=name_list(parser, "--sendfile", ["on", "off"]),
                         help="comma-separated blob-sendfile values of the clients, on and/or off; off is measured "
                         "on the blob only (default on)")
     parser.add_argument("--zodb-cache-sizes", type=lambda text: parse_counts(parser, "--zodb-cache-sizes", text),

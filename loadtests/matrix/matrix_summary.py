@@ -196,22 +196,28 @@ def _ratio_spread(values):
     return format_spread(spread(values), 2)
 
 
+def _pairs(ratios, rows, partner):
+    """``(cell, its row, partner(cell)'s row, "direct" or "HAProxy, n clients")`` for each cell
+    of ``ratios`` (``{Cell: [ratio, ...]}``) in order whose rows both are in ``rows``."""
+    by = {cell_of(r): r for r in rows}
+    for cell in sorted(ratios):
+        mine, other = by.get(cell), by.get(partner(cell))
+        if mine and other:
+            yield cell, mine, other, (f"HAProxy, {cell.clients} client{'s' if cell.clients != 1 else ''}"
+                                      if cell.clients else "direct")
+
+
 def sendfile_summary(rows, records):
     """Markdown lines: per blob cell measured with blob-sendfile on and off, req/s of each
     and on/off per round (median, min–max); [] without such pairs."""
     ratios = sendfile_ratios(records)
     if not ratios:
         return []
-    by = {cell_of(r): r for r in rows}
     lines = ["### blob-sendfile on / off on the blob", "",
              "req/s with the filter on and off (marks as above), and on/off per round: median (min–max); "
              "above 1 the filter served more.", "",
              "| server (threads) | via | conns | on req/s | off req/s | on/off |", "|---|---|---:|---:|---:|---:|"]
-    for cell in sorted(ratios):
-        on, off = by.get(cell), by.get(cell._replace(sendfile=False))
-        if not on or not off:
-            continue
-        via = f"HAProxy, {cell.clients} client{'s' if cell.clients != 1 else ''}" if cell.clients else "direct"
+    for cell, on, off, via in _pairs(ratios, rows, lambda cell: cell._replace(sendfile=False)):
         lines.append(f"| {cell.server} ({cell.threads}) | {via} | {cell.connections:,} "
                      f"| {_fmt(on['rps'])} {_flags(on)}".rstrip() + f" | {_fmt(off['rps'])} {_flags(off)}".rstrip()
                      + f" | {_ratio_spread(ratios[cell])} |")
@@ -225,18 +231,13 @@ def cache_summary(rows, records):
     ratios = cache_ratios(records)
     if not ratios:
         return []
-    by = {cell_of(r): r for r in rows}
     lines = ["### zodb-cache-size against the build's", "",
              "req/s with the cell's zodb-cache-size (objects per ZODB connection) and with the build's (marks as "
              "above), their ratio per round: median (min–max), above 1 the cell's size served more; peak RSS MiB "
              "of both.", "",
              "| server (threads) | path | via | conns | zodb-cache-size | req/s | build's req/s | ratio "
              "| peak RSS MiB |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    for cell in sorted(ratios):
-        mine, build = by.get(cell), by.get(cell._replace(cache=0))
-        if not mine or not build:
-            continue
-        via = f"HAProxy, {cell.clients} client{'s' if cell.clients != 1 else ''}" if cell.clients else "direct"
+    for cell, mine, build, via in _pairs(ratios, rows, lambda cell: cell._replace(cache=0)):
         lines.append(f"| {cell.server} ({cell.threads}) | `{cell.path}` | {via} | {cell.connections:,} "
                      f"| {cell.cache:,} | {_fmt(mine['rps'])} {_flags(mine)}".rstrip()
                      + f" | {_fmt(build['rps'])} {_flags(build)}".rstrip()
