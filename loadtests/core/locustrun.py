@@ -70,15 +70,18 @@ def run_locust_shape(url, weights, users, duration, warmup=3.0, timeout=120, on_
         with open(log, "w", encoding="utf-8") as output:
             proc = subprocess.Popen(cmd, cwd=directory, stdout=output, stderr=subprocess.STDOUT)
             warm = on_warm is None
-            while proc.poll() is None:
-                if not warm and os.path.exists(mark):
-                    warm = True
-                    on_warm(proc.pid)
-                if time.monotonic() > deadline:
+            try:
+                while proc.poll() is None:
+                    if not warm and os.path.exists(mark):
+                        warm = True
+                        on_warm(proc.pid)
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"Locust against {url} ran {timeout} s past its {run_time} s")
+                    time.sleep(_POLL_S)
+            finally:
+                if proc.poll() is None:  # the deadline passed, on_warm raised, or we were interrupted
                     proc.kill()
                     proc.wait()
-                    raise RuntimeError(f"Locust against {url} ran {timeout} s past its {run_time} s")
-                time.sleep(_POLL_S)
         with open(log, encoding="utf-8") as fp:
             tail = fp.read()[-2000:]
         if proc.returncode not in (0, 1) or not os.path.exists(out):
