@@ -59,7 +59,8 @@ difference has to beat (about 25 % on these shared machines).
 Output: the tables on stdout and ``<out>/headline-<YYYYmmdd-HHMMSS>/`` with
 ``report.json``, ``report.md`` (the tables docs/results.md#headline-figures-make-headline
 embeds) and ``headline.png``. Exit status 0; 1 if any run had errors or short blob bodies; 2 when the
-stack is not running, wrk is missing or the pool lacks a pyruvate or a waitress client.
+stack is not running, wrk is missing, the pool lacks a pyruvate or a waitress client, or with
+``logged-in`` the editors cannot log in through the stack's HAProxy (before anything is built).
 
 The default run (3 rounds of 21 runs of 8 s, plus warm-up, the off clients' build and
 start, the copy's start): about 10 minutes on 2 cores (3 rounds of 15 runs took 7.6
@@ -81,7 +82,7 @@ from loadtests.core.balancers import BalancerError
 from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
                                 exits_2_when_not_ready, name_list, new_parser)
 from loadtests.core.reports import finish_report, markdown_table, new_figure, report_folder, save_figure, spread_bars
-from loadtests.core.locustrun import run_locust_shape
+from loadtests.core.locustrun import login_problem, run_locust_shape
 from loadtests.core.stack import (BLOB_SIZE, PATHS, ROOT, check_servers_up, client_urls, default_buildout_config,
                                   editor_password_missing, load_stack)
 from loadtests.core.stats import format_spread, spread
@@ -339,6 +340,10 @@ def main(argv=None):
         urls, clients = targets(config)
     except LookupError as exc:
         print(f"headline: {exc}", file=sys.stderr)
+        return 2
+    if args.logged_in and (problem := login_problem(urls["haproxy"])):
+        print(f"headline: --logged-in: the editors cannot log in at {urls['haproxy']} ({problem}); the site "
+              "needs them: PLONEDEPLOY_EDITORS=on make site", file=sys.stderr)
         return 2
     from plonedeploy.stack.errors import StackError
 
