@@ -376,7 +376,7 @@ def main(argv=None):
         for target, label in sorted({(t, p) for _, t, p in todo}):  # warm-up, not counted
             if label == LOGGED_IN:
                 # Its own 3 s warm-up holds only the logins: a client's first edit forms and
-                # folder contents (templates, catalog) came 2-4x slower (28 Nov 2026, -off clients).
+                # folder contents (templates, catalog) came 1.3-3x slower (28 Nov 2026, -off clients).
                 run_locust_shape(urls[target], f"{LOGGED_IN}=1", 2, 4)
             else:
                 run_wrk(urls[target] + PATHS[label][0], 2, 2, accept=PATHS[label][1])
