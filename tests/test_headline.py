@@ -68,6 +68,25 @@ def test_bad_variant_is_refused(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_paths_choose_what_runs(monkeypatch, capsys):
+    """--paths: only the labels named, in table order; logged-in among them is --logged-in;
+    without the blob no HAProxy variant (they differ from the stack's on the blob only)."""
+    monkeypatch.setenv("PLONEDEPLOY_EDITOR_PASSWORD", "secret")
+    args = headline.parse_args(["--paths", "logged-in"])
+    assert (args.paths, args.logged_in, args.variants) == (["logged-in"], True, [])
+    todo = headline.plan(2, True, args.variants, paths=args.paths)
+    assert {p for _, _, p in todo} == {"logged-in"} and len(todo) == 2 * len(headline.TARGETS + headline.OFF)
+    args = headline.parse_args(["--paths", "blob,/", "--logged-in"])
+    assert (args.paths, args.variants) == (["/", "blob", "logged-in"], ("copy",))
+    assert headline.parse_args([]).paths == list(PATHS)
+    for argv, message in [(["--paths", "/x"], "--paths: /x not allowed; allowed: /, /Plone, @json, blob, logged-in"),
+                          (["--paths", "/", "--variant", "bufs-1m"], "--variant: the HAProxy variants run on the "
+                                                                     "blob only, and --paths / leaves it out")]:
+        with pytest.raises(SystemExit) as exit_:
+            headline.parse_args(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 def _row(number, target, path, rps, errors=0):
     return {"round": number, "target": target, "path": path, "rps": rps, "p50_ms": 10.0 * number,
             "p99_ms": 40.0, "errors": errors}

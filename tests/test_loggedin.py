@@ -1,6 +1,7 @@
 """The logged-in traffic shape: its form reading and body checks (loadtests/loggedin.py),
 its option in the A/B and its path class in the A/B's verdicts (unit tests), and the shape
-run against the real stack through the A/B (marker integration)."""
+run against the real stack through the A/B, the headline's Locust run and the matrix (marker
+integration)."""
 import ast
 import csv
 import json
@@ -11,11 +12,12 @@ import sys
 import pytest
 import requests
 
-from conftest import ROOT, SITE_ENV, admin_auth, admin_session, run
+from conftest import ROOT, SITE_ENV, admin_auth, admin_session, port_taken, run
 from loadtests import loggedin
 from loadtests.ab import abstats, abtest
 from loadtests.core import stack as stack_module
-from loadtests.core.locustrun import row_of, run_locust_shape
+from loadtests.core.locustrun import login_problem, row_of, run_locust_shape
+from loadtests.matrix import matrix_plan
 from loadtests.core.stack import PATHS
 from loadtests.headline import headline
 from loadtests.weights import DEFAULT_WEIGHTS, parse_weights
@@ -214,18 +216,20 @@ def test_a_locust_run_becomes_a_figure_row():
                      "response_times": {"10": 20, "100": 10}},
         "client2": {"num_requests": 70, "num_failures": 0, "total_bytes": 7 * 2**20,
                     "response_times": {"20": 69, "300": 1}}}}
-    assert row_of(per_server) == {"requests": 100, "rps": 10.0, "mib_s": 1.0, "p50_ms": 20, "p99_ms": 300,
-                                  "errors": 1}
+    assert row_of(per_server) == {"requests": 100, "rps": 10.0, "mib_s": 1.0, "p50_ms": 20, "p95_ms": 100,
+                                  "p99_ms": 300, "max_ms": 300, "errors": 1}
 
 
 def test_headline_reports_the_logged_in_class_with_its_ratios():
     runs = [{"round": n, "target": t, "path": p, "rps": rps, "p50_ms": 50.0, "p99_ms": 90.0, "errors": 0}
             for n, t, p, rps in [(1, "pyruvate", "/", 300), (1, "waitress", "/", 150),
                                  (1, "pyruvate", "logged-in", 20), (1, "waitress", "logged-in", 16),
-                                 (1, "pyruvate-off", "logged-in", 10)]]
+                                 (1, "pyruvate-off", "logged-in", 10), (1, "waitress-off", "logged-in", 8)]]
     cells, ratios = headline.summarize(runs)
     assert ratios["pyruvate/waitress logged-in"]["median"] == 1.25
     assert ratios["pyruvate kit/stock logged-in"]["median"] == 2.0
+    # the kit's default client against the nearest to a hand-built one (waitress, stock pipeline)
+    assert ratios["kit/hand-built logged-in"]["median"] == 2.5 and "kit/hand-built /" not in ratios
     text = headline.to_markdown({"started": "s", "command": "c", "rounds": 1, "duration_s": 8, "connections": 4,
                                  "cores": 2, "load_before": [0.1], "load_after": [0.2], "minutes": 1.0,
                                  "clients": {"pyruvate": "instance", "waitress": "client2"}}, cells, ratios)
@@ -310,3 +314,47 @@ def test_logged_in_shape_through_the_ab(editors, tmp_path):
     assert os.stat(path).st_mode & 0o777 == 0o600
     password = open(path, encoding="utf-8").read().strip()
     assert len(password) >= 32 and password not in result.stdout + (folder / "locust.log").read_text()
+
+
+@pytest.mark.integration
+def test_the_editors_login_probe(editors, monkeypatch):
+    """login_problem, the matrix's check before it builds: editor1 logs in through the
+    stack's HAProxy with the site's password; with another password the reason names it."""
+    assert login_problem(editors.frontend_url.rstrip("/")) is None
+    monkeypatch.setenv("PLONEDEPLOY_EDITOR_PASSWORD", "not-the-editors-password")
+    assert login_problem(editors.frontend_url.rstrip("/")) == \
+        "not logged in as editor1: no log-out link (id=\"personaltools-logout\") in the page"
+
+
+#: Ports of the matrix's client in the test below (Zope, hello), apart from test_matrix.py's.
+MATRIX_PORTS = (9550, 9551)
+
+
+@pytest.mark.integration
+def test_the_matrix_measures_the_logged_in_path(editors, tmp_path):
+    """The matrix's path class logged-in on one pyruvate client of its own: Locust's editors
+    after their logins, each body checked (no failure: one client, no write lane), the
+    server's CPU per request counted from the end of the logins, the report's section and
+    plot; then refused before anything is built when the editors cannot log in."""
+    assert not [p for p in MATRIX_PORTS if port_taken(p)], f"matrix ports in use: {MATRIX_PORTS}"
+    out, build = tmp_path / "reports", tmp_path / "build"
+    cmd = [sys.executable, "-m", "loadtests", "matrix", "--servers", "pyruvate", "--paths", "logged-in",
+           "--connections", "2", "--threads", "2", "--runs", "2", "--duration", "4", "--max-duration", "4",
+           "--warmup", "2", "--base-port", str(MATRIX_PORTS[0]), "--out", str(out), "--build", str(build)]
+    result = run(cmd, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    [folder] = list(out.iterdir())
+    records = matrix_plan.load_results(str(folder / "results.jsonl"))
+    assert len(records) == 2 and {r["path"] for r in records} == {"logged-in"}, records
+    for r in records:
+        assert r["requests"] >= 4 and r["non_2xx"] == 0 and r["rps"] > 0, r
+        assert r["cpu_ms_per_req"] > 0 and r["peak_rss_bytes"] > 0 and r["p50_ms"] <= r["p99_ms"], r
+    assert "## logged-in" in (folder / "report.md").read_text()
+    assert (folder / "matrix-logged-in.png").stat().st_size > 0
+    assert "stopped 1 servers" in result.stdout
+    assert not [p for p in MATRIX_PORTS if port_taken(p)], "the matrix's client still listens"
+
+    refused = run(cmd, timeout=120, check=False, env=dict(os.environ, PLONEDEPLOY_EDITOR_PASSWORD="wrong"))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "--paths logged-in: the editors cannot log in at" in refused.stderr
+    assert "PLONEDEPLOY_EDITORS=on make site" in refused.stderr and "building" not in refused.stdout

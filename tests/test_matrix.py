@@ -21,6 +21,7 @@ import time
 import psutil
 import pytest
 
+from loadtests.core import stack as stack_module
 from loadtests.matrix import matrix, matrix_plan, matrix_report, matrix_servers, matrix_summary
 from loadtests.matrix.matrix_plan import Cell, Part
 
@@ -74,6 +75,24 @@ def test_clients_and_sendfile_axes():
         "m_pyruvate_t2_off", "m_pyruvate_t2_off_r2", "m_pyruvate_t2", "m_pyruvate_t2_r2"]
 
 
+def test_zodb_cache_size_axis():
+    """--zodb-cache-sizes: every Zope path once per size, each size its own parts (named
+    _c<size>, built with that zodb-cache-size); the build's own size is cache 0, the
+    default-built client; hello only with it."""
+    args = matrix.parse_args(["--servers", "pyruvate", "--paths", "/Plone,hello", "--connections", "4",
+                              "--threads", "2", "--zodb-cache-sizes", "1000,30000"])
+    cells, parts, _ = matrix.plan(args)
+    assert sorted(cells) == [Cell("pyruvate", 2, "/Plone", 4), Cell("pyruvate", 2, "/Plone", 4, cache=1000),
+                             Cell("pyruvate", 2, "hello", 4)]
+    assert parts == [Part("pyruvate", 2), Part("pyruvate", 2, cache=1000)]
+    assert [matrix_servers.part_name(p) for p in parts] == ["m_pyruvate_t2", "m_pyruvate_t2_c1000"]
+    assert [matrix_servers.has_hello(p) for p in parts] == [True, False]
+    assert not matrix_plan.cells(["pyruvate"], ["hello"], [4], [2], None, SINGLE, caches=[1000])
+    assert matrix_plan.cell_of({"server": "pyruvate", "threads": 2, "path": "/", "connections": 1}).cache == 0
+    assert matrix_report.label({"server": "waitress", "cache": 5000, "clients": 2}) == \
+        "waitress cache 5,000 ×2 via HAProxy"
+
+
 @pytest.mark.parametrize("preset, cells, parts", [
     ("servers-wrk", 9, 9),              # every server once on / at 10 connections
     ("scaling", 3 * 4, 3 * 4),          # threads 1, 2, 4 x clients 1-4: replicas 1-4 per threads
@@ -95,6 +114,50 @@ def test_default_plan_size():
     assert len(cells) == 7 * 5 * 6 + 2 * 5 * 4 == 250
     assert len(pairs) == 7 * 3 + 2 == 23
     assert len(order) == 3 * 250
+
+
+def test_logged_in_runs_only_up_to_one_document_per_editor():
+    """Locust's editors each save a document of their own up to 40 of them: the path class
+    logged-in runs at the connection counts up to 40 only, the other paths at all."""
+    cells = matrix_plan.cells(["pyruvate"], ["/", "logged-in"], [1, 10, 40, 100], [1, 2], 100, SINGLE)
+    assert sorted(c.connections for c in cells if c.path == "logged-in") == [1, 10, 40]
+    assert sorted(c.connections for c in cells if c.path == "/") == [1, 10, 40, 100, 100]
+    assert not [c for c in cells if c.path == "logged-in" and c.threads == 1]   # the sweep at 100 left it out
+
+
+def test_logged_in_is_opt_in_and_refused_without_its_editors(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("PLONEDEPLOY_EDITOR_PASSWORD", raising=False)
+    monkeypatch.setattr(stack_module, "EDITOR_PASSWORD_FILE", str(tmp_path / "editor-password"))
+    assert "logged-in" not in matrix.parse_args([]).paths
+    with pytest.raises(SystemExit) as exc:
+        matrix.parse_args(["--paths", "/,logged-in"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--paths logged-in: the logged-in shape needs the editors' password" in err
+    assert "PLONEDEPLOY_EDITORS=on make site" in err
+    (tmp_path / "editor-password").write_text("secret\n")
+    assert matrix.parse_args(["--paths", "/,logged-in"]).paths == ["/", "logged-in"]
+    assert stack_module.editor_password() == "secret"
+    with pytest.raises(SystemExit):
+        matrix.parse_args(["--paths", "logged-in", "--connections", "100,1000"])
+    assert "--paths logged-in runs at up to 40 connections" in capsys.readouterr().err
+    # a stored matrix with the path is checked again on --resume
+    stored = dict(servers=["pyruvate"], paths=["logged-in"], connections=[4], threads=[2], sweep_at=None, runs=3,
+                  duration=2, warmup=1, timeout=5, seed=3, noisy_pct=25.0, drain_max=20)
+    (tmp_path / "options.json").write_text(json.dumps(stored))
+    (tmp_path / "editor-password").unlink()
+    with pytest.raises(SystemExit):
+        matrix.parse_args(["--resume", str(tmp_path)])
+    assert "--paths logged-in: the logged-in shape needs" in capsys.readouterr().err
+
+
+def test_estimate_counts_each_locust_start_and_login():
+    cell = ("pyruvate", 2, "logged-in", 4)
+    runs = [(cell, i) for i in range(3)]
+    expected = (3 * (2 + matrix_plan.RUN_OVERHEAD_S + matrix_plan.LOCUST_OVERHEAD_S)
+                + (1 + matrix_plan.CELL_OVERHEAD_S + matrix_plan.LOCUST_OVERHEAD_S)
+                + matrix_plan.STARTUP_BASE_S + matrix_plan.STARTUP_PER_PART_S)
+    assert matrix_plan.estimate_seconds(runs, 1, duration=2, warmup=1) == pytest.approx(expected)
 
 
 def test_order_covers_every_cell_and_run_once_round_by_round():
@@ -171,23 +234,26 @@ def test_hello_servers_are_the_recipes_hello_address(tmp_path, monkeypatch):
     monkeypatch.setattr(matrix_servers.serverbuild, "build_parts",
                         lambda directory, parts, zeo, blobs, part_options, service_user:
                         built.update(parts=parts, options=part_options, user=service_user) or 7.0)
-    parts = [Part("pyruvate", 2), Part("waitress", 1), Part("waitress", 1, False), Part("waitress", 1, True, 2)]
+    parts = [Part("pyruvate", 2), Part("waitress", 1), Part("waitress", 1, False), Part("waitress", 1, True, 2),
+             Part("waitress", 1, cache=500)]
     ports = matrix_servers.assign_ports(parts, 9510)
     assert matrix_servers.build(str(tmp_path), parts, ports, "127.0.0.1:8100", "/blobs", "plonedeploy") == 7.0
     assert built["user"] == "plonedeploy"  # the parts run as the stack's service user
     assert built["parts"] == [("m_pyruvate_t2", "pyruvate", 9510, 2), ("m_waitress_t1", "waitress", 9512, 1),
-                              ("m_waitress_t1_off", "waitress", 9514, 1), ("m_waitress_t1_r2", "waitress", 9516, 1)]
+                              ("m_waitress_t1_off", "waitress", 9514, 1), ("m_waitress_t1_r2", "waitress", 9516, 1),
+                              ("m_waitress_t1_c500", "waitress", 9518, 1)]
     assert built["options"] == {"m_pyruvate_t2": "hello-address = 127.0.0.1:9511\n",
                                 "m_waitress_t1": "hello-address = 127.0.0.1:9513\n",
-                                "m_waitress_t1_off": "blob-sendfile = off\n", "m_waitress_t1_r2": ""}
+                                "m_waitress_t1_off": "blob-sendfile = off\n", "m_waitress_t1_r2": "",
+                                "m_waitress_t1_c500": "zodb-cache-size = 500\n"}
     config = matrix_servers.run_config(str(tmp_path), parts, ports)
     hello = next(p for p in config["processes"] if p["name"] == "m_waitress_t1-hello")
     assert hello["argv"][-1] == str(tmp_path / "parts" / "m_waitress_t1" / "etc" / "hello.ini")
     assert hello["ready"] == {"http": "http://127.0.0.1:9513/"}
     # only the default-built first client of a (server, threads) serves hello world
     assert sorted(p["name"] for p in config["processes"]) == [
-        "m_pyruvate_t2", "m_pyruvate_t2-hello", "m_waitress_t1", "m_waitress_t1-hello", "m_waitress_t1_off",
-        "m_waitress_t1_r2"]
+        "m_pyruvate_t2", "m_pyruvate_t2-hello", "m_waitress_t1", "m_waitress_t1-hello", "m_waitress_t1_c500",
+        "m_waitress_t1_off", "m_waitress_t1_r2"]
 
 
 def test_aggregate_trims_sums_errors_and_flags_noisy():
@@ -227,6 +293,25 @@ def test_cell_with_a_short_run_is_not_steady():
     assert "| 9.0 | 2.9 U | 3 |" in report
     assert "of 1-20 s (long enough for 3 requests per connection" in report
     assert "marked `U`): 1." in report
+
+
+def test_logged_in_cells_are_reported_as_editors(tmp_path):
+    """A logged-in cell in the report: its own note (editors, Locust's failures as non-2xx),
+    its table and its plot."""
+    cell = ("pyruvate", 2, "logged-in", 4)
+    runs = [_record(cell, i, requests=n, rps=n / 10, p50_ms=150.0, p95_ms=300.0, p99_ms=400.0, max_ms=500.0,
+                    cpu_ms_per_req=90.0, errors={"connect": 0, "read": 0, "write": 0, "timeout": 0}, non_2xx=i,
+                    peak_rss_bytes=300 * 2**20, foreign_pct=5.0, duration_s=10, wrk_threads=None)
+            for i, n in enumerate([120, 130, 140])]
+    meta = dict(started="t", cores=2, servers=["pyruvate"], paths=["logged-in"], runs=3, duration_s=1,
+                max_duration_s=20, requests_per_connection=3, warmup_s=1, seed=1, timeout_s=5, cells_done=1,
+                cells_planned=1, runs_done=3, runs_planned=3, estimate_s=60, noisy_pct=25, drain_max_s=20)
+    rows = matrix_report.write_all(runs, meta, str(tmp_path), SINGLE)
+    assert rows[0]["rps"] == 13.0 and rows[0]["non_2xx"] == 3
+    report = (tmp_path / "report.md").read_text()
+    assert "## logged-in" in report and "Locust's logged-in shape, not wrk: conns = editors" in report
+    assert "| pyruvate | 2 | 4 | 13.0 |" in report
+    assert (tmp_path / "matrix-logged-in.png").stat().st_size > 0
 
 
 def test_summary_tables_per_connection_count_and_threads():
@@ -298,8 +383,29 @@ def test_sendfile_and_clients_summaries_pair_the_runs_of_one_round():
                                             "pyruvate sendfile off")
 
 
+def test_cache_and_thread_ratios_pair_the_runs_of_one_round():
+    base = dict(p50_ms=1.0, p95_ms=2.0, p99_ms=3.0, max_ms=9.0, cpu_ms_per_req=1.0, requests=1000, non_2xx=0,
+                errors={"connect": 0, "read": 0, "write": 0, "timeout": 0}, peak_rss_bytes=2**20, foreign_pct=0.0)
+    records = []
+    for cell, rates in [(("pyruvate", 2, "logged-in", 4), [20.0, 18.0, 21.0]),
+                        (("pyruvate", 2, "logged-in", 4, 0, True, 1000), [10.0, 18.0, 7.0]),
+                        (("pyruvate", 1, "logged-in", 4), [10.0, 9.0, 42.0]),
+                        (("pyruvate", 4, "logged-in", 4), [20.0, 36.0, 21.0])]:
+        records += [_record(cell, k, rps=rps, **base) for k, rps in enumerate(rates)]
+    assert matrix_summary.cache_ratios(records) == {Cell("pyruvate", 2, "logged-in", 4, cache=1000): [0.5, 1.0, 1/3]}
+    assert matrix_summary.thread_round_ratios(records, 4, SINGLE) == {
+        Cell("pyruvate", 1, "logged-in", 4): [0.5, 0.5, 2.0], Cell("pyruvate", 4, "logged-in", 4): [1.0, 2.0, 1.0]}
+    rows = matrix_report.aggregate(records, noisy_pct=25)
+    text = matrix_report.summary(rows, {"paths": ["logged-in"], "servers": ["pyruvate"], "sweep_at": 4},
+                                 SINGLE, records)
+    assert "| pyruvate (2) | `logged-in` | direct | 4 | 1,000 | 10.0 | 20.0 | 0.50 (0.33–1.00) | 1 / 1 |" in text
+    assert "| pyruvate | `logged-in` | 0.50 (0.50–2.00) | 1.00 (1.00–2.00) |" in text
+    assert "| server | path | 1/2 | 4/2 |" in text
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--servers", "pyruvate,nginx"], "allowed: pyruvate, waitress"),
+    (["--zodb-cache-sizes", "0"], "--zodb-cache-sizes: expected comma-separated integers >= 1"),
     (["--paths", "/x"], "allowed: /, /Plone, @json, blob, hello"),
     (["--connections", "0"], "--connections"),
     (["--sweep-at", "many"], "--sweep-at"),

@@ -71,6 +71,19 @@ def add_buildout_config_argument(parser, extended_by):
                         "make build recorded (var/buildout-config), else local.cfg if it exists, else buildout.cfg")
 
 
+def name_list(parser, option, allowed):
+    """argparse ``type`` of a comma-separated list of names from ``allowed``: anything else
+    (or nothing) ends in ``parser.error`` naming ``option``, the names refused and those
+    allowed (exit status 2). Lists of integers: :func:`parse_counts`."""
+    def parse(text):
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            parser.error(f"{option}: {', '.join(bad) or 'empty'} not allowed; allowed: {', '.join(allowed)}")
+        return values
+    return parse
+
+
 def parse_counts(parser, option, text, minimum=1):
     """``"10,100"`` -> ``[10, 100]``: a comma-separated list of integers >= ``minimum`` given
     to ``option`` (such as ``--connections``); anything else ends in ``parser.error`` naming

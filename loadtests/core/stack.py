@@ -35,6 +35,19 @@ EDITOR_PASSWORD_FILE = os.path.join(ROOT, "var", "editor-password")
 EDITOR_PASSWORD_ENV = "PLONEDEPLOY_EDITOR_PASSWORD"
 
 
+def editor_password():
+    """The editors' password: ``$PLONEDEPLOY_EDITOR_PASSWORD`` when set, else the contents of
+    EDITOR_PASSWORD_FILE (stripped); None when neither is there or the file is empty."""
+    found = os.environ.get(EDITOR_PASSWORD_ENV)
+    if found:
+        return found
+    try:
+        with open(EDITOR_PASSWORD_FILE, encoding="utf-8") as fp:
+            return fp.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
 def editor_password_missing():
     """None when the logged-in shape can log in (``$PLONEDEPLOY_EDITOR_PASSWORD`` set or
     EDITOR_PASSWORD_FILE present), else why not (a str naming both and ``make site``)."""

@@ -1,7 +1,7 @@
 """The kit's headline figures, re-measured side by side in one run, with their spread.
 
     python -m loadtests headline [--connections 4] [--duration 8] [--rounds 3] [--no-off] [--no-copy]
-                                 [--variant NAME ...] [--logged-in]
+                                 [--variant NAME ...] [--logged-in] [--paths /,/Plone,@json,blob]
 
 Against the running stack (``make start``): in every round, in an order rotated from round
 to round, one wrk run of ``--duration`` seconds with ``--connections`` connections on
@@ -26,7 +26,8 @@ NAME`` (repeatable; ``all``) adds others: ``pipesize-512k``, ``pipesize-1m``, ``
 ``bufs-4m``, ``nbthread-1``, ``nbthread-1-copy``, each with ``haproxy-same``, the unchanged
 config in a temporary HAProxy, their baseline; ``pyruvate-alone``, the config with only the
 pool's pyruvate client as server, against that client directly (the balancer's own cost).
-Every target and path first gets 2 s of uncounted load (caches, ZODB connections).
+Every target and path first gets 2 s of uncounted load (caches, ZODB connections); the
+logged-in class 4 s of 2 editors after their logins.
 
 With ``--logged-in`` every target of the four paths (not the HAProxy variants) also gets the
 path class ``logged-in``: not wrk but the locustfile's logged-in shape
@@ -45,7 +46,11 @@ blob splice/copy``), each other variant against the unchanged config's temporary
 (``haproxy-<variant>/haproxy-same blob``) and that one against the pool (``haproxy-same/haproxy blob``),
 HAProxy over pyruvate alone against pyruvate directly (``haproxy-pyruvate-alone/pyruvate blob``)
 and the pool against the faster client's direct figure of the same round
-(``haproxy/best direct blob``). The run-to-run spread of the same cell is the noise a
+(``haproxy/best direct blob``), and with the off clients ``kit/hand-built <path>``: the kit's
+default client (pyruvate, the kit's pipeline) against ``waitress-off``, the nearest the kit
+builds to a hand-built default client (the backend image's waitress with ``threads = 2``,
+Zope's stock pipeline; the stack's waitress client has 2 threads and no tuning beyond the
+pipeline). The run-to-run spread of the same cell is the noise a
 difference has to beat (about 25 % on these shared machines).
 
 ``spliced_mib`` in the report: the MiB each HAProxy sent through kernel pipes during the run
@@ -56,7 +61,8 @@ difference has to beat (about 25 % on these shared machines).
 Output: the tables on stdout and ``<out>/headline-<YYYYmmdd-HHMMSS>/`` with
 ``report.json``, ``report.md`` (the tables docs/results.md#headline-figures-make-headline
 embeds) and ``headline.png``. Exit status 0; 1 if any run had errors or short blob bodies; 2 when the
-stack is not running, wrk is missing or the pool lacks a pyruvate or a waitress client.
+stack is not running, wrk is missing, the pool lacks a pyruvate or a waitress client, or with
+``logged-in`` the editors cannot log in through the stack's HAProxy (before anything is built).
 
 The default run (3 rounds of 21 runs of 8 s, plus warm-up, the off clients' build and
 start, the copy's start): about 10 minutes on 2 cores (3 rounds of 15 runs took 7.6
@@ -76,9 +82,9 @@ import requests
 from loadtests.core import extrabuild
 from loadtests.core.balancers import BalancerError
 from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
-                                exits_2_when_not_ready, new_parser)
+                                exits_2_when_not_ready, name_list, new_parser)
 from loadtests.core.reports import finish_report, markdown_table, new_figure, report_folder, save_figure, spread_bars
-from loadtests.core.locustrun import run_locust_shape
+from loadtests.core.locustrun import login_problem, run_locust_shape
 from loadtests.core.stack import (BLOB_SIZE, PATHS, ROOT, check_servers_up, client_urls, default_buildout_config,
                                   editor_password_missing, load_stack)
 from loadtests.core.stats import format_spread, spread
@@ -128,15 +134,24 @@ def parse_args(argv):
                         "--connections editors (Locust's logged-in shape: front page as a Member, folder "
                         "contents, edit form, save; bodies checked), their logins in an uncounted 3 s warm-up; "
                         "needs $PLONEDEPLOY_EDITOR_PASSWORD or var/editor-password (PLONEDEPLOY_EDITORS=on make site)")
+    parser.add_argument("--paths", type=name_list(parser, "--paths", ALL_PATHS),
+                        help=f"comma-separated path labels to measure, from {', '.join(ALL_PATHS)} (default "
+                        f"{','.join(PATHS)}; {LOGGED_IN} as with --logged-in)")
     add_buildout_config_argument(parser, "the off clients' buildout in var/headline")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     if args.connections < 1 or args.duration < 1 or args.rounds < 1:
         parser.error("--connections, --duration and --rounds must be >= 1")
+    args.paths = _paths((args.paths or list(PATHS)) + ([LOGGED_IN] if args.logged_in else []))
+    args.logged_in = LOGGED_IN in args.paths
     if args.logged_in and (missing := editor_password_missing()):
         parser.error(f"--logged-in: {missing}")
+    if args.variant and "blob" not in args.paths:
+        parser.error(f"--variant: the HAProxy variants run on the blob only, and --paths {','.join(args.paths)} "
+                     "leaves it out")
     try:
-        args.variants = variants.select(args.variant, args.no_copy)
+        # The variants differ from the stack's HAProxy on the blob only.
+        args.variants = variants.select(args.variant, args.no_copy) if "blob" in args.paths else []
     except ValueError as exc:
         parser.error(str(exc))
     return args
@@ -202,12 +217,13 @@ def spliced_bytes(metrics_url):
     return int(float(found.group(1)))
 
 
-def plan(rounds, with_off, variant_names=(), logged_in=False):
-    """The runs in order: ``[(round, target, path label)]``, with the off clients on every path
-    if ``with_off``, each of ``variant_names`` (:data:`variants.VARIANTS`) on the blob, and the
-    path class ``logged-in`` on every other target if ``logged_in``; the order of the (target,
-    path) pairs rotates by one per round so no pair always runs first or after the same one."""
-    paths = tuple(PATHS) + ((LOGGED_IN,) if logged_in else ())
+def plan(rounds, with_off, variant_names=(), logged_in=False, paths=tuple(PATHS)):
+    """The runs in order: ``[(round, target, path label)]`` on each of ``paths`` (labels of
+    ALL_PATHS), with the off clients on every path if ``with_off``, each of ``variant_names``
+    (:data:`variants.VARIANTS`) on the blob, and the path class ``logged-in`` on every other
+    target if ``logged_in``; the order of the (target, path) pairs rotates by one per round so
+    no pair always runs first or after the same one."""
+    paths = _paths(list(paths) + ([LOGGED_IN] if logged_in else []))
     cells = [(t, p) for p in paths for t in TARGETS + (OFF if with_off else ())]
     cells += [(variants.target(name), "blob") for name in variant_names]
     runs = []
@@ -241,8 +257,9 @@ def summarize(runs):
     p99_ms, errors). ``cells``: ``{"target path": {"rps": spread, "p50_ms", "p99_ms"
     (medians), "errors" (sum), "runs"}}``; ``ratios``: ``{name: spread}`` of per-round
     ratios, for each path ``pyruvate/waitress <path>``, with the off clients ``<server>
-    kit/stock <path>``, with haproxy-copy ``haproxy blob splice/copy``, with another HAProxy
-    variant ``haproxy-<variant>/haproxy-same blob`` (:func:`variants.ratio`), and ``haproxy/best
+    kit/stock <path>`` and ``kit/hand-built <path>`` (pyruvate against waitress-off), with
+    haproxy-copy ``haproxy blob splice/copy``, with another HAProxy variant
+    ``haproxy-<variant>/haproxy-same blob`` (:func:`variants.ratio`), and ``haproxy/best
     direct blob`` (the pool against the faster of pyruvate and waitress in that round). A ratio
     needs both runs of its round."""
     by = {}
@@ -268,6 +285,9 @@ def summarize(runs):
         for p in paths:
             if (f"{server}-off", p) in by:
                 ratios[f"{server} kit/stock {p}"] = ratio((server, p), (f"{server}-off", p))
+    for p in paths:
+        if ("waitress-off", p) in by:
+            ratios[f"kit/hand-built {p}"] = ratio(("pyruvate", p), ("waitress-off", p))
     for name in variants.VARIANTS:
         if (variants.target(name), "blob") in by:
             label, (first, second) = variants.ratio(name)
@@ -296,7 +316,8 @@ def to_markdown(meta, cells, ratios):
         f"load average {meta['load_before']} before and {meta['load_after']} after; {meta['minutes']} min.",
         f"pyruvate = `{meta['clients']['pyruvate']}`, waitress = `{meta['clients']['waitress']}` directly; "
         "haproxy = the stack's pool (leastconn over both); -off = the same client with Zope's stock pipeline "
-        "(no blobsendfile, no metrics filter)"
+        "(no blobsendfile, no metrics filter); kit/hand-built = pyruvate against waitress-off (the backend "
+        "image's waitress, 2 threads, Zope's stock pipeline)"
         + "".join(f"; {variants.legend(name)}" for name in variants.VARIANTS if variants.target(name) in columns)
         + "."
         + (" MiB sent through kernel pipes (splice) during the runs: "
@@ -356,6 +377,10 @@ def main(argv=None):
     except LookupError as exc:
         print(f"headline: {exc}", file=sys.stderr)
         return 2
+    if args.logged_in and (problem := login_problem(urls["haproxy"])):
+        print(f"headline: --logged-in: the editors cannot log in at {urls['haproxy']} ({problem}); the site "
+              "needs them: PLONEDEPLOY_EDITORS=on make site", file=sys.stderr)
+        return 2
     from plonedeploy.stack.errors import StackError
 
     started, clock = datetime.now(timezone.utc), time.monotonic()
@@ -375,9 +400,14 @@ def main(argv=None):
         metrics = {"haproxy": config["haproxy_metrics_url"],
                    **{target: balancer.metrics_url for target, balancer in balancers.items()}}
         spliced_before = {name: spliced_bytes(url) for name, url in metrics.items()}
-        todo = plan(args.rounds, not args.no_off, args.variants, args.logged_in)
-        for target, label in sorted({(t, p) for _, t, p in todo if p != LOGGED_IN}):  # Locust warms up itself
-            run_wrk(urls[target] + PATHS[label][0], 2, 2, accept=PATHS[label][1])  # warm-up, not counted
+        todo = plan(args.rounds, not args.no_off, args.variants, paths=args.paths)
+        for target, label in sorted({(t, p) for _, t, p in todo}):  # warm-up, not counted
+            if label == LOGGED_IN:
+                # Its own 3 s warm-up holds only the logins: a client's first edit forms and
+                # folder contents (templates, catalog) came 1.3-3x slower (28 Nov 2026, -off clients).
+                run_locust_shape(urls[target], f"{LOGGED_IN}=1", 2, 4)
+            else:
+                run_wrk(urls[target] + PATHS[label][0], 2, 2, accept=PATHS[label][1])
         # A Locust run adds its 3 s warm-up and its start to the run time.
         seconds = sum(args.duration + (6 if label == LOGGED_IN else 1) for _, _, label in todo)
         print(f"{len(todo)} runs of {args.duration} s at {args.connections} connections "
@@ -405,7 +435,7 @@ def main(argv=None):
     cells, ratios = summarize(runs)
     meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "command": " ".join(
                 ["python -m loadtests headline", *(argv if argv is not None else sys.argv[1:])]),
-            "connections": args.connections, "logged_in": args.logged_in,
+            "connections": args.connections, "logged_in": args.logged_in, "paths": args.paths,
             "restarted_clients": [] if args.no_off or args.no_restart else [clients[s] for s in SERVERS],
             "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(),
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],

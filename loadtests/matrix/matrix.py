@@ -4,8 +4,8 @@ HAProxy x blob-sendfile), each cell measured 3 times.
 Usage (stack running with the site: ``make start``; Debian's ``wrk`` on PATH)::
 
     .venv/bin/python -m loadtests matrix [--quick] [--servers pyruvate,waitress,...]
-        [--paths /,/Plone,@json,blob,hello] [--connections 1,10,100,1000]
-        [--threads 1,2,4] [--sweep-at 100] [--clients 0] [--sendfile on]
+        [--paths /,/Plone,@json,blob,hello[,logged-in]] [--connections 1,10,100,1000]
+        [--threads 1,2,4] [--sweep-at 100] [--clients 0] [--sendfile on] [--zodb-cache-sizes 30000]
         [--runs 3] [--duration 1] [--max-duration 20]
         [--requests-per-connection 3] [--warmup 1] [--drain-max 20]
         [--out var/reports] [--resume DIR] [--estimate]
@@ -16,12 +16,29 @@ still overrides them): ``servers-wrk`` (every server on ``/`` at 10 connections)
 threads) and ``blob`` (pyruvate and waitress on the blob at 1-8 connections, with
 ``blob-sendfile`` on and off, direct and through HAProxy).
 
-The two extra axes: ``--clients`` 0 is wrk against one ZEO client directly; n >= 1 is wrk
+The path class ``logged-in`` (opt-in: not in the default ``--paths``) is no wrk path: each of
+its runs is one Locust process of the locustfile's logged-in shape (loadtests/loggedin.py,
+:func:`loadtests.matrix.matrix_measure.measure_logged_in`), ``--connections`` editors who log
+in during 3 uncounted seconds and then each, in a closed loop, view the front page as a
+Member, list the folder contents, open the edit form of a document of their own and save it,
+every answer checked (a failed check counts in ``non_2xx``); its req/s counts those four
+requests together. It runs only at connection counts up to 40 (the documents: more editors
+would save the same ones at once). It needs the site's editors, which only
+``PLONEDEPLOY_EDITORS=on make site`` creates (scripts/create_site.py): the matrix refuses the
+path (exit 2, naming ``--paths logged-in`` and that command) without their password
+(``$PLONEDEPLOY_EDITOR_PASSWORD`` or ``var/editor-password``) and, before it builds anything,
+when ``editor1`` cannot log in through the stack's frontend (the matrix's clients are ZEO
+clients of the same database, so they have the same users).
+
+The three extra axes: ``--clients`` 0 is wrk against one ZEO client directly; n >= 1 is wrk
 against a temporary HAProxy (the stack's own template, loadtests/core/balancers.py: leastconn,
 maxconn = threads) over n ZEO clients of the same server and threads, started for each run
 (its CPU and RSS count as the server's, with the clients'; ``share`` in the run's record is
 each client's part of HAProxy's sessions). ``--sendfile off`` adds ZEO clients built with
 ``blob-sendfile = off``, measured on the blob only (no other path reaches the filter).
+``--zodb-cache-sizes`` adds ZEO clients built with another ``zodb-cache-size`` (objects per
+ZODB connection; the build's is 30000, :data:`loadtests.matrix.serverbuild.ZODB_CACHE_SIZE`),
+measured on every Zope path; the report compares each with the build's per round.
 
 What it does (method of the 2016 AppDynamics benchmark, improved):
 
@@ -77,23 +94,27 @@ from datetime import datetime, timezone
 import psutil
 
 from loadtests.core.cli import (add_counts_argument, add_run_arguments, add_stack_arguments, exits_2_when_not_ready,
-                                new_parser, parse_counts)
+                                name_list, new_parser, parse_counts)
+from loadtests.core.locustrun import login_problem
 from loadtests.core.procs import raise_fd_limit
-from loadtests.core.stack import ROOT, load_stack, running_zeo_server, stack_pids
+from loadtests.core.stack import ROOT, editor_password_missing, load_stack, running_zeo_server, stack_pids
 from loadtests.core.wrk import require_wrk
+from loadtests.loggedin import LOGGED_IN
 from loadtests.matrix import matrix_plan, matrix_report, matrix_servers
-from loadtests.matrix.matrix_measure import MATRIX_PATHS
+from loadtests.matrix.matrix_measure import ALL_PATHS, MATRIX_PATHS
 from loadtests.matrix.run import measure_all
+from loadtests.matrix.serverbuild import ZODB_CACHE_SIZE
 from plonedeploy.stack.rules import SERVERS, SINGLE_THREADED
 
 
 # --duration and --warmup (1 s each) are the same with and without --quick: their parser defaults.
 DEFAULTS = {"servers": list(SERVERS), "paths": list(MATRIX_PATHS), "connections": [1, 10, 100, 1000],
             "threads": [1, 2, 4], "sweep_at": 100, "runs": 3, "max_duration": 20, "clients": [0],
-            "sendfile": ["on"]}
+            "sendfile": ["on"], "zodb_cache_sizes": [ZODB_CACHE_SIZE]}
 # --quick keeps 1 s runs (CI time): its cells say whether they reached the steady state.
 QUICK = {"servers": ["pyruvate", "waitress"], "paths": list(MATRIX_PATHS), "connections": [1, 50],
-         "threads": [2], "sweep_at": None, "runs": 4, "max_duration": 1, "clients": [0], "sendfile": ["on"]}
+         "threads": [2], "sweep_at": None, "runs": 4, "max_duration": 1, "clients": [0], "sendfile": ["on"],
+         "zodb_cache_sizes": [ZODB_CACHE_SIZE]}
 #: Subcommands that are the matrix with other defaults: ``{name: (options, one line for
 #: --help)}``; the command line overrides any of them. They replace the separate tools
 #: servers_wrk, scaling and blobbench (removed; docs/reference/loadtests.md).
@@ -109,9 +130,10 @@ PRESETS = {
 }
 PLAN_KEYS = ("servers", "paths", "connections", "threads", "sweep_at", "runs", "duration", "max_duration",
              "requests_per_connection", "warmup", "timeout", "seed", "noisy_pct", "drain_max", "clients",
-             "sendfile")
+             "sendfile", "zodb_cache_sizes")
 #: What a matrix stored before steady-state runs (options.json without these keys) ran with.
-OLD_PLAN = {"max_duration": None, "requests_per_connection": 0, "clients": [0], "sendfile": ["on"]}
+OLD_PLAN = {"max_duration": None, "requests_per_connection": 0, "clients": [0], "sendfile": ["on"],
+            "zodb_cache_sizes": [ZODB_CACHE_SIZE]}
 
 
 #: The matrix's numeric run settings: ``(option, type, default, help)``; a None default is
@@ -129,18 +151,6 @@ RUN_OPTIONS = (
 )
 
 
-def _list(parser, option, allowed):
-    """argparse ``type`` of a comma-separated list of names from ``allowed`` (lists of
-    integers: :func:`loadtests.core.cli.add_counts_argument`)."""
-    def parse(text):
-        values = [v.strip() for v in text.split(",") if v.strip()]
-        bad = [v for v in values if v not in allowed]
-        if bad or not values:
-            parser.error(f"{option}: {', '.join(bad) or 'empty'} not allowed; allowed: {', '.join(allowed)}")
-        return values
-    return parse
-
-
 def parse_args(argv, preset=None):
     """Options (argparse.Namespace); ``preset``: a name of PRESETS whose options become the
     defaults; plan options still None are filled from DEFAULTS or QUICK (``--quick``).
@@ -150,10 +160,12 @@ def parse_args(argv, preset=None):
                         "and docs/reference/servers.md.")
     parser.add_argument("--quick", action="store_true",
                         help="CI mode: pyruvate and waitress, connections 1,50, threads 2, 1 s runs")
-    parser.add_argument("--servers", type=_list(parser, "--servers", SERVERS),
+    parser.add_argument("--servers", type=name_list(parser, "--servers", SERVERS),
                         help=f"comma-separated wsgi-server values from {', '.join(SERVERS)} (default: all)")
-    parser.add_argument("--paths", type=_list(parser, "--paths", list(MATRIX_PATHS)),
-                        help=f"comma-separated path labels from {', '.join(MATRIX_PATHS)} (default: all)")
+    parser.add_argument("--paths", type=name_list(parser, "--paths", ALL_PATHS),
+                        help=f"comma-separated path labels from {', '.join(ALL_PATHS)} (default: all but "
+                        f"{LOGGED_IN}, the editors of Locust's logged-in shape, which needs PLONEDEPLOY_EDITORS=on "
+                        "make site and runs at up to 40 connections)")
     add_counts_argument(parser, "--connections", None, "comma-separated wrk connection counts (default 1,10,100,1000)")
     add_counts_argument(parser, "--threads", None, "comma-separated threads values swept at --sweep-at connections "
                         "(default 1,2,4; single-threaded servers only 1)")
@@ -162,9 +174,12 @@ def parse_args(argv, preset=None):
     parser.add_argument("--clients", type=lambda text: parse_counts(parser, "--clients", text, minimum=0),
                         help="comma-separated ZEO client counts: 0 direct to one client, n >= 1 through a "
                         "temporary HAProxy over n clients of the same server (default 0)")
-    parser.add_argument("--sendfile", type=_list(parser, "--sendfile", ["on", "off"]),
+    parser.add_argument("--sendfile", type=name_list(parser, "--sendfile", ["on", "off"]),
                         help="comma-separated blob-sendfile values of the clients, on and/or off; off is measured "
                         "on the blob only (default on)")
+    parser.add_argument("--zodb-cache-sizes", type=lambda text: parse_counts(parser, "--zodb-cache-sizes", text),
+                        help=f"comma-separated zodb-cache-size values (objects per ZODB connection) of the ZEO "
+                        f"clients, each a build of its own (default {ZODB_CACHE_SIZE}, the build's)")
     parser.add_argument("--runs", type=int, help="runs per cell (default 3: their median; 4: mean of the middle "
                         "two; --quick 4)")
     add_run_arguments(parser, duration=1, warmup=1, duration_help="seconds per run at least",
@@ -195,6 +210,7 @@ def parse_args(argv, preset=None):
         args.subcommand = stored.get("subcommand", args.subcommand)
         if args.max_duration is None:
             args.max_duration = args.duration
+        _check_logged_in(parser, args)
         return args
     base = QUICK if args.quick else DEFAULTS
     for key, value in base.items():
@@ -218,14 +234,29 @@ def parse_args(argv, preset=None):
         parser.error("--warmup must be >= 0, --timeout and --drain-max >= 1")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(10**6)
+    _check_logged_in(parser, args)
     return args
+
+
+def _check_logged_in(parser, args):
+    """Exit 2 (``parser.error``) when ``--paths`` has ``logged-in`` but the editors' password
+    is missing, or none of ``--connections`` is within its PATH_MAX_CONNECTIONS."""
+    if not args.paths or LOGGED_IN not in args.paths:
+        return
+    if missing := editor_password_missing():
+        parser.error(f"--paths {LOGGED_IN}: {missing}")
+    most = matrix_plan.PATH_MAX_CONNECTIONS[LOGGED_IN]
+    if args.connections and min(args.connections) > most:
+        parser.error(f"--paths {LOGGED_IN} runs at up to {most} connections (editors with a document each), and "
+                     f"--connections {','.join(map(str, args.connections))} has none of them")
 
 
 def plan(args):
     """``(cells, pairs, order)`` of the options: the cells, the (server, threads) parts and
     the randomized run order (see loadtests/matrix/matrix_plan.py)."""
     cells = matrix_plan.cells(args.servers, args.paths, args.connections, args.threads, args.sweep_at,
-                              SINGLE_THREADED, args.clients, [value == "on" for value in args.sendfile])
+                              SINGLE_THREADED, args.clients, [value == "on" for value in args.sendfile],
+                              [0 if size == ZODB_CACHE_SIZE else size for size in args.zodb_cache_sizes])
     return cells, matrix_plan.parts_needed(cells), matrix_plan.run_order(cells, args.runs, args.seed)
 
 
@@ -259,11 +290,17 @@ def main(argv=None, preset=None):
         sweep = f"at {args.sweep_at} connections, else the default 2 (bjoern, gevent: 1)"
     else:
         sweep = f"not swept: --sweep-at {args.sweep_at} is not among --connections; default 2 (bjoern, gevent: 1)"
+    capped = sorted({c for c in args.connections for p in args.paths
+                     if c > matrix_plan.PATH_MAX_CONNECTIONS.get(p, c)})
     axes = "" if args.clients == [0] and args.sendfile == ["on"] else (
         f", clients {','.join(map(str, args.clients))} (0: direct), blob-sendfile {','.join(args.sendfile)}")
+    if args.zodb_cache_sizes != [ZODB_CACHE_SIZE]:
+        axes += f", zodb-cache-size {','.join(map(str, args.zodb_cache_sizes))}"
     print(f"{args.subcommand}: {len(args.servers)} servers, {len(args.paths)} paths, connections "
           f"{','.join(map(str, args.connections))}, threads {','.join(map(str, args.threads))} "
-          f"({sweep}){axes}: {len(cells)} cells x {args.runs} runs = {len(order)} runs "
+          f"({sweep}){axes}"
+          + (f" ({LOGGED_IN} not at {','.join(map(str, capped))})" if capped else "")
+          + f": {len(cells)} cells x {args.runs} runs = {len(order)} runs "
           f"of {_run_length(args)} (+{args.warmup} s warm-up per cell), {len(pairs)} parts; "
           f"{len(order) - len(todo)} runs already measured; estimate {_minutes(estimate)}", flush=True)
     if args.estimate:
@@ -271,6 +308,13 @@ def main(argv=None, preset=None):
     wrk = require_wrk()
     config = load_stack(args.stack_config)
     zeo = running_zeo_server(config)
+    if todo and LOGGED_IN in args.paths:
+        # Before anything is built: the matrix's clients share the stack's database and users.
+        url = config["frontend_url"].rstrip("/")
+        if problem := login_problem(url):
+            print(f"matrix: --paths {LOGGED_IN}: the editors cannot log in at {url} ({problem}); the site "
+                  "needs them: PLONEDEPLOY_EDITORS=on make site", file=sys.stderr)
+            return 2
     stack = stack_pids(config)
     ports = matrix_servers.assign_ports(pairs, args.base_port)
     last_port = max(p for pair in ports.values() for p in pair)

@@ -1,7 +1,8 @@
 """Aggregate the benchmark matrix's runs into cells; write matrix.csv, matrix.json, PNGs
 and report.md.
 
-Per cell (server, threads, path, connections, clients, sendfile: loadtests.matrix.matrix_plan.Cell),
+Per cell (server, threads, path, connections, clients, sendfile, cache:
+loadtests.matrix.matrix_plan.Cell),
 from its runs (results.jsonl records):
 
 - trimmed mean (drop the highest and the lowest run, mean of the rest: of 4 runs the
@@ -31,13 +32,14 @@ import os
 import matplotlib.ticker
 
 from loadtests.core.reports import new_figure, save_figure
+from loadtests.loggedin import LOGGED_IN
 from loadtests.matrix.matrix_plan import cell_of, steady, trimmed_mean
 from loadtests.matrix.matrix_rows import ERROR_KINDS, _errors, _fmt, default_threads_rows, label
 from loadtests.matrix.matrix_summary import summary
 
 
 TRIMMED = ("rps", "p50_ms", "p95_ms", "p99_ms", "max_ms", "cpu_ms_per_req")
-COLUMNS = (["server", "threads", "path", "connections", "clients", "sendfile", "runs"] + list(TRIMMED)
+COLUMNS = (["server", "threads", "path", "connections", "clients", "sendfile", "cache", "runs"] + list(TRIMMED)
            + ["requests"] + [f"err_{k}" for k in ERROR_KINDS]
            + ["non_2xx", "peak_rss_mib", "foreign_pct", "noisy", "drain_s", "backlog", "duration_s",
               "req_per_conn", "steady", "share"])
@@ -76,7 +78,7 @@ def aggregate(records, noisy_pct, per_connection=3, duration=1):
                         for name in sorted({n for s in shares for n in s})} if shares else None
         rows.append(row)
     rows.sort(key=lambda r: (r["server"], r["path"], r["connections"], r["threads"], r["clients"],
-                             not r["sendfile"]))
+                             not r["sendfile"], r["cache"]))
     return rows
 
 
@@ -126,7 +128,7 @@ def plot(rows, paths, single_threaded, directory):
             ax.set_xticks(sorted({r["connections"] for r in cells}))
             ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-            ax.set_xlabel("connections (wrk)")
+            ax.set_xlabel("editors (Locust users)" if path == LOGGED_IN else "connections (wrk)")
             ax.set_ylabel(ylabel)
             ax.grid(True, alpha=0.3)
         axes.flat[0].legend(fontsize="small")
@@ -144,12 +146,12 @@ def plot_clients(rows, directory):
     line per server, threads, path and connection count; returns the file name."""
     balanced = [r for r in rows if r["clients"]]
     fig, ax = new_figure(figsize=(7, 4.5))
-    for key in sorted({(r["server"], r["threads"], r["path"], r["connections"], r["sendfile"]) for r in balanced}):
-        mine = sorted((r for r in balanced if (r["server"], r["threads"], r["path"], r["connections"],
-                                               r["sendfile"]) == key), key=lambda r: r["clients"])
-        server, threads, path, conns, on = key
+    for key in sorted({(label(dict(r, clients=0)), r["threads"], r["path"], r["connections"]) for r in balanced}):
+        mine = sorted((r for r in balanced if (label(dict(r, clients=0)), r["threads"], r["path"],
+                                               r["connections"]) == key), key=lambda r: r["clients"])
+        name, threads, path, conns = key
         ax.plot([r["clients"] for r in mine], [r["rps"] for r in mine], marker="o",
-                label=f"{server}{'' if on else ' sendfile off'}, threads {threads}, {path}, {conns} conn.")
+                label=f"{name}, threads {threads}, {path}, {conns} conn.")
     ax.set_xlabel("ZEO clients behind HAProxy (leastconn)")
     ax.set_ylabel("requests/s")
     ax.set_xticks(sorted({r["clients"] for r in balanced}))
@@ -198,8 +200,14 @@ def markdown(rows, meta, pngs):
         cells = [r for r in rows if r["path"] == path]
         if not cells:
             continue
-        lines += ["", f"## {path}", "",
-                  "| server | threads | conns | req/s | p50 ms | p95 ms | p99 ms | max ms | CPU ms/req "
+        lines += ["", f"## {path}", ""]
+        if path == LOGGED_IN:
+            lines += ["Locust's logged-in shape, not wrk: conns = editors, each in a closed loop of the front page "
+                      "as a Member, the folder contents, the edit form of a document of its own and its save (req/s "
+                      "counts the four; their logins in 3 uncounted seconds before each run, and the CPU counted "
+                      "from then on); non-2xx = Locust's failures (a status other than 200 or a body that failed "
+                      "its check, connection errors included).", ""]
+        lines += ["| server | threads | conns | req/s | p50 ms | p95 ms | p99 ms | max ms | CPU ms/req "
                   "| socket errors c/r/w/t | non-2xx | peak RSS MiB | foreign CPU % | idle wait s | run s "
                   "| req/conn | runs |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]

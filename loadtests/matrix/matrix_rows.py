@@ -7,19 +7,22 @@ ERROR_KINDS = ("connect", "read", "write", "timeout")
 
 def label(row):
     """A cell's server as the tables and plots name it: the wsgi-server value, then
-    ``sendfile off`` and ``×n via HAProxy`` for the cells off the default axes."""
+    ``sendfile off``, ``cache <size>`` (its zodb-cache-size) and ``×n via HAProxy`` for the
+    cells off the default axes."""
     text = row["server"]
     if not row.get("sendfile", True):
         text += " sendfile off"
+    if row.get("cache", 0):
+        text += f" cache {row['cache']:,}"
     if row.get("clients", 0):
         text += f" ×{row['clients']} via HAProxy"
     return text
 
 
 def is_base(row):
-    """True for a direct cell of a default-built client (clients 0, sendfile on): the
-    cells the per-server tables compare."""
-    return not row.get("clients", 0) and row.get("sendfile", True)
+    """True for a direct cell of a default-built client (clients 0, sendfile on, the build's
+    zodb-cache-size): the cells the per-server tables compare."""
+    return not row.get("clients", 0) and row.get("sendfile", True) and not row.get("cache", 0)
 
 
 def default_threads_rows(rows, single_threaded, base_only=True):

@@ -29,15 +29,16 @@ PORT_RANGE = (9510, 9599)
 
 def part_name(part):
     """Buildout part name of a :class:`loadtests.matrix.matrix_plan.Part`:
-    ``m_<server>_t<threads>``, then ``_off`` when built with ``blob-sendfile = off`` and
-    ``_r<n>`` for replica n >= 2."""
+    ``m_<server>_t<threads>``, then ``_off`` when built with ``blob-sendfile = off``,
+    ``_c<size>`` with a zodb-cache-size of its own and ``_r<n>`` for replica n >= 2."""
     return (f"m_{part.server}_t{part.threads}" + ("" if part.sendfile else "_off")
-            + (f"_r{part.replica}" if part.replica > 1 else ""))
+            + (f"_c{part.cache}" if part.cache else "") + (f"_r{part.replica}" if part.replica > 1 else ""))
 
 
 def has_hello(part):
-    """True for a base part (sendfile on, replica 1): the one that serves hello world too."""
-    return part.sendfile and part.replica == 1
+    """True for a base part (sendfile on, the build's cache, replica 1): the one that serves
+    hello world too."""
+    return part.sendfile and not part.cache and part.replica == 1
 
 
 def assign_ports(parts, base_port):
@@ -56,14 +57,16 @@ def hello_ini(directory, part):
 def build(directory, parts, ports, zeo_address, blob_storage, service_user=""):
     """Build ``parts`` in ``directory`` (:func:`loadtests.matrix.serverbuild.build_parts`): base
     parts with ``hello-address`` on their hello port (the recipe writes :func:`hello_ini`),
-    sendfile-off parts with ``blob-sendfile = off``; ``service_user``: the stack's
+    sendfile-off parts with ``blob-sendfile = off``, parts with a cache of their own with
+    that ``zodb-cache-size``; ``service_user``: the stack's
     (:func:`loadtests.core.stack.service_user`), who the parts run as when root starts them.
     Returns the seconds buildout ran; raises RuntimeError with the tail of its output when
     it fails."""
     options = {}
     for part in parts:
         lines = f"hello-address = 127.0.0.1:{ports[part][1]}\n" if has_hello(part) else ""
-        options[part_name(part)] = lines + ("" if part.sendfile else "blob-sendfile = off\n")
+        lines += "" if part.sendfile else "blob-sendfile = off\n"
+        options[part_name(part)] = lines + (f"zodb-cache-size = {part.cache}\n" if part.cache else "")
     return serverbuild.build_parts(directory, [(part_name(p), p.server, ports[p][0], p.threads) for p in parts],
                                    zeo_address, blob_storage, part_options=options, service_user=service_user)
 

@@ -1,5 +1,6 @@
 """The matrix report's ratios per round and summary tables: server against server, threads,
-ZEO clients behind HAProxy, ``blob-sendfile`` on/off, each with its spread over rounds.
+ZEO clients behind HAProxy, ``blob-sendfile`` on/off, ``zodb-cache-size`` against the build's,
+each with its spread over rounds.
 """
 from statistics import geometric_mean
 
@@ -60,6 +61,24 @@ def client_ratios(records):
     return ratios_to(records, partner)
 
 
+def cache_ratios(records):
+    """``{Cell: [ratio, ...]}``: req/s of each cell with a zodb-cache-size of its own over the
+    same cell with the build's, per round (:func:`ratios_to`)."""
+    return ratios_to(records, lambda cell: cell._replace(cache=0) if cell.cache else None)
+
+
+def thread_round_ratios(records, sweep, single_threaded):
+    """``{Cell: [ratio, ...]}``: req/s of each multi-threaded server's direct, default-built
+    cell at ``sweep`` connections and threads other than 2 over the same cell at 2, per
+    round (:func:`ratios_to`)."""
+    def partner(cell):
+        if (cell.connections == sweep and cell.threads != 2 and cell.server not in single_threaded
+                and is_base(cell._asdict())):
+            return cell._replace(threads=2)
+        return None
+    return ratios_to(records, partner)
+
+
 def thread_ratios(rows, sweep, single_threaded):
     """``{threads: [ratio, ...]}``: req/s at each swept thread count over req/s at the
     default 2, one ratio per multi-threaded server and Zope path at ``sweep`` connections."""
@@ -84,9 +103,11 @@ def summary(rows, meta, single_threaded, records=()):
       waitress's per round (:func:`round_ratios`: median and min–max of the rounds);
     - at ``meta["sweep_at"]`` connections, req/s of each multi-threaded server and Zope path
       by threads, with the peak RSS (MiB) at each, and the geometric mean and range of
-      the ratios to 2 threads (:func:`thread_ratios`);
-    - blob-sendfile on against off (:func:`sendfile_summary`) and the cells through
-      HAProxy by client count (:func:`clients_summary`), when the matrix has them.
+      the ratios to 2 threads (:func:`thread_ratios`), and with ``records`` each cell's
+      req/s over its 2 threads' per round (:func:`thread_round_ratios`);
+    - blob-sendfile on against off (:func:`sendfile_summary`), the cells through HAProxy by
+      client count (:func:`clients_summary`) and zodb-cache-size against the build's
+      (:func:`cache_summary`), when the matrix has them.
     Paths or servers without cells are left out.
     """
     paths = [p for p in meta["paths"] if any(r["path"] == p for r in rows)]
@@ -129,7 +150,7 @@ def summary(rows, meta, single_threaded, records=()):
                 cells_text.append(_ratio_spread(ratios.get((path, conns), [])))
             lines.append(f"| `{path}` | " + " | ".join(cells_text) + " |")
         lines.append("")
-    lines += sendfile_summary(rows, records) + clients_summary(rows, records)
+    lines += sendfile_summary(rows, records) + clients_summary(rows, records) + cache_summary(rows, records)
     sweep = meta.get("sweep_at")
     swept = sorted({r["threads"] for r in rows if r["connections"] == sweep and is_base(r)}) if sweep else []
     if len(swept) > 1:
@@ -149,6 +170,18 @@ def summary(rows, meta, single_threaded, records=()):
                 rss = ["-" if r is None else f"{r['peak_rss_mib']:.0f}" for r in here]
                 lines.append(f"| {server} | `{path}` | " + " | ".join(rates) + " | " + " / ".join(rss) + " |")
         lines.append("")
+        per_round = thread_round_ratios(records, sweep, single_threaded)
+        if per_round:
+            others = [t for t in swept if t != 2]
+            lines += ["Per round, req/s over the same cell's at 2 threads: median (min–max); above 1 more "
+                      "threads served more.", "",
+                      "| server | path | " + " | ".join(f"{t}/2" for t in others) + " |",
+                      "|---|---|" + "---:|" * len(others)]
+            for server, path in sorted({(c.server, c.path) for c in per_round}):
+                texts = [_ratio_spread(next((v for c, v in per_round.items() if (c.server, c.path, c.threads)
+                                             == (server, path, t)), [])) for t in others]
+                lines.append(f"| {server} | `{path}` | " + " | ".join(texts) + " |")
+            lines.append("")
         for threads, values in sorted(thread_ratios(rows, sweep, single_threaded).items()):
             name = f"{threads} thread{'s' if threads != 1 else ''}"
             lines.append(f"{name} against 2, over {len(values)} server × path cells: geometric mean "
@@ -163,25 +196,52 @@ def _ratio_spread(values):
     return format_spread(spread(values), 2)
 
 
+def _pairs(ratios, rows, partner):
+    """``(cell, its row, partner(cell)'s row, "direct" or "HAProxy, n clients")`` for each cell
+    of ``ratios`` (``{Cell: [ratio, ...]}``) in order whose rows both are in ``rows``."""
+    by = {cell_of(r): r for r in rows}
+    for cell in sorted(ratios):
+        mine, other = by.get(cell), by.get(partner(cell))
+        if mine and other:
+            yield cell, mine, other, (f"HAProxy, {cell.clients} client{'s' if cell.clients != 1 else ''}"
+                                      if cell.clients else "direct")
+
+
 def sendfile_summary(rows, records):
     """Markdown lines: per blob cell measured with blob-sendfile on and off, req/s of each
     and on/off per round (median, min–max); [] without such pairs."""
     ratios = sendfile_ratios(records)
     if not ratios:
         return []
-    by = {cell_of(r): r for r in rows}
     lines = ["### blob-sendfile on / off on the blob", "",
              "req/s with the filter on and off (marks as above), and on/off per round: median (min–max); "
              "above 1 the filter served more.", "",
              "| server (threads) | via | conns | on req/s | off req/s | on/off |", "|---|---|---:|---:|---:|---:|"]
-    for cell in sorted(ratios):
-        on, off = by.get(cell), by.get(cell._replace(sendfile=False))
-        if not on or not off:
-            continue
-        via = f"HAProxy, {cell.clients} client{'s' if cell.clients != 1 else ''}" if cell.clients else "direct"
+    for cell, on, off, via in _pairs(ratios, rows, lambda cell: cell._replace(sendfile=False)):
         lines.append(f"| {cell.server} ({cell.threads}) | {via} | {cell.connections:,} "
                      f"| {_fmt(on['rps'])} {_flags(on)}".rstrip() + f" | {_fmt(off['rps'])} {_flags(off)}".rstrip()
                      + f" | {_ratio_spread(ratios[cell])} |")
+    return lines + [""]
+
+
+def cache_summary(rows, records):
+    """Markdown lines: per cell measured with a zodb-cache-size of its own, its req/s, the
+    same cell's with the build's cache, and their ratio per round (median, min–max), with
+    the peak RSS of both; [] without such cells."""
+    ratios = cache_ratios(records)
+    if not ratios:
+        return []
+    lines = ["### zodb-cache-size against the build's", "",
+             "req/s with the cell's zodb-cache-size (objects per ZODB connection) and with the build's (marks as "
+             "above), their ratio per round: median (min–max), above 1 the cell's size served more; peak RSS MiB "
+             "of both.", "",
+             "| server (threads) | path | via | conns | zodb-cache-size | req/s | build's req/s | ratio "
+             "| peak RSS MiB |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for cell, mine, build, via in _pairs(ratios, rows, lambda cell: cell._replace(cache=0)):
+        lines.append(f"| {cell.server} ({cell.threads}) | `{cell.path}` | {via} | {cell.connections:,} "
+                     f"| {cell.cache:,} | {_fmt(mine['rps'])} {_flags(mine)}".rstrip()
+                     + f" | {_fmt(build['rps'])} {_flags(build)}".rstrip()
+                     + f" | {_ratio_spread(ratios[cell])} | {mine['peak_rss_mib']:.0f} / {build['peak_rss_mib']:.0f} |")
     return lines + [""]
 
 

@@ -16,9 +16,11 @@ from loadtests.core import extrabuild, haproxy_stats
 from loadtests.core.balancers import BalancerError, TemporaryBalancer
 from loadtests.core.procs import raise_fd_limit, wait_tree_idle
 from loadtests.core.stack import service_user, zeo_server
+from loadtests.core.locustrun import run_locust_shape
 from loadtests.core.wrk import run_wrk
+from loadtests.loggedin import LOGGED_IN
 from loadtests.matrix import matrix_plan, matrix_report, matrix_servers
-from loadtests.matrix.matrix_measure import MATRIX_PATHS, measure
+from loadtests.matrix.matrix_measure import LOGIN_WARMUP_S, MATRIX_PATHS, measure, measure_logged_in
 from plonedeploy.stack.rules import ZOPE_HEALTH_CHECK
 from plonedeploy.stack.errors import StackError
 
@@ -54,7 +56,8 @@ def measure_all(args, config, stack, pairs, ports, todo, wrk, results_path, zeo,
         print(f"  {len(procs)} servers answering ({time.monotonic() - t0:.0f} s)", flush=True)
         # The first request of each path loads its objects and templates (seconds on a
         # busy machine): one per path and client before any timing, so no warm-up starts cold.
-        zope_paths = [MATRIX_PATHS[p] for p in args.paths if p != "hello"]
+        # (logged-in: its warm-up run, a Locust run, primes its pages)
+        zope_paths = [MATRIX_PATHS[p] for p in args.paths if p in MATRIX_PATHS and p != "hello"]
         for zope_port, _ in ports.values():
             matrix_servers.prime(f"http://127.0.0.1:{zope_port}", zope_paths)
         print(f"  primed {len(zope_paths)} paths on {len(ports)} clients ({time.monotonic() - t0:.0f} s)",
@@ -117,6 +120,18 @@ class Targets:
             yield balancer.frontend_url, pids + [balancer.pid], balancer
 
 
+def _warm_up(base, cell, args, wrk):
+    """Load ``cell``'s path at ``base`` for ``args.warmup`` s at up to 10 connections, not
+    counted (wrk; ``logged-in``: a Locust run of up to 10 editors after their logins); returns
+    the requests/s it served (0.0 when none)."""
+    if cell.path == LOGGED_IN:
+        return run_locust_shape(base, f"{LOGGED_IN}=1", min(cell.connections, 10), args.warmup,
+                                warmup=LOGIN_WARMUP_S)["rps"]
+    path, accept = MATRIX_PATHS[cell.path]
+    warm = run_wrk(base + path, min(cell.connections, 10), args.warmup, timeout=args.timeout, accept=accept, wrk=wrk)
+    return warm["requests"] / (warm["duration_us"] / 1e6) if warm["duration_us"] else 0.0
+
+
 def run_loop(args, target, trees, stack_own, todo, wrk, results_path):
     """Measure the runs of ``todo`` in order (each through ``target``, a :class:`Targets`);
     returns 0, or 1 when some run failed."""
@@ -129,16 +144,17 @@ def run_loop(args, target, trees, stack_own, todo, wrk, results_path):
         try:
             with target.open(cell) as (base, server_pids, balancer):
                 if cell not in warmed and args.warmup:
-                    warm = run_wrk(base + MATRIX_PATHS[cell.path][0], min(cell.connections, 10), args.warmup,
-                                   timeout=args.timeout, accept=MATRIX_PATHS[cell.path][1], wrk=wrk)
-                    rates[cell] = warm["requests"] / (warm["duration_us"] / 1e6) if warm["duration_us"] else 0.0
+                    rates[cell] = _warm_up(base, cell, args, wrk)
                 warmed.add(cell)
                 seconds = matrix_plan.cell_duration(rates.get(cell), cell.connections, args.requests_per_connection,
                                                     args.duration, args.max_duration)
                 # the warm-up's (or the server's last run's) abandoned requests
                 drain = wait_tree_idle(server_pids, max_seconds=args.drain_max)
                 before = haproxy_stats.fetch(balancer.stats_url) if balancer else None
-                record = measure(wrk, base, cell.path, cell.connections, seconds, args.timeout, server_pids, own)
+                if cell.path == LOGGED_IN:
+                    record = measure_logged_in(base, cell.connections, seconds, server_pids, own)
+                else:
+                    record = measure(wrk, base, cell.path, cell.connections, seconds, args.timeout, server_pids, own)
                 if balancer:
                     sessions = {name: d["stot"] for name, d in haproxy_stats.deltas(
                         before, haproxy_stats.fetch(balancer.stats_url), target.config["backend"]).items()}
@@ -165,7 +181,8 @@ def run_loop(args, target, trees, stack_own, todo, wrk, results_path):
         print(f"[{number}/{len(todo)} ETA {eta / 60:.1f} min] {matrix_report.label(record)} t{cell.threads} "
               f"{cell.path} c{cell.connections} #{index}: "
               f"{record['duration_s']} s, {record['requests'] / cell.connections:.1f} req/conn"
-              f"{'' if record['steady'] else ' (not steady)'}, {record['rps']:.1f} req/s, p99 {record['p99_ms']:.1f} ms, errors {errors}, non-2xx "
+              f"{'' if record['steady'] else ' (not steady)'}, {record['rps']:.1f} req/s, p99 "
+              f"{'-' if record['p99_ms'] is None else format(record['p99_ms'], '.1f')} ms, errors {errors}, non-2xx "
               f"{record['non_2xx']}, RSS {record['peak_rss_bytes'] / 2**20:.0f} MiB, foreign "
               f"{record['foreign_pct']:.0f} %", flush=True)
     return 1 if failed else 0

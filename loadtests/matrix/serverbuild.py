@@ -19,6 +19,10 @@ from loadtests.core import extrabuild
 from loadtests.core.stack import ROOT
 from plonedeploy.stack.rules import SERVERS
 
+#: zodb-cache-size (objects per ZODB connection) of every part unless its options set their
+#: own: buildout.cfg's [instance] (and plone.recipe.zope2instance's default).
+ZODB_CACHE_SIZE = 30000
+
 
 CLIENT = """
 [client]
@@ -28,7 +32,7 @@ zeo-client = on
 zeo-address = {zeo_address}
 shared-blob = on
 blob-storage = {blob_storage}
-zodb-cache-size = 30000
+zodb-cache-size = {zodb_cache_size}
 service-user = {service_user}
 {client_options}"""
 
@@ -70,7 +74,7 @@ def build_parts(directory, parts, zeo_address, blob_storage, timeout=600, client
     """
     text = extrabuild.checkout_header(os.path.join(ROOT, "versions.cfg"), [name for name, _, _, _ in parts])
     text += CLIENT.format(zeo_address=zeo_address, blob_storage=blob_storage, client_options=client_options,
-                          service_user=service_user)
+                          service_user=service_user, zodb_cache_size=ZODB_CACHE_SIZE)
     for name, server, port, threads in parts:
         text += PART.format(name=name, server=server, port=port,
                             threads="" if threads is None else f"threads = {threads}\n",
