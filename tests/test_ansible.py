@@ -281,6 +281,10 @@ BAD = [
     ({"zeoclient_releases_keep": 1}, "zeoclient_releases_keep >= 2 (the running release and one to roll back to)"),
     ({"zeoclient_clients": [{"name": "backup", "port": 18081}]}, "not one of buildout, versions"),
     ({"process_manager_kind": "runit"}, "value of process_manager_kind must be one of: supervisor, systemd"),
+    ({"process_manager_environments": {"client1": {"1X": "1"}}},
+     'values without quotes, backslashes, control characters, " ;" or " #"; got {"client1": {"1X": "1"}}'),
+    # supervisor's INI parser would cut the value at " #" (an inline comment)
+    ({"process_manager_environments": {"client1": {"X": "a #b"}}}, 'got {"client1": {"X": "a #b"}}'),
     # the recipe's own edge rules (edge.py through filter_plugins/plonedeploy_edge.py)
     ({"zeoclient_clients": [{"name": "c1", "port": 18081},
                             {"name": "up", "port": 18079, "wsgi_server": "pyruvate", "lane": "uploads"}]},
@@ -381,10 +385,6 @@ BAD = [
     ({"haproxy_acme_challenge_bind": "127.0.0.1:80"}, "'3,15', '41', '127.0.0.1:80'"),
     ({"haproxy_acme_cron_file": "acme.renew"}, "got 'acme', 'acme.renew', '3,15'"),
     ({"haproxy_acme_timer": "anacron"}, "value of haproxy_acme_timer must be one of: cron, systemd, got: anacron"),
-    ({"process_manager_environments": {"client1": {"1X": "1"}}},
-     'values without quotes, backslashes, control characters, " ;" or " #"; got {"client1": {"1X": "1"}}'),
-    # supervisor's INI parser would cut the value at " #" (an inline comment)
-    ({"process_manager_environments": {"client1": {"X": "a #b"}}}, 'got {"client1": {"X": "a #b"}}'),
 ]
 
 #: The postgresql role's checks: localhost joins the databases group (below).
@@ -723,6 +723,22 @@ def changed_tasks(output):
     return tasks
 
 
+def _site_under_load(deployed, extra, what, timeout=1200):
+    """site.yml with the extra variables ``extra`` (a dict) under request loops through
+    HAProxy (conftest.while_loaded), recorded as ``site.yml, <what> under load``; ``extra``
+    then becomes ``deployed["extra"]``, with which the later runs (idempotence, check mode)
+    run. Returns ``(result, seconds, done, failures, log)`` of while_loaded."""
+    # 2 paced loops: unpaced loops took the CPU from the build and the restarts (4 loops:
+    # 247 s; 2 unpaced loops: 333 s and 126,275 requests on a quiet machine).
+    log = []
+    result, seconds, done, failures = while_loaded(
+        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=timeout), threads=2,
+        log=log, rate=RESTART_LOAD_RATE)
+    deployed["extra"] = extra
+    record(f"site.yml, {what} under load", result, seconds)
+    return result, seconds, done, failures, log
+
+
 # Longer than pytest.ini's 1,200 s: a rebuild and a rolling restart under load (247-333 s on a
 # quiet machine before the load was paced); its playbook alone is allowed 1,200 s.
 @pytest.mark.timeout(1500)
@@ -735,15 +751,8 @@ def test_changed_build_rolls_the_clients_under_load(deployed):
     after this test use it (a run with the old value would rebuild again).
     """
     before = _client_pids(deployed["supervisorctl"])
-    extra = dict(deployed["extra"], zeoclient_zodb_cache_size=25000)
-    # 2 paced loops: unpaced loops took the CPU from the build and the restarts (4 loops:
-    # 247 s; 2 unpaced loops: 333 s and 126,275 requests on a quiet machine).
-    log = []
-    result, seconds, done, failures = while_loaded(
-        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=1200), threads=2,
-        log=log, rate=RESTART_LOAD_RATE)
-    deployed["extra"] = extra
-    record("site.yml, changed build under load", result, seconds)
+    result, seconds, done, failures, log = _site_under_load(
+        deployed, dict(deployed["extra"], zeoclient_zodb_cache_size=25000), "changed build")
     after = _client_pids(deployed["supervisorctl"])
     print(f"\nchanged build: {seconds:.0f} s, {done} requests, {len(failures)} failed")
     for name in before:  # the included tasks print their names only when they run
@@ -795,13 +804,9 @@ def test_changed_program_rolls_the_clients_under_load(deployed):
     running = current_release(prefix)
     before = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
     token = f"plonedeploy-test-{os.getpid()}-{time.time_ns()}"
-    extra = dict(deployed["extra"], process_manager_environments={"client1": {"PLONEDEPLOY_TEST_TOKEN": token}})
-    log = []
-    result, seconds, done, failures = while_loaded(
-        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=1100), threads=2,
-        log=log, rate=RESTART_LOAD_RATE)
-    deployed["extra"] = extra
-    record("site.yml, a changed program definition under load", result, seconds)
+    result, seconds, done, failures, log = _site_under_load(
+        deployed, dict(deployed["extra"], process_manager_environments={"client1": {"PLONEDEPLOY_TEST_TOKEN": token}}),
+        "a changed program definition", timeout=1100)
     print(f"\nchanged program: {seconds:.0f} s, {done} requests, {len(failures)} failed")
     after = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
     assert recap(result.stdout)["failed"] == 0
