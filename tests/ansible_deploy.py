@@ -66,7 +66,8 @@ def render_units(programs, directory, timeout=120):
     ``programs``: dicts with ``name`` and ``command`` (an argv list), optionally
     ``directory`` (the program's working directory; default ``directory``), ``signal`` (the
     reload signal; default none), ``user`` (default none: root), ``stop`` (default TERM),
-    ``write`` (ReadWritePaths) and ``caps`` (capabilities). Returns the units' paths,
+    ``write`` (ReadWritePaths), ``caps`` (capabilities) and ``env`` (its environment, a dict;
+    what the role takes from ``process_manager_environments``). Returns the units' paths,
     ``<directory>/plonedeploy-<name>.service``, in the order of ``programs``; fails the test
     with the playbook's output (conftest.run) when the playbook fails.
     """
@@ -87,6 +88,7 @@ def render_units(programs, directory, timeout=120):
                          "process_manager_program_stop_signal": "{{ item.stop | default('TERM') }}",
                          "process_manager_program_write_paths": "{{ item.write | default([]) }}",
                          "process_manager_program_capabilities": "{{ item.caps | default([]) }}",
+                         "process_manager_program_environment": "{{ item.env | default({}) }}",
                          "process_manager_umask": "027", "process_manager_stop_timeout": 30},
                 "loop": programs}]}], fp)
     playbook(book, extra={}, timeout=timeout)

@@ -281,6 +281,10 @@ BAD = [
     ({"zeoclient_releases_keep": 1}, "zeoclient_releases_keep >= 2 (the running release and one to roll back to)"),
     ({"zeoclient_clients": [{"name": "backup", "port": 18081}]}, "not one of buildout, versions"),
     ({"process_manager_kind": "runit"}, "value of process_manager_kind must be one of: supervisor, systemd"),
+    ({"process_manager_environments": {"client1": {"1X": "1"}}},
+     'values without quotes, backslashes, control characters, " ;" or " #"; got {"client1": {"1X": "1"}}'),
+    # supervisor's INI parser would cut the value at " #" (an inline comment)
+    ({"process_manager_environments": {"client1": {"X": "a #b"}}}, 'got {"client1": {"X": "a #b"}}'),
     # the recipe's own edge rules (edge.py through filter_plugins/plonedeploy_edge.py)
     ({"zeoclient_clients": [{"name": "c1", "port": 18081},
                             {"name": "up", "port": 18079, "wsgi_server": "pyruvate", "lane": "uploads"}]},
@@ -431,7 +435,7 @@ def test_systemd_units_verify(tmp_path):
         {"name": "haproxy", "command": ["/usr/sbin/haproxy", "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
          "signal": "USR2", "directory": str(tmp_path)},
         {"name": "client1", "command": [os.path.join(ROOT, "bin", "instance"), "console"], "signal": "",
-         "directory": ROOT},
+         "directory": ROOT, "env": {"MALLOC_ARENA_MAX": 2, "TZ": "Europe/Zurich", "PCT": "100%"}},
         {"name": "varnish", "command": ["/usr/sbin/varnishd", "-F", "-j", "unix", "-n", str(varnish_dir / "work"),
                                         "-f", str(varnish_dir / "varnish.vcl"), "-a", "127.0.0.1:6081"],
          "signal": "", "directory": str(varnish_dir)},
@@ -448,7 +452,11 @@ def test_systemd_units_verify(tmp_path):
     assert len(units) == len(programs)
     haproxy_unit = (tmp_path / "plonedeploy-haproxy.service").read_text()
     assert "ExecReload=/bin/kill -USR2 $MAINPID" in haproxy_unit
-    assert "ExecReload" not in (tmp_path / "plonedeploy-client1.service").read_text()
+    client_unit = (tmp_path / "plonedeploy-client1.service").read_text()
+    assert "ExecReload" not in client_unit
+    # sorted; % doubled (systemd's specifiers)
+    assert 'Environment="MALLOC_ARENA_MAX=2"\nEnvironment="PCT=100%%"\nEnvironment="TZ=Europe/Zurich"\n' in client_unit
+    assert "Environment=" not in haproxy_unit
     postgresql_unit = (tmp_path / "plonedeploy-postgresql.service").read_text()
     assert "User=postgres\n" in postgresql_unit and "KillSignal=SIGINT\n" in postgresql_unit
     assert "User=" not in haproxy_unit and "KillSignal" not in haproxy_unit
@@ -728,6 +736,22 @@ def changed_tasks(output):
     return tasks
 
 
+def _site_under_load(deployed, extra, what, timeout=1200):
+    """site.yml with the extra variables ``extra`` (a dict) under request loops through
+    HAProxy (conftest.while_loaded), recorded as ``site.yml, <what> under load``; ``extra``
+    then becomes ``deployed["extra"]``, with which the later runs (idempotence, check mode)
+    run. Returns ``(result, seconds, done, failures, log)`` of while_loaded."""
+    # 2 paced loops: unpaced loops took the CPU from the build and the restarts (4 loops:
+    # 247 s; 2 unpaced loops: 333 s and 126,275 requests on a quiet machine).
+    log = []
+    result, seconds, done, failures = while_loaded(
+        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=timeout), threads=2,
+        log=log, rate=RESTART_LOAD_RATE)
+    deployed["extra"] = extra
+    record(f"site.yml, {what} under load", result, seconds)
+    return result, seconds, done, failures, log
+
+
 # Longer than pytest.ini's 1,200 s: a rebuild and a rolling restart under load (247-333 s on a
 # quiet machine before the load was paced); its playbook alone is allowed 1,200 s.
 @pytest.mark.timeout(1500)
@@ -740,15 +764,8 @@ def test_changed_build_rolls_the_clients_under_load(deployed):
     after this test use it (a run with the old value would rebuild again).
     """
     before = _client_pids(deployed["supervisorctl"])
-    extra = dict(deployed["extra"], zeoclient_zodb_cache_size=25000)
-    # 2 paced loops: unpaced loops took the CPU from the build and the restarts (4 loops:
-    # 247 s; 2 unpaced loops: 333 s and 126,275 requests on a quiet machine).
-    log = []
-    result, seconds, done, failures = while_loaded(
-        FRONTEND + "/Plone/@@ok", lambda: playbook("site.yml", extra=extra, timeout=1200), threads=2,
-        log=log, rate=RESTART_LOAD_RATE)
-    deployed["extra"] = extra
-    record("site.yml, changed build under load", result, seconds)
+    result, seconds, done, failures, log = _site_under_load(
+        deployed, dict(deployed["extra"], zeoclient_zodb_cache_size=25000), "changed build")
     after = _client_pids(deployed["supervisorctl"])
     print(f"\nchanged build: {seconds:.0f} s, {done} requests, {len(failures)} failed")
     for name in before:  # the included tasks print their names only when they run
@@ -773,6 +790,49 @@ def test_changed_build_rolls_the_clients_under_load(deployed):
         [releases["zeoclient"], current_release(deployed["prefix"])])
     assert current_release(deployed["prefix"], "zeoserver") == releases["zeoserver"]
     assert _served_releases() == dict.fromkeys(CLIENT_METRICS, current_release(deployed["prefix"]))
+    assert_loaded_throughout(log, seconds)
+    assert failures == [], failures[:10]
+
+
+def _environ(pid):
+    """``{name: value}``: the environment a process was started with (/proc/<pid>/environ)."""
+    with open(f"/proc/{pid}/environ", "rb") as fp:
+        return dict(item.decode().split("=", 1) for item in fp.read().split(b"\0") if item)
+
+
+# pytest.ini's 1,200 s: site.yml without a build and a rolling restart under load.
+@pytest.mark.timeout(1200)
+def test_changed_program_rolls_the_clients_under_load(deployed):
+    """site.yml in which only a ZEO client's program definition changed (an environment
+    variable of client1 through process_manager_environments; no build): supervisord would
+    run client1 with the definition it loaded until the program is added anew, so the
+    zeoclient role's rolling restart (drained in HAProxy) restarts it onto the new one
+    (supervisorctl update client1): the new process has the variable, client2 has none, GETs
+    through HAProxy meanwhile fail none.
+
+    The variable stays in ``deployed["extra"]``: the second run after this test
+    (test_second_run_changes_nothing) must change nothing, its check-mode run neither.
+    """
+    prefix = deployed["prefix"]
+    running = current_release(prefix)
+    before = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
+    token = f"plonedeploy-test-{os.getpid()}-{time.time_ns()}"
+    result, seconds, done, failures, log = _site_under_load(
+        deployed, dict(deployed["extra"], process_manager_environments={"client1": {"PLONEDEPLOY_TEST_TOKEN": token}}),
+        "a changed program definition", timeout=1100)
+    print(f"\nchanged program: {seconds:.0f} s, {done} requests, {len(failures)} failed")
+    after = _client_pids(deployed["supervisorctl"], r"client\d|uploads")
+    assert recap(result.stdout)["failed"] == 0
+    assert current_release(prefix) == running  # no build: the definition alone restarted it
+    assert "Drain in HAProxy and wait for the sessions to end of client1" in result.stdout
+    assert after["client1"] != before["client1"], (before, after)
+    assert _environ(after["client1"]).get("PLONEDEPLOY_TEST_TOKEN") == token
+    assert "PLONEDEPLOY_TEST_TOKEN" not in _environ(after["client2"])
+    assert f'environment = PLONEDEPLOY_TEST_TOKEN="{token}"' in open(
+        os.path.join(prefix, "etc", "supervisor.d", "client1.conf"), encoding="utf-8").read()
+    rows = haproxy_stats.fetch("http://127.0.0.1:18404/stats;csv")
+    states = {r["svname"]: r["status"] for r in rows if r["pxname"] == "zeoclients"}
+    assert "client1" in states and set(states.values()) == {"UP"}, states
     assert_loaded_throughout(log, seconds)
     assert failures == [], failures[:10]
 
