@@ -827,6 +827,26 @@ def test_transaction_mode_choices_and_the_filter_place_in_the_pipeline():
     assert options.insert_pipeline_filter_before_app("zope explicittx", "explicittx").split() == ["zope", "explicittx"]
 
 
+def test_added_delay_is_off_by_default_and_a_wrong_value_names_the_option():
+    given = {}
+    assert clientoptions.added_delay("instance", given) == 0 and given["added-delay"] == "0"
+    assert clientoptions.added_delay("instance", {"added-delay": " 50 "}) == 50
+    with pytest.raises(zc.buildout.UserError) as err:
+        clientoptions.added_delay("instance", {"added-delay": "50ms"})
+    assert str(err.value) == ("[instance] added-delay = '50ms' is invalid: expected a whole number of "
+                              "milliseconds from 0 to 10000 (0: no delay)")
+
+
+@pytest.mark.parametrize("server", ["pyruvate", "waitress"])
+def test_template_defines_the_delay_filter_only_with_a_delay(server):
+    on = configparser.ConfigParser(interpolation=None)
+    on.read_string(_render_stage_one(server, added_delay=50))
+    assert dict(on["filter:delay"]) == {"use": "egg:plonedeploy.runtime#delay", "delay_ms": "50"}
+    off = configparser.ConfigParser(interpolation=None)
+    off.read_string(_render_stage_one(server, added_delay=0))
+    assert set(off.sections()) == set(on.sections()) - {"filter:delay"}
+
+
 def test_postgresql_settings_become_command_line_settings_after_the_parts_own():
     from plonedeploy.stack import postgresql, storage
 

@@ -502,6 +502,8 @@ BAD = [
      "[instance] blob-sendfile = 'maybe' is invalid: expected on or off"),
     ("[instance]\nblob-sendfile = off\npipeline = blobsendfile zope\n",
      "[instance] pipeline names blobsendfile but blob-sendfile = off"),
+    ("[instance]\nadded-delay = 50ms\n",
+     "[instance] added-delay = '50ms' is invalid: expected a whole number of milliseconds from 0 to 10000"),
     ("[instance]\nhello-address = 127.0.0.1:18081\n",
      "[instance] hello-address = '127.0.0.1:18081' is invalid: expected a host:port other than "
      "http-address = 127.0.0.1:18081"),
@@ -671,6 +673,19 @@ def test_hello_address_writes_the_hello_ini_through_both_stages(tmp_path):
         assert {k: v.replace(str(hello_port), str(server_port)) for k, v in hello["server:main"].items()} \
             == dict(client["server:main"]), part
         assert "pipeline:main" in client and "egg:Zope#main" in (etc / "wsgi.ini").read_text()
+
+
+def test_added_delay_is_a_filter_of_that_client_only(tmp_path):
+    """added-delay (the canary's testing aid): [filter:delay] with the milliseconds, right
+    before the Zope app, in the client that sets it; the others have none (the default)."""
+    result = buildout(tmp_path, "[client2]\nadded-delay = 50\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[client2] added-delay = 50: page requests sleep 50 ms first" in result.stdout + result.stderr
+    ini = _ini(tmp_path / "parts" / "client2" / "etc" / "wsgi.ini")
+    assert dict(ini["filter:delay"]) == {"use": "egg:plonedeploy.runtime#delay", "delay_ms": "50"}
+    assert ini["pipeline:main"]["pipeline"].split()[-2:] == ["delay", "zope"]
+    for part in ("instance", "uploads"):
+        assert "delay" not in _ini(tmp_path / "parts" / part / "etc" / "wsgi.ini")["pipeline:main"]["pipeline"]
 
 
 def test_metrics_filter_wired_per_client(tmp_path):

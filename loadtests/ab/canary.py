@@ -11,8 +11,9 @@ statistics of :mod:`loadtests.ab.abstats` (the same bootstrap, windows and ratio
 1. Every line is put in a phase by the time HAProxy accepted its request (``--aa-from`` ..
    ``--aa-until``, ``--ab-from`` .. ``--ab-until``; lines in neither, such as the canary's
    restart between them, are left out), on a side (the canary, or the comparison clients
-   together) and in a path class (:func:`path_class`: page, json, blob, write), then in a
-   time window of ``window_s`` seconds (the unit the bootstrap resamples).
+   together) and in a path class (:func:`plonedeploy.runtime.pathclass.path_class`: page,
+   json, blob, write), then in a time window of ``window_s`` seconds (the unit the bootstrap
+   resamples).
 2. Per window, side and class: requests, errors (:func:`is_error`: 5xx, or a response the
    server aborted or timed out), and the server times ``Tr`` (ms from the request sent to the
    server until its response headers: Zope's own time, without HAProxy's queue) of the other
@@ -44,23 +45,16 @@ negotiation on a page URL counts as page), a request HAProxy retried elsewhere a
 connection (logged under the server that answered), the time a blob's body takes (``Tr`` ends
 at the response headers), and a difference smaller than the A/A floor.
 """
-import re
 from datetime import datetime
 
 import numpy as np
+# The path classes: one rule with the client's delay filter (plonedeploy.runtime.pathclass says why
+# it lives there); re-exported here, where the judge's callers have always found them.
+from plonedeploy.runtime.pathclass import BLOB_VIEW, CLASSES, JSON_ROUTE, WRITE_METHODS, path_class  # noqa: F401
 
 from loadtests.ab import abstats
 from loadtests.core import haproxy_log
 
-#: The path classes, in report order.
-CLASSES = ("page", "json", "blob", "write")
-#: Methods that write: what the edge's write lane sends to the backend ``writes``.
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-#: Plone's views that stream a file or an image from the ZODB (blobs), as a path segment.
-BLOB_VIEW = re.compile(r"/@@(download|images|display-file)(/|$)")
-#: plone.restapi: ``++api++`` anywhere in the path, or a service (one ``@`` and a name, e.g.
-#: ``@search``, ``@navigation``; a browser view has two, ``@@``) as a path segment.
-JSON_ROUTE = re.compile(r"/(\+\+api\+\+|@[A-Za-z][\w.-]*)(/|$)")
 #: The sides of the comparison (abstats' labels A and B).
 CANARY, COMPARISON = "canary", "comparison"
 PHASES = ("aa", "ab")
@@ -94,31 +88,6 @@ class JudgeError(ValueError):
 
 
 # ----------------------------------------------------------------------------- lines
-
-def path_class(method, target):
-    """The class of a request from its log line's method and target (``path`` of
-    :func:`loadtests.core.haproxy_log.lines`), or None for a line without a request.
-
-    ``write``: a writing method (:data:`WRITE_METHODS`); ``blob``: a Plone file or image view
-    (:data:`BLOB_VIEW`); ``json``: plone.restapi (:data:`JSON_ROUTE`); ``page``: anything else
-    (HTML pages, and the static resources Zope serves, ``++plone++`` and the like). The log
-    has no Accept header: the JSON a client asks for on a page URL (``Accept:
-    application/json``, the kit's "@json") counts as a page. The query string is ignored; an
-    absolute target (HTTP/2's ``https://host/path``) is read from its path.
-    """
-    if not method or not target:
-        return None
-    if method in WRITE_METHODS:
-        return "write"
-    path = target.split("?", 1)[0]
-    if "://" in path:
-        path = "/" + path.split("://", 1)[1].partition("/")[2]
-    if BLOB_VIEW.search(path):
-        return "blob"
-    if JSON_ROUTE.search(path):
-        return "json"
-    return "page"
-
 
 def is_error(line):
     """True for a failed request: a 5xx status (Zope's 500, HAProxy's 502/503/504 when the

@@ -19,6 +19,10 @@ PasteDeploy filters (``paste.filter_factory``):
 - ``blobsendfile`` (``plonedeploy.runtime.blobfilter``): hands whole-file ZODB blob
   downloads to the server's ``wsgi.file_wrapper`` as a real file (pyruvate then uses
   ``sendfile(2)``); first in the pipeline unless the part says ``blob-sendfile = off``.
+- ``explicittx`` (``plonedeploy.runtime.explicittx``): the transaction package's explicit
+  mode per request (``transaction-mode = explicit``).
+- ``delay`` (``plonedeploy.runtime.delay``): a testing aid, page requests made slower by
+  ``added-delay`` ms (the canary's tests and benchmark); never in a default.
 - ``metrics`` (``plonedeploy.runtime.metrics``): Prometheus metrics of the client
   (requests, latency, ZODB pool and caches) on a port of their own; needs
   prometheus-client (extra ``metrics``; the recipe adds it to the eggs with
@@ -72,6 +76,8 @@ setup(
             "metrics = plonedeploy.runtime.metrics:filter_factory",
             # transaction-mode = explicit: use = egg:plonedeploy.runtime#explicittx
             "explicittx = plonedeploy.runtime.explicittx:filter_factory",
+            # added-delay = <ms> (a testing aid): use = egg:plonedeploy.runtime#delay
+            "delay = plonedeploy.runtime.delay:filter_factory",
         ],
         # hello-world app for loadtests/matrix/matrix.py: use = egg:plonedeploy.runtime#hello
         "paste.app_factory": [

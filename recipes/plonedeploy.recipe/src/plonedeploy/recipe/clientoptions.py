@@ -11,6 +11,7 @@ import subprocess
 import sysconfig
 
 import zc.buildout
+from plonedeploy.runtime.delay import parse_delay_ms
 
 from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
 from plonedeploy.stack.rules import (
@@ -273,6 +274,23 @@ def transaction_mode(name, options):
     mode = check_choice(name, "transaction-mode", opts.setdefault("transaction-mode").strip(), TRANSACTION_MODES)
     options["transaction-mode"] = mode
     return mode == "explicit"
+
+def added_delay(name, options):
+    """Check ``added-delay`` (whole milliseconds, ``plonedeploy.runtime.delay.parse_delay_ms``:
+    the filter's own rule); return it as an int, 0 meaning no ``delay`` filter. Raises
+    ``zc.buildout.UserError`` naming the part, the option and the allowed values."""
+    opts = DeclaredOptions(name, options, INSTANCE)
+    value = opts.setdefault("added-delay")
+    try:
+        milliseconds = parse_delay_ms(value)
+    except ValueError as exc:
+        raise zc.buildout.UserError(f"[{name}] {exc}") from None
+    options["added-delay"] = str(milliseconds)
+    if milliseconds:
+        logger.warning("[%s] added-delay = %s: page requests sleep %s ms first (a testing aid, "
+                       "never for a site with visitors)", name, milliseconds, milliseconds)
+    return milliseconds
+
 
 def resolve_auto_threads(buildout, name, options, server):
     """Resolve ``threads = auto`` (``rules.auto_threads``); log the choice; return it as text."""

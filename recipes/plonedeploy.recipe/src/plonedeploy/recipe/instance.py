@@ -28,6 +28,10 @@ each; docs/reference/recipe.md's table is generated from it). The reasons behind
   filter (plonedeploy.runtime.explicittx) last before the Zope app in the pipeline, so each
   request's thread uses the transaction package's explicit mode: one storage poll per
   request instead of three (docs/how-to/relstorage.md#tuning).
+- ``added-delay`` (``clientoptions.added_delay``): a testing aid, never in a default: the
+  ``delay`` filter (plonedeploy.runtime.delay) before the Zope app makes page requests that
+  many ms slower, so the canary's tests and benchmark can build a release known to be slower
+  (docs/explanation/canary.md). 0, the default, renders no filter.
 - ``memory-limit`` (with ``metrics-address``; ``clientoptions.memory_watchdog``): the memory
   watchdog in the metrics filter (plonedeploy.runtime.watchdog); its default is
   ``rules.default_memory_limit`` over ``host-memory`` and ``clients-per-host``
@@ -82,6 +86,7 @@ from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
 from plonedeploy.recipe.service import check_service_user, client_layout
 from plonedeploy.recipe.options import (
     BLOB_FILTER,
+    DELAY_FILTER,
     EXPLICIT_TX_FILTER,
     HELLO_APP,
     METRICS_EGG,
@@ -184,6 +189,11 @@ class Recipe(Zope2InstanceRecipe):
             raise zc.buildout.UserError(
                 f"[{name}] pipeline names {EXPLICIT_TX_FILTER} but transaction-mode = implicit; "
                 f"remove it from pipeline or set transaction-mode = explicit")
+        self.added_delay = clientoptions.added_delay(name, options)
+        if not self.added_delay and DELAY_FILTER in opts.get("pipeline", "").split():
+            raise zc.buildout.UserError(
+                f"[{name}] pipeline names {DELAY_FILTER} but added-delay = 0; "
+                f"remove it from pipeline or set added-delay = <milliseconds>")
 
         if "wsgi-ini-template" in opts:
             raise zc.buildout.UserError(
@@ -210,6 +220,12 @@ class Recipe(Zope2InstanceRecipe):
                 "(see templates/_common.ini.in); add it or set transaction-mode = implicit"
             )
 
+        if self.added_delay and f"[filter:{DELAY_FILTER}]" not in render_template(self.template, self.context()):
+            raise zc.buildout.UserError(
+                f"[{name}] added-delay is set but {self.template} defines no [filter:{DELAY_FILTER}] "
+                "(see templates/_common.ini.in); add it or set added-delay = 0"
+            )
+
         if self.hello_address and HELLO_APP not in render_template(self.template, self.hello_context()):
             raise zc.buildout.UserError(
                 f"[{name}] hello-address is set but {self.template} renders no {HELLO_APP} app when "
@@ -230,8 +246,8 @@ class Recipe(Zope2InstanceRecipe):
         eggs = opts.get("eggs", "").split()
         eggs += [egg for egg in SERVERS[self.server] if egg not in eggs]
         # egg:plonedeploy.runtime#blobsendfile, #hello; plonedeploy.runtime.access.become
-        if (self.blob_sendfile or self.hello_address or self.service_user or self.explicit_tx) \
-                and RUNTIME_EGG not in eggs:
+        if (self.blob_sendfile or self.hello_address or self.service_user or self.explicit_tx
+                or self.added_delay) and RUNTIME_EGG not in eggs:
             eggs.append(RUNTIME_EGG)
         if self.metrics_address:
             # egg:plonedeploy.runtime#metrics, which imports prometheus_client
@@ -266,6 +282,9 @@ class Recipe(Zope2InstanceRecipe):
             # After blobsendfile, which must stay outermost; the metrics filter never wraps
             # the response body, so anything it sees is still the application's own.
             options["pipeline"] = insert_pipeline_filter_after(opts["pipeline"], METRICS_FILTER, BLOB_FILTER)
+        if self.added_delay:
+            # Before the app, inside the metrics filter: its latency sees the delay as slower code's.
+            options["pipeline"] = insert_pipeline_filter_before_app(opts["pipeline"], DELAY_FILTER)
         if self.explicit_tx:
             # Innermost, so that nothing runs in the request's thread between it and Zope.
             options["pipeline"] = insert_pipeline_filter_before_app(opts["pipeline"], EXPLICIT_TX_FILTER)
@@ -297,6 +316,7 @@ class Recipe(Zope2InstanceRecipe):
             "blob_sendfile": self.blob_sendfile,
             "metrics_address": self.metrics_address,
             "explicit_tx": self.explicit_tx,
+            "added_delay": self.added_delay,
             **self.probes,
             "hello_app": False,
             **self.mod_wsgi_context(self.port),
@@ -314,7 +334,8 @@ class Recipe(Zope2InstanceRecipe):
         host, port = self.hello_address
         return {**self.context(), **self.mod_wsgi_context(port),
                 "host": host, "port": port, "http_address": f"{host}:{port}",
-                "blob_sendfile": False, "metrics_address": None, "explicit_tx": False, "hello_app": True}
+                "blob_sendfile": False, "metrics_address": None, "explicit_tx": False, "added_delay": 0,
+                "hello_app": True}
 
     def build_wsgi_ini(self):
         etc = os.path.dirname(self.options["wsgi-ini-template"])

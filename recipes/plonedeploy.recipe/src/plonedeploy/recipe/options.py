@@ -39,6 +39,9 @@ METRICS_EGG = "prometheus-client"
 EXPLICIT_TX_FILTER = "explicittx"
 TRANSACTION_MODES = ("implicit", "explicit")
 DEFAULT_TRANSACTION_MODE = "implicit"
+#: Name of the testing aid that slows page requests (``[filter:delay]``, ``added-delay``;
+#: plonedeploy.runtime.delay).
+DELAY_FILTER = "delay"
 
 # The shared templates and their renderer (one copy, with bin/stack's; plonedeploy.stack.templates).
 from plonedeploy.stack.templates import HAPROXY_TEMPLATE, TEMPLATES_DIRECTORY, render_template  # noqa: E402,F401

@@ -17,6 +17,7 @@ relstorage-tools modules take their ``DEFAULT_*`` constants from these tables.
 from typing import NamedTuple, Tuple, Union
 
 from plonedeploy.recipe import edge, tls
+from plonedeploy.runtime.delay import MAX_DELAY_MS
 from plonedeploy.stack import rules, storage
 from plonedeploy.recipe.options import (
     BALANCE_ALGORITHMS, DEFAULT_RELSTORAGE_BLOBS, DEFAULT_STORAGE, DEFAULT_TRANSACTION_MODE, RELSTORAGE_BLOBS, STORAGES,
@@ -237,6 +238,12 @@ INSTANCE = (
            "package's explicit mode, so ZODB polls the storage once per request instead of three times "
            "(RelStorage: round trips to PostgreSQL; [how-to/relstorage.md](../how-to/relstorage.md#tuning)); "
            "adds `plonedeploy.runtime` to `eggs`"),
+    Option("added-delay", "0", f"a whole number of milliseconds, 0 to {MAX_DELAY_MS}",
+           "**a testing aid, never for a site with visitors**: the `delay` WSGI filter "
+           "(plonedeploy.runtime.delay) right before the Zope app sleeps this long in every page "
+           "request (the canary judge's class `page`); the canary's tests and benchmark build a "
+           "slower release with it ([explanation/canary.md](../explanation/canary.md)); 0: no filter; "
+           "else adds `plonedeploy.runtime` to `eggs`"),
     Option("rel-storage", "", "nothing",
            "plone.recipe.zope2instance's option, refused here: written from `storage = relstorage` and the `relstorage-*` options",
            "unset"),
