@@ -21,11 +21,13 @@ identical releases interleaved with the slower ones, and judges each with the de
 
 Units: delays in ms, phases and switches in seconds, ratios canary / comparison.
 """
+import json
 import os
 import sys
 import time
 
 from loadtests.ab import canary, canary_deploy
+from loadtests.core import haproxy_log
 from loadtests.core.stack import NotReady, load_stack
 from plonedeploy.stack import rolling
 from plonedeploy.stack.errors import StackError
@@ -63,6 +65,32 @@ def detection(lines, name, compare, phases, classes, window_s=canary.DEFAULT_WIN
         if cut >= ab_until:
             return None
         cut += window_s
+
+
+def analyse(lines, name, compare, plan, timelines, classes):
+    """One row per deploy: ``plan``'s ``(release, delay ms)`` and its :func:`deploy` timeline
+    judged from HAProxy log ``lines`` (any iterable; only the lines of each deploy's phases
+    are kept): ``{"name", "delay_ms", "verdict", "reasons", "page_p50" (the A/B interval of
+    the page Tr p50 ratio, or None), "page_limit", "detected" (:func:`detection`, for a
+    rollback), "phases", "switch_s"}``."""
+    bounds = [(timeline["phases"]["aa"][0], timeline["phases"]["ab"][1]) for timeline in timelines]
+    kept = [[] for _ in timelines]
+    for line in lines:
+        epoch = haproxy_log.accepted_epoch(line)
+        for index, (start, end) in enumerate(bounds):
+            if start <= epoch < end:
+                kept[index].append(line)
+    rows = []
+    for (release, delay), timeline, lines_of in zip(plan, timelines, kept):
+        data = canary.judge(lines_of, name, compare, timeline["phases"], classes=classes)
+        page = data["classes"].get("page", {})
+        rows.append({"name": release, "delay_ms": delay, "verdict": data["verdict"], "reasons": data["reasons"],
+                     "page_p50": page.get("stats", {}).get("ab", {}).get("p50_ratio"),
+                     "page_limit": page.get("limits", {}).get("p50_ratio"),
+                     "detected": (detection(lines_of, name, compare, timeline["phases"], classes)
+                                  if data["verdict"] == canary.ROLLBACK else None),
+                     "phases": timeline["phases"], "switch_s": timeline["switch_s"]})
+    return rows
 
 
 def summarize(rows):
@@ -150,7 +178,8 @@ def parse_args(argv):
 
 def main(argv=None):
     """Build the releases, deploy each as the canary under one load, judge, print and write the
-    report; returns 0, or 2 when it could not run (the stack, a build, a switch)."""
+    report; returns 0, or 2 when it could not run (the stack, a build, a switch; the deploys
+    done before a failed switch are reported all the same)."""
     from loadtests.core.locustrun import BackgroundLocust
     from loadtests.core.reports import report_folder, write_report
 
@@ -173,7 +202,7 @@ def main(argv=None):
         return 2
     log = canary_deploy.log_path(stack)
     load = BackgroundLocust(stack["frontend_url"], args.weights, args.users).start()
-    timelines = []
+    timelines, status = [], 0
     try:
         time.sleep(args.warmup)
         for release, delay in plan:
@@ -182,38 +211,30 @@ def main(argv=None):
             print(f"{release}: canary deploy ({delay} ms added)", flush=True)
             timelines.append(canary_deploy.deploy(stack, name, releases[release], args.phase))
     except (canary_deploy.CanaryError, rolling.RollingError, StackError) as exc:
-        load.stop()
+        # The deploys done so far are still judged and reported.
         print(f"canary-bench: {exc}", file=sys.stderr)
-        return 2
+        status = 2
     row = load.stop()
-    first = timelines[0]["phases"]["aa"][0]
-    lines = [line for line in canary.read_lines([log]) if canary_deploy.haproxy_log.accepted_epoch(line) >= first]
-    rows = []
-    for (release, delay), timeline in zip(plan, timelines):
-        (aa_from, _), (_, ab_until) = timeline["phases"]["aa"], timeline["phases"]["ab"]
-        lines_of = [line for line in lines
-                    if aa_from <= canary_deploy.haproxy_log.accepted_epoch(line) < ab_until]
-        data = canary.judge(lines_of, name, compare, timeline["phases"], classes=args.classes)
-        page = data["classes"].get("page", {})
-        rows.append({"name": release, "delay_ms": delay, "verdict": data["verdict"], "reasons": data["reasons"],
-                     "page_p50": page.get("stats", {}).get("ab", {}).get("p50_ratio"),
-                     "page_limit": page.get("limits", {}).get("p50_ratio"),
-                     "detected": (detection(lines_of, name, compare, timeline["phases"], args.classes)
-                                  if data["verdict"] == canary.ROLLBACK else None),
-                     "phases": timeline["phases"], "switch_s": timeline["switch_s"]})
-    report = {"started": started, "load_after": " ".join(f"{value:.2f}" for value in os.getloadavg()),
-              "settings": {"canary": name, "compare": compare, "delays_ms": args.delays, "identical": args.identical,
-                           "phase_s": args.phase, "warmup_s": args.warmup, "users": args.users,
-                           "weights": args.weights, "classes": args.classes, "load_before": load_before,
-                           "command": "python -m loadtests canary-bench " + " ".join(argv or sys.argv[1:])},
-              "releases": rows, "summary": summarize(rows), "load": row,
-              "switch_s": [s for timeline in timelines for s in timeline["switch_s"]]}
+    plan = plan[:len(timelines)]
+    if not timelines:
+        return status
     folder = report_folder(args.out, "canary-bench")
+    settings = {"canary": name, "compare": compare, "delays_ms": args.delays, "identical": args.identical,
+                "phase_s": args.phase, "warmup_s": args.warmup, "users": args.users, "weights": args.weights,
+                "classes": args.classes, "load_before": load_before,
+                "command": "python -m loadtests canary-bench " + " ".join(sys.argv[1:] if argv is None else argv)}
+    # What the deploys did, before the analysis: a failing analysis can be done again from it.
+    with open(os.path.join(folder, "deploys.json"), "w", encoding="utf-8") as fp:
+        json.dump({"settings": settings, "plan": plan, "timelines": timelines, "load": row, "log": log}, fp, indent=2)
+    rows = analyse(canary.read_lines([log]), name, compare, plan, timelines, args.classes)
+    report = {"started": started, "load_after": " ".join(f"{value:.2f}" for value in os.getloadavg()),
+              "settings": settings, "releases": rows, "summary": summarize(rows), "load": row,
+              "switch_s": [s for timeline in timelines for s in timeline["switch_s"]]}
     text = markdown(report)
     write_report(folder, report, text)
     print(text)
     print(f"report: {folder}")
-    return 0
+    return status
 
 
 if __name__ == "__main__":
