@@ -4,7 +4,6 @@ the release's buildout config, the benchmark's order, detection and summary on s
 HAProxy logs (tests/test_canary_judge.py's), and the background Locust against a small HTTP
 server. The deploy itself runs on a real stack in ``python -m loadtests canary-bench``
 (docs/explanation/canary.md#sensitivity)."""
-import http.server
 import os
 import threading
 
@@ -13,7 +12,7 @@ import pytest
 from loadtests.ab import canary, canary_bench, canary_deploy
 from loadtests.core.locustrun import BackgroundLocust
 from loadtests.core.procs import free_local_port
-from test_canary_judge import PHASES, RATES, SERVERS, T0, deploy_log
+from test_canary_judge import PHASES, RATES, SERVERS, T0, _Server, _Zope, deploy_log
 
 
 def stack_facts(tmp_path, kinds=(("instance", "pyruvate"), ("client2", "pyruvate"))):
@@ -178,20 +177,9 @@ def test_failed_lines_counts_every_server_in_the_load_window(tmp_path):
     assert canary_deploy.failed_lines(lines, T0, PHASES["aa"][1])["errors"] == 0
 
 
-class _Root(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"OK")
-
-    def log_message(self, *args):
-        pass
-
-
 def test_background_locust_counts_the_requests_it_made_until_stopped(tmp_path):
     port = free_local_port()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Root)
+    server = _Server(("127.0.0.1", port), _Zope)  # test_canary_judge's stand-in client: 200 OK
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         load = BackgroundLocust(f"http://127.0.0.1:{port}", "root=1", 2, directory=str(tmp_path)).start()
