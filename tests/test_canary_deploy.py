@@ -4,6 +4,7 @@ the release's buildout config, the benchmark's order, detection and summary on s
 HAProxy logs (tests/test_canary_judge.py's), and the background Locust against a small HTTP
 server. The deploy itself runs on a real stack in ``python -m loadtests canary-bench``
 (docs/explanation/canary.md#sensitivity)."""
+import json
 import os
 import threading
 
@@ -190,3 +191,15 @@ def test_background_locust_counts_the_requests_it_made_until_stopped(tmp_path):
         server.shutdown()
         server.server_close()
     assert not load.running() and row["requests"] > 0 and row["errors"] == 0
+
+
+def test_the_command_refuses_before_anything_starts(tmp_path, capsys):
+    """The kit's default pool has no pair of one WSGI server, and a release must fit: exit 2
+    with the reason, no load started, nothing switched (the stack here does not even run)."""
+    config = tmp_path / "stack.json"
+    config.write_text(json.dumps(stack_facts(tmp_path, (("instance", "pyruvate"), ("client2", "waitress")))))
+    assert canary_deploy.main([str(tmp_path), "--stack-config", str(config)]) == 2
+    assert "canary-deploy: the canary needs a comparison client of its own WSGI server" in capsys.readouterr().err
+    config.write_text(json.dumps(stack_facts(tmp_path / "pair")))
+    assert canary_deploy.main([str(tmp_path / "nothing"), "--stack-config", str(config)]) == 2
+    assert "nothing/bin/client2 is missing: build the release first" in capsys.readouterr().err
