@@ -113,8 +113,8 @@ def test_make_release_refuses_a_var_that_is_not_the_stacks(tmp_path):
 
 def test_release_plan_interleaves_identical_and_slower_releases():
     assert canary_bench.release_plan([5, 10, 20, 50], 5) == [
-        ("same-1", 0), ("delay-5", 5), ("same-2", 0), ("delay-10", 10), ("same-3", 0), ("delay-20", 20),
-        ("same-4", 0), ("delay-50", 50), ("same-5", 0)]
+        ("same-1", 0), ("delay-50", 50), ("same-2", 0), ("delay-20", 20), ("same-3", 0), ("delay-10", 10),
+        ("same-4", 0), ("delay-5", 5), ("same-5", 0)]
     assert canary_bench.release_plan([50], 2) == [("same-1", 0), ("delay-50", 50), ("same-2", 0)]
 
 

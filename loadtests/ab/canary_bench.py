@@ -38,10 +38,11 @@ DEFAULT_IDENTICAL = 5
 
 def release_plan(delays, identical):
     """``[(name, delay ms)]`` in the order they are deployed: the identical releases
-    (``same-1`` ...) alternating with the slower ones (``delay-<ms>``, in ``delays``' order), so
-    that both kinds meet the machine's drifts alike; the rest of the longer list at the end."""
+    (``same-1`` ...) alternating with the slower ones (``delay-<ms>``, the largest delay first:
+    a run cut short has the plain cases), so that both kinds meet the machine's drifts alike;
+    the rest of the longer list at the end."""
     same = [(f"same-{number}", 0) for number in range(1, identical + 1)]
-    slower = [(f"delay-{ms}", ms) for ms in delays]
+    slower = [(f"delay-{ms}", ms) for ms in sorted(delays, reverse=True)]
     plan = []
     for index in range(max(len(same), len(slower))):
         plan += same[index:index + 1] + slower[index:index + 1]
@@ -203,6 +204,11 @@ def main(argv=None):
     log = canary_deploy.log_path(stack)
     load = BackgroundLocust(stack["frontend_url"], args.weights, args.users).start()
     timelines, status = [], 0
+    folder = report_folder(args.out, "canary-bench")
+    settings = {"canary": name, "compare": compare, "delays_ms": args.delays, "identical": args.identical,
+                "phase_s": args.phase, "warmup_s": args.warmup, "users": args.users, "weights": args.weights,
+                "classes": args.classes, "load_before": load_before,
+                "command": "python -m loadtests canary-bench " + " ".join(sys.argv[1:] if argv is None else argv)}
     try:
         time.sleep(args.warmup)
         for release, delay in plan:
@@ -210,6 +216,11 @@ def main(argv=None):
                 raise canary_deploy.CanaryError("Locust exited")
             print(f"{release}: canary deploy ({delay} ms added)", flush=True)
             timelines.append(canary_deploy.deploy(stack, name, releases[release], args.phase))
+            # What the deploys did so far: a run stopped, or an analysis that failed, can be
+            # judged again from it (analyse()).
+            with open(os.path.join(folder, "deploys.json"), "w", encoding="utf-8") as fp:
+                json.dump({"settings": settings, "plan": plan[:len(timelines)], "timelines": timelines, "log": log},
+                          fp, indent=2)
     except (canary_deploy.CanaryError, rolling.RollingError, StackError) as exc:
         # The deploys done so far are still judged and reported.
         print(f"canary-bench: {exc}", file=sys.stderr)
@@ -218,14 +229,6 @@ def main(argv=None):
     plan = plan[:len(timelines)]
     if not timelines:
         return status
-    folder = report_folder(args.out, "canary-bench")
-    settings = {"canary": name, "compare": compare, "delays_ms": args.delays, "identical": args.identical,
-                "phase_s": args.phase, "warmup_s": args.warmup, "users": args.users, "weights": args.weights,
-                "classes": args.classes, "load_before": load_before,
-                "command": "python -m loadtests canary-bench " + " ".join(sys.argv[1:] if argv is None else argv)}
-    # What the deploys did, before the analysis: a failing analysis can be done again from it.
-    with open(os.path.join(folder, "deploys.json"), "w", encoding="utf-8") as fp:
-        json.dump({"settings": settings, "plan": plan, "timelines": timelines, "load": row, "log": log}, fp, indent=2)
     rows = analyse(canary.read_lines([log]), name, compare, plan, timelines, args.classes)
     report = {"started": started, "load_after": " ".join(f"{value:.2f}" for value in os.getloadavg()),
               "settings": settings, "releases": rows, "summary": summarize(rows), "load": row,
