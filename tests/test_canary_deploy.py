@@ -159,6 +159,7 @@ def test_analysis_and_report_of_one_slower_release(tmp_path):
     assert (row["name"], row["delay_ms"], row["verdict"]) == ("delay-50", 50, canary.ROLLBACK)
     assert row["reasons"][0].startswith("page Tr p50 of the canary is ") and row["page_p50"]["low"] > row["page_limit"]
     report = {"started": "2026-11-28 15:00 UTC", "load_after": "1.00 1.00 1.00", "releases": [row],
+              "haproxy": canary_deploy.failed_lines(canary.read_lines([str(log)]), PHASES["aa"][0], float("inf")),
               "summary": canary_bench.summarize([row]), "load": {"requests": 1000, "errors": 0},
               "switch_s": [14.5, 12.0],
               "settings": {"canary": SERVERS[0], "compare": list(SERVERS[1:]), "phase_s": 300.0, "users": 6,
@@ -168,6 +169,8 @@ def test_analysis_and_report_of_one_slower_release(tmp_path):
     assert (f"Smallest added delay rolled back: 50 ms, after {row['detected']['requests']} of the canary's page "
             f"requests ({row['detected']['seconds']:g} s of its A/B phase).") in text
     assert "False rollbacks: 0 of 0 identical releases ()." in text and "switches 12.0–14.5 s." in text
+    # the synthetic log's canary restart between the phases: 503s HAProxy answered
+    assert f"HAProxy logged {report['haproxy']['errors']} errors of " in text and report["haproxy"]["errors"] > 0
 
 
 def test_failed_lines_counts_every_server_in_the_load_window(tmp_path):
@@ -203,3 +206,17 @@ def test_the_command_refuses_before_anything_starts(tmp_path, capsys):
     config.write_text(json.dumps(stack_facts(tmp_path / "pair")))
     assert canary_deploy.main([str(tmp_path / "nothing"), "--stack-config", str(config)]) == 2
     assert "nothing/bin/client2 is missing: build the release first" in capsys.readouterr().err
+
+
+def test_a_stopped_run_is_judged_again_from_its_deploys_json(tmp_path, capsys):
+    log = deploy_log(tmp_path / "slower.log", _slower_pages, rates={"page": RATES["page"]})
+    settings = {"canary": SERVERS[0], "compare": list(SERVERS[1:]), "phase_s": 300.0, "users": 6, "weights": "root=1",
+                "classes": ["page"], "load_before": "0.50 0.50 0.50"}
+    (tmp_path / "deploys.json").write_text(json.dumps({
+        "settings": settings, "plan": [["delay-50", 50]], "log": str(log), "started": "2026-11-28 15:00 UTC",
+        "timelines": [{"phases": PHASES, "switch_s": [14.5, 12.0], "kept": False}]}))
+    assert canary_bench.main(["--analyse", str(tmp_path / "deploys.json")]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [row["verdict"] for row in report["releases"]] == [canary.ROLLBACK]
+    assert report["summary"]["smallest_detected_ms"] == 50 and report["load"] == {"requests": None, "errors": None}
+    assert (tmp_path / "report.md").read_text() in capsys.readouterr().out

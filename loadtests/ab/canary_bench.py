@@ -142,8 +142,9 @@ def markdown(data):
               f"Not rolled back: {', '.join(f'{ms} ms' for ms in found['missed_ms']) or 'none'}.",
               f"False rollbacks: {found['false_rollbacks']} of {found['identical']} identical releases "
               f"({', '.join(f'{n} {verdict}' for verdict, n in sorted(found['identical_verdicts'].items()))}).",
-              f"Load: {data['load']['requests']} requests, {data['load']['errors']} failed; switches "
-              f"{min(data['switch_s']):.1f}–{max(data['switch_s']):.1f} s."]
+              f"Load: {data['load']['requests']} requests, {data['load']['errors']} failed (Locust); HAProxy logged "
+              f"{data['haproxy']['errors']} errors of {data['haproxy']['requests']} requests from the first A/A phase "
+              f"on; switches {min(data['switch_s']):.1f}–{max(data['switch_s']):.1f} s."]
     return "\n".join(lines) + "\n"
 
 
@@ -169,6 +170,9 @@ def parse_args(argv):
                         help=f"the locustfile's shapes (default {canary_deploy.DEFAULT_WEIGHTS})")
     parser.add_argument("--classes", default=",".join(canary_deploy.DEFAULT_CLASSES), metavar="CLASS[,CLASS]",
                         help=f"the classes judged (default {','.join(canary_deploy.DEFAULT_CLASSES)})")
+    parser.add_argument("--analyse", metavar="DEPLOYS_JSON",
+                        help="deploy nothing: judge and report the deploys a run recorded (its deploys.json, "
+                        "written after each deploy: a run stopped early), into that run's folder")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     args.classes = [name for name in args.classes.split(",") if name]
@@ -177,14 +181,41 @@ def parse_args(argv):
     return args
 
 
+def report(folder, settings, plan, timelines, log, load, started, status=0):
+    """Judge the deploys (:func:`analyse` of HAProxy's ``log``), write ``report.json`` and
+    ``report.md`` into ``folder``, print the Markdown; returns ``status``. ``load``: the
+    load's :func:`loadtests.core.locustrun.row_of` (None when a stopped run has none)."""
+    from loadtests.core.reports import write_report
+
+    lines = list(canary.read_lines([log]))
+    rows = analyse(lines, settings["canary"], settings["compare"], plan, timelines, settings["classes"])
+    # Every request HAProxy answered from the first A/A phase on, the switches included.
+    served = canary_deploy.failed_lines(lines, timelines[0]["phases"]["aa"][0], float("inf"))
+    data = {"started": started, "load_after": " ".join(f"{value:.2f}" for value in os.getloadavg()),
+            "settings": settings, "releases": rows, "summary": summarize(rows), "haproxy": served,
+            "load": load or {"requests": None, "errors": None},
+            "switch_s": [s for timeline in timelines for s in timeline["switch_s"]]}
+    text = markdown(data)
+    write_report(folder, data, text)
+    print(text)
+    print(f"report: {folder}")
+    return status
+
+
 def main(argv=None):
     """Build the releases, deploy each as the canary under one load, judge, print and write the
     report; returns 0, or 2 when it could not run (the stack, a build, a switch; the deploys
     done before a failed switch are reported all the same)."""
     from loadtests.core.locustrun import BackgroundLocust
-    from loadtests.core.reports import report_folder, write_report
+    from loadtests.core.reports import report_folder
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.analyse:
+        with open(args.analyse, encoding="utf-8") as fp:
+            done = json.load(fp)
+        return report(os.path.dirname(os.path.abspath(args.analyse)), done["settings"],
+                      [tuple(step) for step in done["plan"]], done["timelines"], done["log"], done.get("load"),
+                      done.get("started", "?"))
     started = time.strftime("%Y-%m-%d %H:%M %Z")
     load_before = " ".join(f"{value:.2f}" for value in os.getloadavg())
     try:
@@ -219,26 +250,16 @@ def main(argv=None):
             # What the deploys did so far: a run stopped, or an analysis that failed, can be
             # judged again from it (analyse()).
             with open(os.path.join(folder, "deploys.json"), "w", encoding="utf-8") as fp:
-                json.dump({"settings": settings, "plan": plan[:len(timelines)], "timelines": timelines, "log": log},
-                          fp, indent=2)
+                json.dump({"settings": settings, "plan": plan[:len(timelines)], "timelines": timelines, "log": log,
+                           "started": started}, fp, indent=2)
     except (canary_deploy.CanaryError, rolling.RollingError, StackError) as exc:
         # The deploys done so far are still judged and reported.
         print(f"canary-bench: {exc}", file=sys.stderr)
         status = 2
     row = load.stop()
-    plan = plan[:len(timelines)]
     if not timelines:
         return status
-    rows = analyse(canary.read_lines([log]), name, compare, plan, timelines, args.classes)
-    report = {"started": started, "load_after": " ".join(f"{value:.2f}" for value in os.getloadavg()),
-              "settings": settings, "releases": rows, "summary": summarize(rows), "load": row,
-              "switch_s": [s for timeline in timelines for s in timeline["switch_s"]]}
-    text = markdown(report)
-    write_report(folder, report, text)
-    print(text)
-    print(f"report: {folder}")
-    return status
-
+    return report(folder, settings, plan[:len(timelines)], timelines, log, row, started, status)
 
 if __name__ == "__main__":
     sys.exit(main())
