@@ -7,6 +7,7 @@ server. The deploy itself runs on a real stack in ``python -m loadtests canary-b
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -181,13 +182,25 @@ def test_failed_lines_counts_every_server_in_the_load_window(tmp_path):
     assert canary_deploy.failed_lines(lines, T0, PHASES["aa"][1])["errors"] == 0
 
 
+class _Counted(_Zope):
+    """test_canary_judge's stand-in client (200 OK), counting the GETs it answered."""
+    answered = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        super().do_GET()
+        self.answered.append(self.path)
+
+
 def test_background_locust_counts_the_requests_it_made_until_stopped(tmp_path):
     port = free_local_port()
-    server = _Server(("127.0.0.1", port), _Zope)  # test_canary_judge's stand-in client: 200 OK
+    server = _Server(("127.0.0.1", port), _Counted)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         load = BackgroundLocust(f"http://127.0.0.1:{port}", "root=1", 2, directory=str(tmp_path)).start()
-        threading.Event().wait(4)
+        # Locust's SIGTERM handler exists once it runs its users: on a busy machine that takes seconds
+        deadline = time.monotonic() + 60
+        while len(_Counted.answered) < 20 and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert load.running()
         row = load.stop()
     finally:
