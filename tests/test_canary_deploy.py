@@ -233,3 +233,27 @@ def test_a_stopped_run_is_judged_again_from_its_deploys_json(tmp_path, capsys):
     assert [row["verdict"] for row in report["releases"]] == [canary.ROLLBACK]
     assert report["summary"]["smallest_detected_ms"] == 50 and report["load"] == {"requests": None, "errors": None}
     assert (tmp_path / "report.md").read_text() in capsys.readouterr().out
+
+
+def test_each_phase_starts_after_the_canary_settled(monkeypatch):
+    """deploy(): settle, A/A, switch to the release, settle, A/B, switch back; the waits are
+    in neither phase (a client just restarted is cold: canary-bench of 28 Nov 2026)."""
+    clock, steps = [1000.0], []
+    monkeypatch.setattr(canary_deploy.time, "time", lambda: clock[0])
+
+    def sleep(seconds):
+        steps.append(("sleep", seconds))
+        clock[0] += seconds
+
+    def switch(stack, name, argv, timeout):
+        steps.append(("switch", argv[0]))
+        clock[0] += 40
+        return 40.0
+
+    monkeypatch.setattr(canary_deploy, "switch", switch)
+    stack = {"processes": [{"name": "client2", "argv": ["/site/bin/client2", "console"]}]}
+    timeline = canary_deploy.deploy(stack, "client2", ["/next/bin/client2", "console"], 100, sleep=sleep, settle_s=60)
+    assert steps == [("sleep", 60), ("sleep", 100), ("switch", "/next/bin/client2"), ("sleep", 60), ("sleep", 100),
+                     ("switch", "/site/bin/client2")]
+    assert timeline == {"phases": {"aa": (1060.0, 1160.0), "ab": (1260.0, 1360.0)}, "switch_s": [40.0, 40.0],
+                        "kept": False}

@@ -164,6 +164,8 @@ def parse_args(argv):
                         help=f"seconds of each A/A and A/B phase (default {canary_deploy.DEFAULT_PHASE_S:g})")
     parser.add_argument("--warmup", type=float, default=canary_deploy.DEFAULT_WARMUP_S, metavar="SECONDS",
                         help=f"seconds of load before the first deploy (default {canary_deploy.DEFAULT_WARMUP_S:g})")
+    parser.add_argument("--settle", type=float, default=canary_deploy.DEFAULT_SETTLE_S, metavar="SECONDS",
+                        help=f"seconds after each restart before a phase (default {canary_deploy.DEFAULT_SETTLE_S:g})")
     parser.add_argument("--users", type=int, default=canary_deploy.DEFAULT_USERS,
                         help=f"Locust users (default {canary_deploy.DEFAULT_USERS})")
     parser.add_argument("--weights", default=canary_deploy.DEFAULT_WEIGHTS,
@@ -237,7 +239,7 @@ def main(argv=None):
     timelines, status = [], 0
     folder = report_folder(args.out, "canary-bench")
     settings = {"canary": name, "compare": compare, "delays_ms": args.delays, "identical": args.identical,
-                "phase_s": args.phase, "warmup_s": args.warmup, "users": args.users, "weights": args.weights,
+                "phase_s": args.phase, "settle_s": args.settle, "warmup_s": args.warmup, "users": args.users, "weights": args.weights,
                 "classes": args.classes, "load_before": load_before,
                 "command": "python -m loadtests canary-bench " + " ".join(sys.argv[1:] if argv is None else argv)}
     try:
@@ -246,7 +248,8 @@ def main(argv=None):
             if not load.running():
                 raise canary_deploy.CanaryError("Locust exited")
             print(f"{release}: canary deploy ({delay} ms added)", flush=True)
-            timelines.append(canary_deploy.deploy(stack, name, releases[release], args.phase))
+            timelines.append(canary_deploy.deploy(stack, name, releases[release], args.phase,
+                                                  settle_s=args.settle))
             # What the deploys did so far: a run stopped, or an analysis that failed, can be
             # judged again from it (analyse()).
             with open(os.path.join(folder, "deploys.json"), "w", encoding="utf-8") as fp:

@@ -6,10 +6,11 @@ The steps (:func:`deploy`), while ``python -m loadtests``' Locust load
 
 1. the canary (``--canary``, default :func:`choose`'s: the last pool client whose WSGI server
    another pool client has) serves the current build for the A/A phase (``--phase`` s);
+   (after ``--settle`` s, so that a canary restarted just before is warm);
 2. it is restarted drained onto ``RELEASE_DIR``'s build of the same part, on the same port
    (:func:`switch`: :func:`plonedeploy.stack.rolling.restart_client`, the steps of ``bin/stack
    restart`` and the Ansible playbooks, with the stack's supervisord running the release's
-   ``bin/<canary>``), and serves it for the A/B phase;
+   ``bin/<canary>``), and serves it for the A/B phase, which starts ``--settle`` s later;
 3. unless ``--keep``, it is restarted drained back onto the current build: locally nothing is
    promoted (the stack's other clients run from this checkout; a promote is the operator's
    next build of it, or the Ansible play's rolling restart);
@@ -43,6 +44,12 @@ from plonedeploy.stack.errors import StackError
 DEFAULT_PHASE_S = 120.0
 #: Seconds of load before the A/A phase (ZODB caches, HAProxy's first picks).
 DEFAULT_WARMUP_S = 20.0
+#: Seconds the canary serves after each restart before a phase starts: a client just started
+#: has cold caches (ZODB objects, templates), and a phase that began with them measured it, not
+#: the release. canary-bench of 28 Nov 2026: an A/A phase that began at the restart of the
+#: deploy before it had the canary's page Tr p50 up to 2.1× its comparison's, a floor under which
+#: a 50 ms slower release (1.70×) was promoted. 60 s is a first guess, not yet measured.
+DEFAULT_SETTLE_S = 60.0
 #: Locust users: closed loop, enough to keep both pyruvate clients' 2 threads busy on 2 cores.
 DEFAULT_USERS = 6
 #: The locustfile's shapes: all three are the judge's class ``page`` (``@json`` asks by the
@@ -142,12 +149,16 @@ def current_argv(stack, name):
     return list(next(p for p in stack["processes"] if p["name"] == name)["argv"])
 
 
-def deploy(stack, name, release_argv, phase_s, keep=False, timeout=rolling.TIMEOUT, sleep=time.sleep):
+def deploy(stack, name, release_argv, phase_s, keep=False, timeout=rolling.TIMEOUT, sleep=time.sleep,
+           settle_s=DEFAULT_SETTLE_S):
     """One canary deploy of client ``name`` onto ``release_argv`` (module docstring, steps 1-3),
-    the load running. Returns ``{"phases": {"aa": (from, until), "ab": (from, until)} (epoch
-    seconds, the judge's), "switch_s": [seconds of each restart], "kept": keep}``; the A/A
-    phase starts now. Raises as :func:`switch`; a failed switch onto the release puts the
-    canary back on the current build first."""
+    the load running. Each phase starts ``settle_s`` seconds after the canary's last restart
+    (:data:`DEFAULT_SETTLE_S`): the A/A phase after the wait, the A/B phase after the switch
+    and the wait; the seconds between are in neither phase. Returns ``{"phases": {"aa": (from,
+    until), "ab": (from, until)} (epoch seconds, the judge's), "switch_s": [seconds of each
+    restart], "kept": keep}``. Raises as :func:`switch`; a failed switch onto the release puts
+    the canary back on the current build first."""
+    sleep(settle_s)
     aa_from = time.time()
     sleep(phase_s)
     aa_until = time.time()
@@ -157,6 +168,7 @@ def deploy(stack, name, release_argv, phase_s, keep=False, timeout=rolling.TIMEO
         print(f"{name}: the switch to the release failed; back onto the current build", flush=True)
         switch(stack, name, current_argv(stack, name), timeout)
         raise
+    sleep(settle_s)
     ab_from = time.time()
     sleep(phase_s)
     ab_until = time.time()
@@ -242,6 +254,9 @@ def parse_args(argv):
                         help=f"seconds of the A/A and of the A/B phase each (default {DEFAULT_PHASE_S:g})")
     parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S, metavar="SECONDS",
                         help=f"seconds of load before the A/A phase (default {DEFAULT_WARMUP_S:g})")
+    parser.add_argument("--settle", type=float, default=DEFAULT_SETTLE_S, metavar="SECONDS",
+                        help=f"seconds the canary serves after a restart before a phase starts (default "
+                        f"{DEFAULT_SETTLE_S:g}: a cold client is not the release)")
     parser.add_argument("--users", type=int, default=DEFAULT_USERS, help=f"Locust users (default {DEFAULT_USERS})")
     parser.add_argument("--weights", default=DEFAULT_WEIGHTS,
                         help=f"the locustfile's shapes (default {DEFAULT_WEIGHTS}: all the judge's class page)")
@@ -255,8 +270,8 @@ def parse_args(argv):
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     args.classes = [name for name in args.classes.split(",") if name]
-    if not args.phase > 0 or args.warmup < 0 or args.users < 1:
-        parser.error("--phase must be > 0, --warmup >= 0 and --users >= 1")
+    if not args.phase > 0 or args.warmup < 0 or args.settle < 0 or args.users < 1:
+        parser.error("--phase must be > 0, --warmup and --settle >= 0, --users >= 1")
     return args
 
 
@@ -283,7 +298,8 @@ def main(argv=None):
         time.sleep(args.warmup)
         if not load.running():
             raise CanaryError("Locust exited during the warm-up")
-        timeline = deploy(stack, name, release_argv, args.phase, keep=args.keep, timeout=args.timeout)
+        timeline = deploy(stack, name, release_argv, args.phase, keep=args.keep, timeout=args.timeout,
+                          settle_s=args.settle)
     except (CanaryError, rolling.RollingError, StackError) as exc:
         load.stop()
         print(f"canary-deploy: {exc}", file=sys.stderr)
