@@ -4,7 +4,9 @@
 #                each an A/B and an A/A control run of 10 s warm-up + 20 s measured), report, stop
 #   make test    unit tests, real buildouts of the recipe, and the end-to-end integration test
 #
-# Other targets: multihost (Ansible over SSH into four network namespaces), blobbench (the
+# Other targets: canary (CANARY_RELEASE=<other build>: a canary deploy judged, docs/explanation/canary.md),
+# canarybench (its sensitivity benchmark, CANARY_BENCH_ARGS),
+# multihost (Ansible over SSH into four network namespaces), blobbench (the
 # matrix's blob preset: blob-sendfile on/off, direct and through HAProxy, needs wrk), matrix (benchmark matrix of the
 # WSGI servers, needs wrk and the running stack; docs/how-to/benchmarks.md), storagebench (ZEO vs RelStorage
 # on stacks of its own, needs wrk and PostgreSQL 15; docs/how-to/benchmarks.md), system, venv, ansible-venv, build, start, site, status, ab, stop, pins, clean.
@@ -65,7 +67,7 @@ SERVICE_USER ?= $(if $(filter 0,$(shell id -u)),plonedeploy)
 BALANCER_USER ?= $(if $(SERVICE_USER),haproxy)
 VARNISH_JAIL ?= $(if $(SERVICE_USER),unix,none)
 
-.PHONY: demo test multihost blobbench headline matrix storagebench system service-user venv ansible-venv build start site status ab stop pins clean
+.PHONY: demo test multihost blobbench headline matrix storagebench system service-user venv ansible-venv build start site status ab canary canarybench stop pins clean
 
 demo: system build
 	@# Whatever happens, stop what was started (by PID).
@@ -146,6 +148,18 @@ status:
 
 ab:
 	$(VENV)/bin/python -m loadtests ab $(AB_ARGS)
+
+# A canary deploy of another build of this site (its var a link to this checkout's var) on the
+# running stack, under Locust load, judged; the canary goes back onto this build at the end.
+# The load tools' .venv runs it, not bin/stack: the judge and Locust are not in the build's Python
+# (docs/explanation/canary.md#a-local-canary-deploy).
+canary:
+	@test -n "$(CANARY_RELEASE)" || { echo "make canary CANARY_RELEASE=<other build directory> [CANARY_ARGS=...]" >&2; exit 2; }
+	$(VENV)/bin/python -m loadtests canary-deploy $(CANARY_RELEASE) $(CANARY_ARGS)
+
+# The canary's sensitivity benchmark (8-10 minutes per release here; docs/explanation/canary.md#sensitivity).
+canarybench:
+	$(VENV)/bin/python -m loadtests canary-bench $(CANARY_BENCH_ARGS)
 
 stop:
 	@if [ -x bin/stack ]; then bin/stack stop; fi

@@ -35,6 +35,10 @@ SUBCOMMANDS = {
     "conflicts": Subcommand("loadtests.storage.conflicts", "ConflictErrors per class and oid from the clients' logs"),
     "canary-judge": Subcommand("loadtests.ab.canary_judge",
                                "promote or roll back a canary by HAProxy's log (A/B statistics)"),
+    "canary-deploy": Subcommand("loadtests.ab.canary_deploy",
+                                "a canary deploy of another build on the running stack, under load, judged"),
+    "canary-bench": Subcommand("loadtests.ab.canary_bench",
+                               "the canary's sensitivity: smallest added delay rolled back, false rollbacks"),
     "soak": Subcommand("loadtests.soak.soak", "ZEO clients' RSS over a long run at a fixed request rate"),
 }
 

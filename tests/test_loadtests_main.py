@@ -19,7 +19,8 @@ def test_help_lists_every_subcommand_on_one_line():
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     names = ["ab", "connections", "fairness", "blob", "matrix", "scaling", "cache", "attacks",
-             "servers-wrk", "headline", "filters", "storage", "conflicts", "canary-judge", "soak"]
+             "servers-wrk", "headline", "filters", "storage", "conflicts", "canary-judge", "canary-deploy",
+             "canary-bench", "soak"]
     for name in names:
         assert any(line.split()[:1] == [name] and len(line.split()) > 1 for line in lines), name
     assert set(SUBCOMMANDS) == set(names)

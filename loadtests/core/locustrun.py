@@ -45,6 +45,20 @@ def row_of(per_server):
             "errors": sum(e["num_failures"] for e in totals)}
 
 
+def locust_command(url, weights, users, run_time, warmup, out, warm_mark=None):
+    """The argv of one headless Locust process of the locustfile against ``url`` (``--host``):
+    ``weights`` (its ``--weights``), ``users`` users all started at once, ``run_time`` whole
+    seconds, its statistics after ``warmup`` seconds written to ``out`` (``--per-server-stats``),
+    the editors' password file of the logged-in shape; with ``warm_mark`` a file path the
+    locustfile creates when the warm-up is over (``--warm-mark``). One copy for the short runs
+    here and the canary's load (:class:`BackgroundLocust`)."""
+    return [sys.executable, "-m", "locust", "-f", os.path.join(HERE, "locustfile.py"), "--headless",
+            "--only-summary", "--host", url, "--weights", weights, "--users", str(users),
+            "--spawn-rate", str(users), "--run-time", f"{int(run_time)}s", "--stop-timeout", "10",
+            "--warmup", str(warmup), *(["--warm-mark", warm_mark] if warm_mark else []),
+            "--per-server-stats", out, "--editor-password-file", EDITOR_PASSWORD_FILE, "--loglevel", "WARNING"]
+
+
 def run_locust_shape(url, weights, users, duration, warmup=3.0, timeout=120, on_warm=None):
     """Run the locustfile headless against ``url`` (``--host``) with ``weights`` (its
     ``--weights``), ``users`` users all started at once, for ``warmup`` + ``duration``
@@ -61,11 +75,7 @@ def run_locust_shape(url, weights, users, duration, warmup=3.0, timeout=120, on_
     with tempfile.TemporaryDirectory(prefix="plonedeploy-locust-") as directory:
         out, mark = os.path.join(directory, "per_server.json"), os.path.join(directory, "warm")
         log = os.path.join(directory, "locust.log")
-        cmd = [sys.executable, "-m", "locust", "-f", os.path.join(HERE, "locustfile.py"), "--headless",
-               "--only-summary", "--host", url, "--weights", weights, "--users", str(users),
-               "--spawn-rate", str(users), "--run-time", f"{run_time}s", "--stop-timeout", "10",
-               "--warmup", str(warmup), "--warm-mark", mark, "--per-server-stats", out,
-               "--editor-password-file", EDITOR_PASSWORD_FILE, "--loglevel", "WARNING"]
+        cmd = locust_command(url, weights, users, run_time, warmup, out, warm_mark=mark)
         deadline = time.monotonic() + run_time + timeout
         with open(log, "w", encoding="utf-8") as output:
             proc = subprocess.Popen(cmd, cwd=directory, stdout=output, stderr=subprocess.STDOUT)
@@ -119,3 +129,55 @@ def login_problem(url, index=0, timeout=60):
     if answer.status_code != 200:
         return f"the login of {user_id} at {url} answered {answer.status_code}"
     return not_logged_in(answer.text, user_id)
+
+
+class BackgroundLocust:
+    """The locustfile's shapes against ``url`` in a Locust process of their own while the caller
+    does something else (the canary's deploys): :meth:`start`, then :meth:`stop` (SIGTERM:
+    Locust's users finish their request, ``--stop-timeout`` 10 s, and the locustfile writes its
+    statistics) returns :func:`row_of` them, every request counted (no warm-up). ``max_s``:
+    Locust's own ``--run-time``, a bound in case the caller never stops it. ``directory``:
+    where its statistics and output go (a temporary one by default, removed by :meth:`stop`)."""
+
+    def __init__(self, url, weights, users, max_s=6 * 3600, directory=None):
+        self.url, self.weights, self.users, self.max_s = url, weights, users, max_s
+        self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="plonedeploy-locust-")
+        self.directory = directory or self._tmp.name
+        self.process = None
+
+    def start(self):
+        """Start Locust; returns self. OSError when it cannot be started."""
+        out = os.path.join(self.directory, "per_server.json")
+        self._output = open(os.path.join(self.directory, "locust.out"), "wb")
+        self.process = subprocess.Popen(locust_command(self.url, self.weights, self.users, self.max_s, 0, out),
+                                        cwd=self.directory, stdin=subprocess.DEVNULL, stdout=self._output,
+                                        stderr=subprocess.STDOUT)
+        return self
+
+    def running(self):
+        """True while the Locust process runs."""
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout=60):
+        """Stop Locust (SIGTERM, then SIGKILL after ``timeout`` s) and return :func:`row_of` its
+        statistics. Raises RuntimeError with the tail of its output when it exited with a status
+        other than 0 or 1 (1: some requests failed, counted in ``errors``) or wrote none."""
+        try:
+            if self.process.poll() is None:
+                self.process.terminate()
+            try:
+                status = self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                status = self.process.wait()
+            self._output.close()
+            out = os.path.join(self.directory, "per_server.json")
+            if status not in (0, 1) or not os.path.exists(out):
+                with open(os.path.join(self.directory, "locust.out"), "rb") as fp:
+                    tail = fp.read()[-2000:].decode("utf-8", "replace")
+                raise RuntimeError(f"Locust against {self.url} exited with status {status}: {tail}")
+            with open(out, encoding="utf-8") as fp:
+                return row_of(json.load(fp))
+        finally:
+            if self._tmp is not None:
+                self._tmp.cleanup()
