@@ -388,6 +388,7 @@ BAD = [
     # the canary deploy (issue 29): checked with plonedeploy_canary only, before the build
     ({"canary_weight": 0, "plonedeploy_canary": True}, "canary_weight must be 1-256 (got 0)"),
     ({"canary_max_slowdown": 0, "plonedeploy_canary": True}, "canary_max_slowdown a fraction > 0 and < 10 (got 0"),
+    ({"canary_settle": -1, "plonedeploy_canary": True}, "canary_settle >= 0 s (got -1)"),
     ({"canary_window": 30, "canary_duration": 20, "plonedeploy_canary": True},
      "canary_window > 0 s and at most the duration (got 30)"),
     ({"canary_classes": ["html"], "plonedeploy_canary": True}, "canary_classes"),
@@ -1043,7 +1044,8 @@ def test_rollback_returns_to_the_previous_release_under_load(deployed):
 #: The canary test's phases: 2 s windows, 10 of them at least per phase (the judge's
 #: MIN_WINDOWS), in 30 s phases; at RESTART_LOAD_RATE a loop, 2 loops, leastconn over three
 #: page clients, the canary answers ~100-200 requests a phase (the slow one fewer).
-CANARY_TEST = {"plonedeploy_canary": True, "canary_duration": 30, "canary_window": 2, "canary_min_requests": 50}
+CANARY_TEST = {"plonedeploy_canary": True, "canary_duration": 30, "canary_window": 2, "canary_min_requests": 50,
+               "canary_settle": 5}
 
 
 # Longer than pytest.ini's 1,200 s on a loaded machine: site.yml with a build.
