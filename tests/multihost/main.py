@@ -2,8 +2,10 @@
 
 The main sequence (the package's docstring has the whole story): teardown of an
 interrupted run's leftovers, setup, the webhook receiver, site.yml, the checks, site.yml
-again (changed=0), teardown; and playbook(), which runs site.yml and prints its recap."""
+again (changed=0), the canary deploy of a like release and its second run (changed=0),
+teardown; and playbook(), which runs site.yml and prints its recap."""
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -11,6 +13,7 @@ import sys
 import time
 
 from . import common, resilience
+from .canary import canary_test
 from .common import ALL_HOSTS, ANSIBLE, HOSTS, STORAGES, WEBHOOK, WORK
 from .resilience import WebhookReceiver
 from .setup_hosts import setup
@@ -18,11 +21,15 @@ from .teardown_hosts import teardown
 from .verify import verify
 
 
-def playbook(inventory, title):
+def playbook(inventory, title, extra=None):
+    """site.yml over SSH with the storage's inventory and ``inventory`` (setup()'s), and
+    ``extra`` (a dict) as extra variables; prints its recap and wall time, keeps its output
+    in WORK/<title>.log. Returns its stdout; raises SystemExit when it fails."""
     started = time.monotonic()
     result = subprocess.run(
         [os.path.join(ANSIBLE, ".venv", "bin", "ansible-playbook"),
-         "-i", STORAGES[common.STORAGE][1], "-i", inventory, "site.yml"],
+         "-i", STORAGES[common.STORAGE][1], "-i", inventory, "site.yml"]
+        + (["-e", json.dumps(extra)] if extra else []),
         cwd=ANSIBLE, text=True, capture_output=True, timeout=1800,
         env=dict(os.environ, ANSIBLE_NOCOLOR="1"),
     )
@@ -62,6 +69,9 @@ def main(argv=None):
         unchanged = all(int(c) == 0 for c in re.findall(r"changed=(\d+)", second[second.rfind("PLAY RECAP"):]))
         print(f"{'PASS' if unchanged else 'FAIL'} second run changed=0 on every host")
         ok = ok and unchanged
+        for label, passed, detail in canary_test(playbook, inventory):
+            print(f"{'PASS' if passed else 'FAIL'} {label} {detail}")
+            ok = ok and bool(passed)
     finally:
         if resilience.RECEIVER is not None:
             resilience.RECEIVER.close()
