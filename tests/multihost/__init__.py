@@ -21,8 +21,9 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
    10.231.0.4:8080 (blob 5,242,880 bytes); the edge rules (a foreign Host gets 421, a
    100 kB POST goes to the upload client, a 100-byte one to the pool); ZEO listens only on 10.231.0.2 and the app
    host's ZEO connections go from 10.231.0.3 to 10.231.0.2:8100 (namespace network); the
-   mixed pool: pyruvate, waitress and gunicorn (client3, ``threads: auto``) each serve, and
-   client3's threads and its HAProxy maxconn are the recipe's auto rule for app1;
+   mixed pool: pyruvate (client1, client4), waitress and gunicorn (client3, ``threads:
+   auto``) each serve, and client3's threads and its HAProxy maxconn are the recipe's auto
+   rule for app1;
    the cache tier (varnish on lb1): the second anonymous /Plone over https is a hit,
    varnish listens on 127.0.0.1:6081 and 10.231.0.4:6081 (the app host's purges), a PURGE
    from a namespace that is not a ZEO client (zeo1) gets 405, one from the app host 200;
@@ -54,7 +55,11 @@ What it does, and undoes at the end (also after a failure, unless ``--keep``):
    is refused by pg_hba.conf while the same login from app1 works, and the cron jobs (db1:
    pg_dump with retention; app1: zodbpack, logrotate) run once the way cron runs them (the
    dump lands, mode 0600);
-4. runs site.yml a second time (expects changed=0);
+4. runs site.yml a second time (expects changed=0), then the canary deploy of a release
+   like the running one (``site.yml -e plonedeploy_canary=true``, short phases; client1
+   the canary, client4 its comparison) under two GET loops from lg1 through lb1: verdict
+   promote, app1's ``current`` and every client's ``plonedeploy_release_info`` the new
+   release, 0 failed requests; and the same run again: changed=0;
 5. tears down: supervisord of each host (which stops its programs), sshd and pebble by PID,
    the namespaces and the bridge, the cron files and /etc/netns/pdmh-acme.
 
@@ -75,7 +80,8 @@ The package's modules:
 - ``resilience``: crash and boot, self-healing, the alert webhook;
 - ``database``: PostgreSQL and RelStorage checks (``--storage relstorage``);
 - ``ab_remote``: the A/B test with its workers on lg1;
-- ``main``: the main sequence (setup, two site.yml runs, verify, teardown);
+- ``canary``: the canary deploy's promote path under load from lg1, and its second run;
+- ``main``: the main sequence (setup, two site.yml runs, verify, the canary step, teardown);
 - ``__main__``: ``python -m multihost`` from tests/ (``make multihost``).
 
 ``import multihost`` (tests/ on sys.path) gives the hosts and storages below without

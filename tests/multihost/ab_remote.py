@@ -67,7 +67,7 @@ def ab_with_remote_workers():
         report = json.load(fp)
     servers = {name: (s["requests"], s["failures"]) for name, s in report["servers"].items()}
     results.append(("A/B: every server of the pool answered, no failure",
-                    len(servers) == 3 and all(n > 0 and f == 0 for n, f in servers.values()), servers))
+                    len(servers) == 4 and all(n > 0 and f == 0 for n, f in servers.values()), servers))
     results.append(("A/B report names the 2 remote workers", report["meta"]["remote_workers"] == 2,
                     report["meta"]["remote_workers"]))
     with open(log_path, encoding="utf-8", errors="replace") as fp:

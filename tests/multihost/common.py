@@ -59,7 +59,7 @@ SSH_OPTIONS = ["-o", f"UserKnownHostsFile={KNOWN_HOSTS}", "-o", "StrictHostKeyCh
 #: bridge's address: lb1's Alertmanager reaches it over the namespace network).
 WEBHOOK = ("10.231.0.1", 15580)
 #: The ZEO clients on app1 (inventories/multihost/group_vars/zeoclients.yml).
-CLIENT_PROGRAMS = ("client1", "client2", "client3", "uploads")
+CLIENT_PROGRAMS = ("client1", "client2", "client3", "client4", "uploads")
 #: The Locust master's port on the control host (not Locust's 5557, which a local
 #: --processes run of the test suite may hold on every address).
 MASTER_PORT = 15557

@@ -36,9 +36,9 @@ def allowed_from(host, port):
         return {"control"}
     if (host, port) in (("zeo1", 8100), ("db1", PG_PORT), ("lb1", 6081)):
         return {"pdmh-app"}  # ZEO, PostgreSQL, varnish's purge listener: the ZEO clients
-    if host == "app1" and port in (8079, 8081, 8082, 8083):
+    if host == "app1" and port in (8079, 8081, 8082, 8083, 8084):
         return {"pdmh-lb"}  # the Zope clients: the balancer
-    if port in (8091, 8092, 8093, 8094, 9100):
+    if port in (8091, 8092, 8093, 8094, 8095, 9100):
         return {"pdmh-lb"}  # the exporters: the monitoring host
     return set()
 

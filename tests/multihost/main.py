@@ -2,8 +2,10 @@
 
 The main sequence (the package's docstring has the whole story): teardown of an
 interrupted run's leftovers, setup, the webhook receiver, site.yml, the checks, site.yml
-again (changed=0), teardown; and playbook(), which runs site.yml and prints its recap."""
+again (changed=0), the canary deploy of a like release and its second run (changed=0),
+teardown; and playbook(), which runs site.yml and prints its recap."""
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -11,6 +13,7 @@ import sys
 import time
 
 from . import common, resilience
+from .canary import canary_test
 from .common import ALL_HOSTS, ANSIBLE, HOSTS, STORAGES, WEBHOOK, WORK
 from .resilience import WebhookReceiver
 from .setup_hosts import setup
@@ -18,11 +21,16 @@ from .teardown_hosts import teardown
 from .verify import verify
 
 
-def playbook(inventory, title):
+def playbook(inventory, title, extra=None, check=True):
+    """site.yml over SSH with the storage's inventory and ``inventory`` (setup()'s), and
+    ``extra`` (a dict) as extra variables; prints its recap and wall time, keeps its output
+    in WORK/<title>.log. Returns its stdout; when it fails, raises SystemExit, or with
+    ``check=False`` returns its stdout and stderr."""
     started = time.monotonic()
     result = subprocess.run(
         [os.path.join(ANSIBLE, ".venv", "bin", "ansible-playbook"),
-         "-i", STORAGES[common.STORAGE][1], "-i", inventory, "site.yml"],
+         "-i", STORAGES[common.STORAGE][1], "-i", inventory, "site.yml"]
+        + (["-e", json.dumps(extra)] if extra else []),
         cwd=ANSIBLE, text=True, capture_output=True, timeout=1800,
         env=dict(os.environ, ANSIBLE_NOCOLOR="1"),
     )
@@ -33,9 +41,9 @@ def playbook(inventory, title):
         fp.write(out + result.stderr)
     print(f"## {title}: {seconds:.0f} s, exit {result.returncode} (full output: {log})")
     print(out[out.rfind("PLAY RECAP"):].strip() if "PLAY RECAP" in out else out[-5000:] + result.stderr[-3000:])
-    if result.returncode != 0:
+    if result.returncode != 0 and check:
         raise SystemExit(f"{title} failed: see {log}")
-    return out
+    return out if check else out + result.stderr
 
 
 def main(argv=None):
@@ -62,6 +70,9 @@ def main(argv=None):
         unchanged = all(int(c) == 0 for c in re.findall(r"changed=(\d+)", second[second.rfind("PLAY RECAP"):]))
         print(f"{'PASS' if unchanged else 'FAIL'} second run changed=0 on every host")
         ok = ok and unchanged
+        for label, passed, detail in canary_test(playbook, inventory):
+            print(f"{'PASS' if passed else 'FAIL'} {label} {detail}")
+            ok = ok and bool(passed)
     finally:
         if resilience.RECEIVER is not None:
             resilience.RECEIVER.close()

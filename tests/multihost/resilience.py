@@ -143,7 +143,7 @@ RECEIVER = None
 
 
 #: The metrics (and probes) port of each ZEO client on app1 (group_vars/zeoclients.yml).
-METRICS_PORTS = {"client1": 8091, "client2": 8092, "client3": 8094, "uploads": 8093}
+METRICS_PORTS = {"client1": 8091, "client2": 8092, "client3": 8094, "client4": 8095, "uploads": 8093}
 
 
 def _from_lb1(url):
@@ -192,8 +192,8 @@ def selfheal_checks(wait=300):
         return found.group(1).strip() if found else None
 
     peers = setting(ini("client1"), "memory_limit_peers")
-    out.append(("watchdog: client1's peers are client2's and client3's metrics addresses (not uploads')",
-                sorted((peers or "").split()) == ["10.231.0.3:8092", "10.231.0.3:8094"], peers))
+    out.append(("watchdog: client1's peers are client2's, client3's and client4's metrics addresses (not uploads')",
+                sorted((peers or "").split()) == ["10.231.0.3:8092", "10.231.0.3:8094", "10.231.0.3:8095"], peers))
     state_file = setting(ini("client2"), "memory_state_file")
     deadline, recycles, series = time.monotonic() + wait, [], {}
     while True:

@@ -49,6 +49,16 @@ def role_packages():
     return sorted(resolved)
 
 
+def judge_packages():
+    """The canary judge's pip packages (the canary role's ``canary_judge_packages``, one line
+    of its vars/main.yml). Raises RuntimeError when that line is gone."""
+    text = open(os.path.join(ANSIBLE, "roles", "canary", "vars", "main.yml"), encoding="utf-8").read()
+    found = re.search(r"^canary_judge_packages: (.+)$", text, re.MULTILINE)
+    if not found:
+        raise RuntimeError("judge_packages: no canary_judge_packages line in the canary role's vars/main.yml")
+    return _yaml_names(found.group(1))
+
+
 def setup():
     # The namespaces share this machine's file system but have no route to Debian's
     # mirrors: what the roles' apt tasks install must be here already (they then find it
@@ -77,6 +87,10 @@ def setup():
        "-r", os.path.join(ROOT, "requirements-buildout.txt"))
     sh(sys.executable, "-m", "pip", "download", "--quiet", "-d", wheels,
        "locust==" + importlib.metadata.version("locust"))
+    # The canary judge's venv on lb1 (canary.canary_test), at the project's constraints: a
+    # folder of its own, so that Locust's unpinned dependencies resolve as before.
+    sh(sys.executable, "-m", "pip", "download", "--quiet", "-d", f"{WORK}/judge-wheels",
+       "-c", os.path.join(ROOT, "constraints.txt"), *judge_packages())
     sh("ip", "link", "add", BRIDGE, "type", "bridge")
     sh("ip", "addr", "add", "10.231.0.1/24", "dev", BRIDGE)
     sh("ip", "link", "set", BRIDGE, "up")
@@ -132,6 +146,7 @@ def setup():
             "postgresql_backup_keep": 2,
             "buildout_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
             "loadgenerator_pip_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/wheels"},
+            "canary_pip_environment": {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{WORK}/judge-wheels"},
             "loadgenerator_master_host": "10.231.0.1",
             # The control host is the admin network: its checks read X-Served-By and
             # X-Cache, which HAProxy removes for visitors.

@@ -19,7 +19,7 @@ from plonedeploy.stack import rules
 from . import common
 from .ab_remote import ab_with_remote_workers
 from .acme import acme_test
-from .common import CRON_FILES, HOSTS, STORAGES, WORK, in_ns, probe, sh
+from .common import CLIENT_PROGRAMS, CRON_FILES, HOSTS, STORAGES, WORK, in_ns, probe, sh
 from .database import database_checks, database_cron_jobs_run
 from .exposure import exposure_checks, service_user_checks
 from .resilience import alert_test, crash_test, selfheal_checks
@@ -81,7 +81,7 @@ def verify():
         except urllib.error.HTTPError as exc:
             got = exc.code
         check(f"Host {host} -> {status}", got == status, f"got {got}")
-    for size, lane in ((100, {"client1", "client2", "client3"}), (100_000, {"uploads"})):
+    for size, lane in ((100, {"client1", "client2", "client3", "client4"}), (100_000, {"uploads"})):
         request = urllib.request.Request(base + "/Plone/@@ok", data=b"x" * size, method="POST")
         with urllib.request.urlopen(request, timeout=60) as response:
             served = response.headers.get("X-Served-By")
@@ -97,17 +97,20 @@ def verify():
         for label, passed, detail in database_checks():
             check(label, passed, detail)
     clients = in_ns("pdmh-app", "ss", "-Htln", capture=True)
-    check("clients listen on 10.231.0.3:8081, :8082, :8083 and :8079 (uploads), not on 0.0.0.0",
-          all(f"10.231.0.3:{port}" in clients for port in (8081, 8082, 8083, 8079)) and "0.0.0.0:80" not in clients)
-    # The mixed pool: three servers, client3's threads by the recipe's auto rule, and
+    check("clients listen on 10.231.0.3:8081-8084 and :8079 (uploads), not on 0.0.0.0",
+          all(f"10.231.0.3:{port}" in clients for port in (8081, 8082, 8083, 8084, 8079))
+          and "0.0.0.0:80" not in clients)
+    # The mixed pool: three servers (two clients of pyruvate: the canary's comparison),
+    # client3's threads by the recipe's auto rule for the five clients, and
     # HAProxy's maxconn for it the same number.
     ini = open(f"{WORK}/app1/zeoclient/current/parts/client3/etc/wsgi.ini", encoding="utf-8").read()
     threads = int(re.search(r"^threads = (\d+)$", ini, re.MULTILINE).group(1))
     cores = int(in_ns("pdmh-app", "nproc", capture=True))
-    expected = rules.auto_threads("gunicorn", cores, 4)[0]
+    expected = rules.auto_threads("gunicorn", cores, len(CLIENT_PROGRAMS))[0]
     haproxy_cfg = open(f"{WORK}/lb1/haproxy/haproxy.cfg", encoding="utf-8").read()
     maxconn = re.search(r"^\s*server client3 \S+ .*\bmaxconn (\d+)", haproxy_cfg, re.MULTILINE)
-    check(f"client3: gunicorn with threads auto = {expected} ({cores} cores, 4 clients), HAProxy maxconn the same",
+    check(f"client3: gunicorn with threads auto = {expected} ({cores} cores, {len(CLIENT_PROGRAMS)} clients), "
+          "HAProxy maxconn the same",
           "egg:plonedeploy.runtime#gunicorn" in ini and threads == expected and maxconn
           and int(maxconn.group(1)) == expected, f"wsgi.ini threads {threads}, maxconn {maxconn and maxconn.group(1)}")
     served = set()
@@ -117,8 +120,8 @@ def verify():
         request = urllib.request.Request(base + "/Plone/@@ok", headers={"Cookie": "__ac=multihost"})
         with urllib.request.urlopen(request, timeout=30) as response:
             served.add(response.headers.get("X-Served-By"))
-    check("the pool serves from pyruvate, waitress and gunicorn (client1-3)",
-          served == {"client1", "client2", "client3"}, sorted(map(str, served)))
+    check("the pool serves from pyruvate, waitress and gunicorn (client1-4)",
+          served == {"client1", "client2", "client3", "client4"}, sorted(map(str, served)))
     # The cache tier: varnish on lb1 between HAProxy's TLS listener and the pool.
     answers = []
     for _ in range(2):
