@@ -26,10 +26,14 @@ def _pages(pool, default_server):
 
 def canary_choice(pool, name, default_server):
     from ansible.errors import AnsibleFilterError
+    from plonedeploy.stack.rules import canary_and_peers
 
     pages = _pages(pool, default_server)
+    # keyed by position: a client name may repeat across hosts when canary_client is empty
+    candidates = range(len(pages))
     if name:
-        named = [client for client in pages if client["name"] == name]
+        candidates = [index for index, client in enumerate(pages) if client["name"] == name]
+        named = [pages[index] for index in candidates]
         if not named:
             raise AnsibleFilterError(
                 f"canary_client = {name!r} is not a page client (lane pages) of the pool; "
@@ -38,13 +42,9 @@ def canary_choice(pool, name, default_server):
         if len(named) > 1:
             raise AnsibleFilterError(f"canary_client = {name!r} names a client on several hosts "
                                      f"({[c['host'] for c in named]}): HAProxy's server names must be unique")
-        candidates = named
-    else:
-        candidates = pages
-    for canary in candidates:
-        compare = [c for c in pages if c["server"] == canary["server"] and c is not canary]
-        if compare:
-            return {"canary": canary, "compare": compare}
+    chosen = canary_and_peers({index: c["server"] for index, c in enumerate(pages)}, candidates)
+    if chosen:
+        return {"canary": pages[chosen[0]], "compare": [pages[index] for index in chosen[1]]}
     servers = {c["name"]: c["server"] for c in pages}
     raise AnsibleFilterError(
         (f"canary_client = {name!r} has" if name else "no page client has")

@@ -38,6 +38,7 @@ from loadtests.core.stack import ROOT, NotReady, default_buildout_config, load_s
 from plonedeploy.stack import rolling
 from plonedeploy.stack.balancer import restart_client, server_states
 from plonedeploy.stack.errors import StackError
+from plonedeploy.stack.rules import canary_and_peers
 
 #: Seconds of each phase: the judge needs MIN_WINDOWS (10) windows of 10 s in each, in which
 #: both sides answered, and a window at each end may be cut short.
@@ -80,11 +81,9 @@ def choose(stack, canary=None):
     listing = ", ".join(f"{name} ({kind})" for name, kind in kinds.items())
     if canary is not None and canary not in pool:
         raise CanaryError(f"--canary {canary!r} is not a client of the pool: {listing}")
-    candidates = [canary] if canary else list(reversed(pool))
-    for name in candidates:
-        peers = [other for other in pool if other != name and kinds[other] == kinds[name]]
-        if peers:
-            return name, peers
+    chosen = canary_and_peers(kinds, [canary] if canary else list(reversed(pool)))
+    if chosen:
+        return chosen
     raise CanaryError(f"the canary needs a comparison client of its own WSGI server in the pool, which has {listing}: "
                       "add one (a part '<= instance' in [haproxy] backends) or set one client's wsgi-server")
 

@@ -230,3 +230,20 @@ def ab_contract(page_servers, upload_servers, bind, stats_bind, tls_bind, balanc
         "processes": [],
         "run_dir": run_dir,
     }
+
+
+def canary_and_peers(servers, candidates):
+    """The canary rule of issue 29, for both canary deploys (``loadtests.ab.canary_deploy.choose``
+    and the canary role's filter ``plonedeploy_canary_choice``): a canary is judged against the
+    other clients of its *own* WSGI server, since another server's differences would be taken
+    for the release's.
+
+    ``servers``: ``{client key: WSGI server name}`` of the page pool, in the pool's order;
+    ``candidates``: the keys to try as the canary, in order of preference. Returns ``(canary
+    key, [its peers' keys, in the pool's order])`` of the first candidate that has at least one
+    peer, or None when none has (the callers word the error for their own options)."""
+    for key in candidates:
+        peers = [other for other, server in servers.items() if other != key and server == servers[key]]
+        if peers:
+            return key, peers
+    return None
