@@ -5,6 +5,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import signal
@@ -324,6 +325,48 @@ def port_taken(port, host="127.0.0.1"):
     """True if something accepts TCP connections on host:port."""
     with socket.socket() as sock:
         return sock.connect_ex((host, port)) == 0
+
+
+def log_sizes(names):
+    """``{path: size in bytes now}`` of ``var/log/<name>.log`` for each of ``names`` (an
+    event log is named after its client part; HAProxy's is ``haproxy.stdout``) that exists."""
+    paths = [os.path.join(ROOT, "var", "log", f"{name}.log") for name in names]
+    return {path: os.path.getsize(path) for path in paths if os.path.exists(path)}
+
+
+def appended(path, offset):
+    """The text appended to the log ``path`` since it had ``offset`` bytes (str)."""
+    with open(path, encoding="utf-8", errors="replace") as fp:
+        fp.seek(offset)
+        return fp.read()
+
+
+def new_lines(sizes):
+    """The lines appended to each log of ``sizes`` (:func:`log_sizes`) since it was measured."""
+    for path, offset in sizes.items():
+        yield from appended(path, offset).splitlines(keepends=True)
+
+
+#: HAProxy's log line (option httplog) of a 5xx answer: the status after the timers Tq/Tw/Tc/Tr/Ta.
+_HAPROXY_5XX = re.compile(r" -?\d+/-?\d+/-?\d+/-?\d+/\+?-?\d+ 5\d\d ")
+#: Zope's event log: every entry starts with its date, "2026-11-28 17:15:51,123 ERROR [...".
+_EVENT_ENTRY = re.compile(r"^(?=\d{4}-\d\d-\d\d )", re.M)
+_EVENT_ERROR = re.compile(r"\S+ \S+ (ERROR|CRITICAL) ")
+
+
+def errors_since(sizes, limit=8000):
+    """The errors logged since ``sizes`` (:func:`log_sizes` of HAProxy's log and event logs):
+    HAProxy's lines of a 5xx answer, and each event log's ERROR and CRITICAL entries with
+    their tracebacks. One str, its last ``limit`` characters, for a failing assertion's
+    message: a CI run keeps no logs, so a 500 is explained only if the message says why."""
+    found = []
+    for path, offset in sizes.items():
+        text, name = appended(path, offset), os.path.basename(path)
+        if name == "haproxy.stdout.log":
+            found += [f"{name}: {line}" for line in text.splitlines() if _HAPROXY_5XX.search(line)]
+        else:
+            found += [f"{name}: {entry}" for entry in _EVENT_ENTRY.split(text) if _EVENT_ERROR.match(entry)]
+    return "\n".join(found)[-limit:] or "no 5xx in HAProxy's log, no error in the event logs"
 
 
 class Stack:
