@@ -264,7 +264,7 @@ class LoggedInUser(ClosedLoopUser):
         fields = form.submission(SAVE_BUTTON, {TEXT_FIELD: text})
         def saved(resp):
             reason = not_saved(_page(resp), user, mark)
-            # Which client served the page after the save: another than the write lane's may
+            # Which client served the page after the save: another than the one that wrote may
             # not have seen the save yet (loggedin.STALE_PAGE).
             return reason and f"{reason} (page served by {resp.headers.get('X-Served-By') or '-'})"
         self.checked("POST", _local(form.action, f"{self.document}/edit"), REQUESTS["save"], saved,

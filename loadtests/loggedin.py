@@ -52,9 +52,11 @@ TEXT_FIELD = "form.widgets.IRichTextBehavior.text"
 LOGGED_IN_MARK = 'id="personaltools-logout"'
 #: The folder contents page is a shell for the structure pattern (mockup), which lists.
 CONTENTS_MARK = "pat-structure"
-#: Why a save failed when the page after it shows the text from before: through HAProxy the
-#: redirect's GET may reach another ZEO client than the write lane's, which serves what it
-#: had until ZEO's invalidation of the save reaches it (ZEO's server-sync is off by default).
+#: Why a save failed when the page after it shows the text from before: the redirect's GET
+#: reached another ZEO client than the one that wrote, which serves what it had until ZEO's
+#: invalidation of the save reaches it (ZEO's server-sync is off by default). The kit's
+#: HAProxy prevents it (the cookie lb_wrote sends a writer's reads to the writing client for
+#: 10 s); a balancer without that shows it under load.
 STALE_PAGE = "the saved text is not on the page"
 #: The paragraph a save appends (and the next save replaces): ``<p class=...>... MARK</p>``.
 _SAVED_PARAGRAPH = re.compile(r'\s*<p class="loadtest-edit">.*?</p>', re.S)

@@ -6,7 +6,6 @@ did not absorb would be a 500) and every created document must be readable after
 clients' metrics must have counted the conflicts and retries of the run, and the clients'
 event logs give the conflict report of the run (printed; ``python -m loadtests conflicts``).
 """
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from conftest import ROOT, admin_session
+from conftest import admin_session, log_sizes, new_lines
 from loadtests.storage import conflicts
 from metrics_address import scrape
 
@@ -38,20 +37,6 @@ def _counts(metrics_urls):
     return conflict_sum, retry_sum
 
 
-def _log_sizes(parts):
-    """``{event log path: size in bytes now}`` of the clients' event logs that exist."""
-    paths = [os.path.join(ROOT, "var", "log", f"{part}.log") for part in parts]
-    return {path: os.path.getsize(path) for path in paths if os.path.exists(path)}
-
-
-def _new_lines(sizes):
-    """The lines appended to each log of ``sizes`` since it was measured."""
-    for path, offset in sizes.items():
-        with open(path, encoding="utf-8", errors="replace") as fp:
-            fp.seek(offset)
-            yield from fp
-
-
 def test_ten_concurrent_writers_get_201_and_every_document_reads(stack):
     url = stack.frontend_url
     session = admin_session()
@@ -62,7 +47,7 @@ def test_ten_concurrent_writers_get_201_and_every_document_reads(stack):
     metrics_urls = stack.config["metrics"]
     parts = list(stack.config["servers"]) + list(stack.config["upload_servers"])
     conflicts_before, retries_before = _counts(metrics_urls)
-    logs = _log_sizes(parts)
+    logs = log_sizes(parts)
     results = []  # (document id, status code or exception name)
     lock = threading.Lock()
     deadline = time.monotonic() + SECONDS
@@ -90,7 +75,7 @@ def test_ten_concurrent_writers_get_201_and_every_document_reads(stack):
         thread.join(180)
     writing = time.monotonic() - started
     conflicts_after, retries_after = _counts(metrics_urls)
-    report = conflicts.summarize(conflicts.scan_client(_new_lines(logs)))
+    report = conflicts.summarize(conflicts.scan_client(new_lines(logs)))
     print(f"\n{WRITERS} writers, {writing:.1f} s: {len(results)} POSTs, "
           f"{sum(1 for _, s in results if s == 201)} answered 201; metrics: "
           f"{conflicts_after - conflicts_before:.0f} conflicts, {retries_after - retries_before:.0f} retries\n"
@@ -113,3 +98,22 @@ def test_ten_concurrent_writers_get_201_and_every_document_reads(stack):
     with ThreadPoolExecutor(4) as pool:
         unread = [(doc, status) for doc, status in pool.map(read, [doc for doc, _ in results]) if status != 200]
     assert not unread, f"{len(unread)} created documents not readable: {unread[:10]}"
+
+
+def test_the_writers_next_read_is_served_by_the_client_that_wrote(stack):
+    """Read your own writes (haproxy.cfg.j2, cookie lb_wrote): a write's answer gives the
+    write client's position in the pool, the writer's next read is served by that client and
+    its answer deletes the cookie. Each read asks for the document the write just created:
+    served by another client before that client saw the write, it would be a 404."""
+    url = stack.frontend_url
+    session = admin_session()
+    writer = list(stack.config["servers"])[0]  # the write lane's client
+    stamp = int(time.time())
+    for number in range(10):
+        doc = f"read-own-write-{stamp}-{number}"
+        made = session.post(url + "/Plone", json={"@type": "Document", "id": doc, "title": doc}, timeout=60)
+        assert (made.status_code, made.headers.get("X-Served-By")) == (201, writer), made.text[:300]
+        assert session.cookies.get("lb_wrote") == "1"
+        read = session.get(f"{url}/Plone/{doc}", headers={"Accept": "application/json"}, timeout=60)
+        assert (read.status_code, read.headers.get("X-Served-By"), read.json()["title"]) == (200, writer, doc)
+        assert "lb_wrote" not in session.cookies, "the read's answer should delete the cookie"

@@ -165,7 +165,9 @@ def drain(socket_path, backend, server, timeout=TIMEOUT):
     (or in MAINT: an operator's), so that a client is never taken out while a peer is DOWN
     (a memory watchdog's recycle, docs/how-to/operate.md#memory-watchdog); then state drain,
     wait (at most ``timeout`` seconds) until it holds no session and has no queued request in
-    any of them, then state maint. Where it is in MAINT already it only gets the wait.
+    any of them, then state maint, and wait as long again for a session begun in between (a
+    drained server still gets the requests that persist to it: haproxy.cfg.j2's read after
+    a write). Where it is in MAINT already it only gets the waits.
 
     Returns ``(status before, status after)`` in ``backend`` (``after`` is ``MAINT``).
     Raises RollingError as :func:`server_stats`, when a peer stays DOWN for ``timeout``
@@ -207,6 +209,10 @@ def drain(socket_path, backend, server, timeout=TIMEOUT):
         raise RollingError(f"{exc}; put back in service (state ready), not restarted") from exc
     for name in backends:
         runtime_api(socket_path, f"set server {name}/{server} state maint")
+    # HAProxy still sends a drained server the requests that persist to it (the read after a
+    # write, haproxy.cfg.j2's use-server): one may have come between the wait and MAINT.
+    _wait(idle, timeout, lambda: f"{last['name']}: still {last['scur']} session(s) and {last['qcur']} queued "
+                                 f"request(s) {timeout:g} s after MAINT")
     return before[backend], server_stats(socket_path, backend, server)["status"]
 
 
