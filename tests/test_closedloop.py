@@ -109,6 +109,8 @@ def test_progress_is_reported_in_a_thread_until_the_deadline():
                                           start, start + 0.35, every=0.1)
 
     asyncio.run(scenario())
-    assert len(calls) == 3  # at 0.1, 0.2 and 0.3 s; 0.4 would be past the deadline
-    assert all(0.09 <= elapsed < 0.35 for elapsed, _ in calls)
+    # At 0.1, 0.2 and 0.3 s (0.4 would be past the deadline); on a busy machine a sleep may
+    # overrun and leave room for fewer, never for more, and none comes early.
+    assert 1 <= len(calls) <= 3, calls
+    assert all(elapsed >= 0.1 * number - 0.01 for number, (elapsed, _) in enumerate(calls, 1)), calls
     assert all(thread is not threading.main_thread() for _, thread in calls)
