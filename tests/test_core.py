@@ -2,6 +2,7 @@
 stack's facts, CPU and RSS accounting."""
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -126,6 +127,22 @@ def test_stack_pids_and_cpu_seconds(tmp_path, monkeypatch):
     assert core_procs.cpu_seconds(procs)["me"] > 0
     assert core_procs.tree_cpu_seconds(os.getpid()) >= core_procs.cpu_seconds(procs)["me"] - 0.05
     assert core_procs.machine_busy_seconds() > 0 and core_procs.own_cpu_seconds() > 0
+
+
+def test_free_local_port_is_below_the_ephemeral_range_and_bindable(monkeypatch):
+    """free_local_port draws from LOCAL_PORTS, below Linux's ephemeral ports (outgoing
+    connections' source ports cannot take it), returns a port one can bind, and says so when
+    every port it tries is taken."""
+    low, _high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    assert core_procs.LOCAL_PORTS.stop <= low
+    port = core_procs.free_local_port()
+    assert port in core_procs.LOCAL_PORTS
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        monkeypatch.setattr(core_procs, "LOCAL_PORTS", range(port, port + 1))
+        with pytest.raises(OSError, match=f"no free port in {port}-{port} after 3 attempts"):
+            core_procs.free_local_port(attempts=3)
 
 
 def _stack_config(tmp_path, storage):

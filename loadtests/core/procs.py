@@ -4,6 +4,7 @@ process and its children, of a process tree and of the whole machine; RSS of a p
 accept-queue drops; ``wait_for_quiet``, ``wait_tree_idle``. Units: seconds for times and CPU,
 bytes for sizes.
 """
+import random
 import resource
 import socket
 import threading
@@ -107,13 +108,28 @@ class RssSampler(threading.Thread):
         self.sample()
 
 
-def free_local_port():
-    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's choice of an
-    ephemeral port). Another program may take it before the caller binds it; the callers
-    bind within a second, and a clash fails their bind with "Address already in use"."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+#: Where :func:`free_local_port` looks: below Linux's ephemeral range (ip_local_port_range,
+#: 32768-60999 by default), from which every outgoing connection takes its source port, and
+#: apart from the kit's ports (8xxx, 76xx-78xx, 95xx-97xx, 18xxx).
+LOCAL_PORTS = range(20000, 30000)
+
+
+def free_local_port(attempts=100):
+    """A TCP port on 127.0.0.1 that nothing is bound to now, drawn at random from
+    :data:`LOCAL_PORTS`. Not the kernel's choice of an ephemeral port: a load test's or an
+    Ansible run's outgoing connections take their source ports from that range, and one of
+    them took such a port between the choice and the caller's bind ("Address already in
+    use", test_headline on a busy machine). Another program may still take it first; the
+    callers bind within a second. Raises OSError when ``attempts`` ports are all taken."""
+    for _ in range(attempts):
+        port = random.choice(LOCAL_PORTS)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {LOCAL_PORTS.start}-{LOCAL_PORTS.stop - 1} after {attempts} attempts")
 
 
 def raise_fd_limit(needed):
