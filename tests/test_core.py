@@ -145,6 +145,25 @@ def test_free_local_port_is_below_the_ephemeral_range_and_bindable(monkeypatch):
             core_procs.free_local_port(attempts=3)
 
 
+def test_a_locust_run_gives_its_row_or_says_why_not(tmp_path):
+    """locustrun's one check of a finished Locust run (run_locust_shape's and
+    BackgroundLocust's): the row of its statistics after status 0 or 1; a RuntimeError with
+    the tail of its output after another status or without statistics."""
+    from loadtests.core import locustrun
+
+    output, out = tmp_path / "locust.out", tmp_path / "per_server.json"
+    output.write_bytes(b"x" * 3000 + b"Traceback: the end")
+    with pytest.raises(RuntimeError, match=r"^Locust against http://h exited with status 1: x+Traceback: the end$"):
+        locustrun._row_after("http://h", 1, str(out), str(output))  # no statistics
+    out.write_text(json.dumps({"elapsed_s": 2.0, "server_totals": {"instance": {
+        "num_requests": 10, "num_failures": 1, "total_bytes": 2**21, "response_times": {"12": 10}}}}))
+    with pytest.raises(RuntimeError, match="exited with status 2") as err:
+        locustrun._row_after("http://h", 2, str(out), str(output))
+    assert len(str(err.value)) == len("Locust against http://h exited with status 2: ") + 2000
+    row = locustrun._row_after("http://h", 1, str(out), str(output))
+    assert (row["requests"], row["rps"], row["mib_s"], row["errors"], row["p50_ms"]) == (10, 5.0, 1.0, 1, 12)
+
+
 def _stack_config(tmp_path, storage):
     """A stack.json dict as bin/buildout writes it for ``storage`` (buildout.cfg, relstorage.cfg)."""
     first = ({"name": "zeoserver", "ready": {"tcp": ["127.0.0.1", 8100]}} if storage == "zeo" else

@@ -92,14 +92,25 @@ def run_locust_shape(url, weights, users, duration, warmup=3.0, timeout=120, on_
                 if proc.poll() is None:  # the deadline passed, on_warm raised, or we were interrupted
                     proc.kill()
                     proc.wait()
-        with open(log, encoding="utf-8") as fp:
-            tail = fp.read()[-2000:]
-        if proc.returncode not in (0, 1) or not os.path.exists(out):
-            raise RuntimeError(f"Locust against {url} exited with status {proc.returncode}: {tail}")
-        if not warm:
-            raise RuntimeError(f"Locust against {url} ended before its {warmup} s warm-up: {tail}")
-        with open(out, encoding="utf-8") as fp:
-            return row_of(json.load(fp))
+        if not warm and proc.returncode in (0, 1):
+            raise RuntimeError(f"Locust against {url} ended before its {warmup} s warm-up: {_tail(log)}")
+        return _row_after(url, proc.returncode, out, log)
+
+
+def _tail(path):
+    """The last 2,000 characters of Locust's output in ``path``."""
+    with open(path, "rb") as fp:
+        return fp.read()[-2000:].decode("utf-8", "replace")
+
+
+def _row_after(url, status, out, output):
+    """:func:`row_of` the statistics a Locust run against ``url`` wrote to ``out``. Raises
+    RuntimeError with the tail of its ``output`` file when it exited with a ``status`` other
+    than 0 (passed) or 1 (some requests failed: counted in ``errors``) or wrote none."""
+    if status not in (0, 1) or not os.path.exists(out):
+        raise RuntimeError(f"Locust against {url} exited with status {status}: {_tail(output)}")
+    with open(out, encoding="utf-8") as fp:
+        return row_of(json.load(fp))
 
 
 def login_problem(url, index=0, timeout=60):
@@ -171,13 +182,8 @@ class BackgroundLocust:
                 self.process.kill()
                 status = self.process.wait()
             self._output.close()
-            out = os.path.join(self.directory, "per_server.json")
-            if status not in (0, 1) or not os.path.exists(out):
-                with open(os.path.join(self.directory, "locust.out"), "rb") as fp:
-                    tail = fp.read()[-2000:].decode("utf-8", "replace")
-                raise RuntimeError(f"Locust against {self.url} exited with status {status}: {tail}")
-            with open(out, encoding="utf-8") as fp:
-                return row_of(json.load(fp))
+            return _row_after(self.url, status, os.path.join(self.directory, "per_server.json"),
+                              os.path.join(self.directory, "locust.out"))
         finally:
             if self._tmp is not None:
                 self._tmp.cleanup()
