@@ -179,18 +179,18 @@ def test_interval_narrows_with_rounds():
 def test_warm_requests_every_locust_path_once_and_names_a_failing_one():
     """abslots.warm: each path of the Locust tests once, with its Accept header, directly
     on the slot's port; a path answered with an error stops it with StackError naming it."""
-    from conftest import answering_server
+    from http_stub import answering_server
     from loadtests.ab import abslots
     from loadtests.core.stack import PATHS
     from plonedeploy.stack.errors import StackError
 
     seen, failing = [], set()
 
-    def answer(path, headers):
-        seen.append((path, headers.get("Accept", "")))
-        return (404 if path in failing else 200), {}
+    def answer(request):
+        seen.append((request.path, request.headers.get("Accept", "")))
+        return (404 if request.path in failing else 200), {}, b"ok"
 
-    with answering_server(answer) as url:
+    with answering_server(answer, keep_alive=True) as url:
         port = int(url.rsplit(":", 1)[1])
         assert abslots.warm(port, timeout=10) >= 0
         assert seen == list(PATHS.values())  # e.g. ("/Plone", "application/json") for @json

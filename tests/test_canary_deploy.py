@@ -6,15 +6,14 @@ server. The deploy itself runs on a real stack in ``python -m loadtests canary-b
 (docs/explanation/canary.md#sensitivity)."""
 import json
 import os
-import threading
 import time
 
 import pytest
 
+from http_stub import answering_server
 from loadtests.ab import canary, canary_bench, canary_deploy
 from loadtests.core.locustrun import BackgroundLocust
-from loadtests.core.procs import free_local_port
-from test_canary_judge import PHASES, RATES, SERVERS, T0, _Server, _Zope, deploy_log
+from test_canary_judge import PHASES, RATES, SERVERS, T0, deploy_log
 
 
 def stack_facts(tmp_path, kinds=(("instance", "pyruvate"), ("client2", "pyruvate"))):
@@ -182,30 +181,21 @@ def test_failed_lines_counts_every_server_in_the_load_window(tmp_path):
     assert canary_deploy.failed_lines(lines, T0, PHASES["aa"][1])["errors"] == 0
 
 
-class _Counted(_Zope):
-    """test_canary_judge's stand-in client (200 OK), counting the GETs it answered."""
+def test_background_locust_counts_the_requests_it_made_until_stopped(tmp_path):
     answered = []
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        super().do_GET()
-        self.answered.append(self.path)
+    def answer(request):  # a stand-in client: 200 OK, counting the GETs it answered
+        answered.append(request.path)
+        return 200, {}, b"OK"
 
-
-def test_background_locust_counts_the_requests_it_made_until_stopped(tmp_path):
-    port = free_local_port()
-    server = _Server(("127.0.0.1", port), _Counted)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        load = BackgroundLocust(f"http://127.0.0.1:{port}", "root=1", 2, directory=str(tmp_path)).start()
+    with answering_server(answer) as url:
+        load = BackgroundLocust(url, "root=1", 2, directory=str(tmp_path)).start()
         # Locust's SIGTERM handler exists once it runs its users: on a busy machine that takes seconds
         deadline = time.monotonic() + 60
-        while len(_Counted.answered) < 20 and time.monotonic() < deadline:
+        while len(answered) < 20 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert load.running()
         row = load.stop()
-    finally:
-        server.shutdown()
-        server.server_close()
     assert not load.running() and row["requests"] > 0 and row["errors"] == 0
 
 

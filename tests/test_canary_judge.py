@@ -8,23 +8,24 @@ stdout format raw``); test_real_haproxy_logs_lines_of_that_format renders the te
 the installed HAProxy on free ports in front of two small HTTP servers and checks that every
 line it logs is of that format, field for field.
 """
-import http.server
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from datetime import datetime
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
 
 from conftest import ROOT, stop_group
+from http_stub import answering_server
 from loadtests.ab import canary, canary_judge
 from loadtests.core import haproxy_log
 from loadtests.core.procs import free_local_port
@@ -100,36 +101,12 @@ def test_httplog_line_is_read_by_the_kits_parser(tmp_path):
     assert list(haproxy_log.lines(str(log), "zeoclients")) == []  # a backend named: others skipped
 
 
-class _Zope(http.server.BaseHTTPRequestHandler):
-    """A stand-in ZEO client: 200 after ``delay`` seconds (the class's attribute), 500 on
-    ``/boom``, a POST's body read first."""
-    delay = 0.0
-
-    def _answer(self):
-        time.sleep(self.delay)
-        status = 500 if self.path == "/boom" else 200
-        body = b"OK"
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        self._answer()
-
-    def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._answer()
-
-    def log_message(self, *args):
-        pass
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        pass  # HAProxy's checks may close without reading the answer
+def _zope(delay):
+    """The answer of a stand-in ZEO client: 200 ``OK`` after ``delay`` seconds, 500 on ``/boom``."""
+    def answer(request):
+        time.sleep(delay)
+        return (500 if request.path == "/boom" else 200), {}, b"OK"
+    return answer
 
 
 def _server_lines(log):
@@ -146,15 +123,14 @@ def test_real_haproxy_logs_lines_of_that_format(tmp_path):
     from plonedeploy.recipe import edge, options, tls
 
     assert "capture " not in open(os.path.join(ROOT, "haproxy", "haproxy.cfg.j2")).read()  # %hr, %hs empty
-    slow = type("_Slow", (_Zope,), {"delay": 0.1})
-    backends = {"canary": _Server(("127.0.0.1", 0), slow), "other": _Server(("127.0.0.1", 0), _Zope)}
-    for server in backends.values():
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+    stand_ins = contextlib.ExitStack()
+    backends = {name: stand_ins.enter_context(answering_server(_zope(delay)))
+                for name, delay in (("canary", 0.1), ("other", 0.0))}
     frontend, stats = free_local_port(), free_local_port()
     config = tmp_path / "haproxy.cfg"
     config.write_text(options.render_template(os.path.join(ROOT, "haproxy", "haproxy.cfg.j2"), dict(
-        part="canary-test", servers=[{"name": name, "host": "127.0.0.1", "port": server.server_address[1],
-                                      "maxconn": 2, "wsgi_server": "waitress"} for name, server in backends.items()],
+        part="canary-test", servers=[{"name": name, "host": "127.0.0.1", "port": urlsplit(url).port,
+                                      "maxconn": 2, "wsgi_server": "waitress"} for name, url in backends.items()],
         bind=f"127.0.0.1:{frontend}", stats_bind=f"127.0.0.1:{stats}", balance="roundrobin",
         health_check="/Plone/@@ok", timeout_queue=5, max_body_size=1024, maxconn=100, fd_limit=1000,
         manage_networks=[], run_directory=str(tmp_path),
@@ -192,8 +168,7 @@ def test_real_haproxy_logs_lines_of_that_format(tmp_path):
             time.sleep(0.05)
     finally:
         stop_group(proc, timeout=10)
-        for server in backends.values():
-            server.shutdown()
+        stand_ins.close()
     assert statuses == [200] * 7 + [500] + [200] * 7 + [500]
     logged = _server_lines(log)
     assert len(logged) == 1 + 2 * len(requests), log.read_text()  # the @@ok of the wait, then the requests
