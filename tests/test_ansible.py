@@ -16,9 +16,10 @@ import urllib.request
 import pytest
 import requests
 
-from ansible_deploy import (ANSIBLE, BIN, BLOB_SIZE, CRON_FILES, FRONTEND, PROMETHEUS, TLS_FRONTEND,
-                            VARNISH, current_release, playbook, recap, record, render_units)
+from ansible_deploy import (ANSIBLE, BIN, BLOB_SIZE, CRON_FILES, FRONTEND, PROMETHEUS, PROMETHEUS_TARGETS,
+                            TLS_FRONTEND, VARNISH, current_release, playbook, recap, record, render_units)
 from conftest import RESTART_LOAD_RATE, ROOT, assert_loaded_throughout, run, while_loaded
+from fake_buildout import fake_buildout
 from loadtests.core import haproxy_stats
 from plonedeploy.recipe import optiontables, varnish
 from plonedeploy.stack import rules, storage
@@ -183,11 +184,10 @@ def test_abtest_json_is_the_stack_recipes(tmp_path):
     """The haproxy role's abtest.json task, run by Ansible with its filter plugin, writes the
     document that plonedeploy.recipe:stack writes into stack.json for the same stack
     (``rules.ab_contract``), but for ``processes``, which supervisord keeps."""
-    from test_options import _fake_buildout
     from plonedeploy.recipe import haproxy, stack
 
     run_dir = str(tmp_path / "var" / "run")
-    buildout = _fake_buildout(tmp_path)
+    buildout = fake_buildout(tmp_path)
     buildout["haproxy"] = {"backends": "instance", "upload-backends": "uploads", "bind": "127.0.0.1:9903",
                            "stats-bind": "127.0.0.1:9904", "tls-bind": "127.0.0.1:9905", "balance": "roundrobin",
                            "max-body-size": "1048576000"}
@@ -625,17 +625,6 @@ def test_processes_run_under_supervisor(deployed):
         time.sleep(1)
     for name in names:
         assert re.search(rf"^{name}\s+RUNNING", status, re.MULTILINE), status
-
-
-#: Prometheus' targets in the local converge, ``(job, instance)``; docs/how-to/ansible.md names them
-#: and their number (tests/test_doc_figures.py checks it).
-PROMETHEUS_TARGETS = frozenset({
-    ("prometheus", "127.0.0.1:18190"), ("haproxy", "127.0.0.1:18404"), ("varnish", "127.0.0.1:19131"),
-    ("zeoclients", "127.0.0.1:18091"), ("zeoclients", "127.0.0.1:18092"), ("zeoclients", "127.0.0.1:18093"),
-    ("zeoclients", "127.0.0.1:18094"),
-    ("node", "127.0.0.1:18191"), ("alertmanager", "127.0.0.1:18192"),
-    # the blackbox exporter's probe of the public HTTPS URL (on 18193), by the URL
-    ("blackbox", "https://127.0.0.1:18443/Plone/@@ok")})
 
 
 def test_prometheus_scrapes_every_target_up(deployed):

@@ -152,8 +152,8 @@ def multihost_hosts():
 
 
 def prometheus_targets():
-    import test_ansible
-    return len(test_ansible.PROMETHEUS_TARGETS),
+    from ansible_deploy import PROMETHEUS_TARGETS
+    return len(PROMETHEUS_TARGETS),
 
 
 def alert_rules():
@@ -242,7 +242,7 @@ CLAIMS = [
     ("Makefile", r"multihost \(Ansible over SSH into (\w+) network namespaces\)", multihost_hosts),
     ("docs/tutorial/first-deploy.md", r"Ansible over SSH into (\w+) network namespaces", multihost_hosts),
     ("docs/how-to/ansible.md", r"creates a bridge and (\w+) network namespaces", multihost_hosts),
-    # The Ansible converge's monitoring (tests/test_ansible.py, the monitoring role).
+    # The Ansible converge's monitoring (tests/ansible_deploy.py, the monitoring role).
     ("docs/how-to/ansible.md", r"Prometheus \(18190\) reports its (\w+) targets up", prometheus_targets),
     ("docs/how-to/ansible.md", r"has loaded the (\w+) alert rules", alert_rules),
     # The A/B of make demo (DEMO_AB_ARGS) and make ab (AB_ARGS), through abtest's parser.
