@@ -163,7 +163,8 @@ print(json.dumps({{
     "errors": {{s: f["plonedeploy_threads_errors"]([{{"name": "c", "wsgi_server": s, "threads": 2}}])
                for s in servers}},
     "fd": f["plonedeploy_fd_limit_needed"](100, [{{"maxconn": 2}}, {{"maxconn": 1}}]),
-    "auto": {{f"{{s}} {{cores}} {{n}}": f["plonedeploy_client_threads"]({{"wsgi_server": s, "threads": "auto"}}, cores, n)
+    "auto": {{f"{{s}} {{cores}} {{n}}":
+             f["plonedeploy_client_threads"]({{"wsgi_server": s, "threads": "auto"}}, cores, n)
               for s in servers for cores in (0, 1, 2, 8) for n in (1, 2, 3)}},
     "given": f["plonedeploy_client_threads"]({{"wsgi_server": "waitress", "threads": 4}}, 1, 3),
     "unset": f["plonedeploy_client_threads"]({{"wsgi_server": "gevent"}}, 8, 1),
@@ -172,7 +173,8 @@ print(json.dumps({{
     got = json.loads(out)
     # threads: auto is the recipe's rule for the host's cores and clients; before the facts
     # (cores 0) the most it can choose
-    assert got["auto"] == {f"{s} {cores} {n}": (rules.auto_threads(s, cores, n)[0] if cores else rules.default_threads(s))
+    assert got["auto"] == {f"{s} {cores} {n}":
+                           (rules.auto_threads(s, cores, n)[0] if cores else rules.default_threads(s))
                            for s in rules.SERVERS for cores in (0, 1, 2, 8) for n in (1, 2, 3)}
     assert (got["given"], got["unset"], got["auto_errors"]) == (4, 1, [])
     assert got["defaults"] == {s: rules.default_threads(s) for s in rules.SERVERS}
@@ -237,7 +239,8 @@ config = json.loads(sys.argv[1])
 first = f["plonedeploy_scram_verifier"]("pencil")
 print(json.dumps({
     "dsn": f["plonedeploy_site_dsn"](config),
-    "errors": [f["plonedeploy_dsn_errors"](d) for d in ("host=a dbname=b", "host=a user=b", "host=a dbname=b password=x")],
+    "errors": [f["plonedeploy_dsn_errors"](d)
+               for d in ("host=a dbname=b", "host=a user=b", "host=a dbname=b password=x")],
     "ids": [f["plonedeploy_identifier_ok"](n) for n in ("plone", "Plone", "a-b", "x" * 64)],
     "first": first,
     "kept": f["plonedeploy_scram_verifier"]("pencil", first),
@@ -405,12 +408,14 @@ DATABASE_BAD = [
     ({"postgresql_address": "0.0.0.0:5432"}, "postgresql_address = 0.0.0.0:5432 is invalid"),
     ({"postgresql_address": "*:5432"}, "postgresql_address = *:5432 is invalid"),
     ({"postgresql_address": "10.0.0.2"}, "expected host:port with a port 1-65535"),
-    ({"postgresql_database": "Plone-Site"}, "postgresql_database = 'Plone-Site' / postgresql_user = 'plone' is invalid"),
+    ({"postgresql_database": "Plone-Site"},
+     "postgresql_database = 'Plone-Site' / postgresql_user = 'plone' is invalid"),
     ({"postgresql_user": "1st"}, "expected a lower-case identifier such as plone"),
     ({"postgresql_backup_keep": 0}, "postgresql_backup_keep must be >= 1"),
     ({"postgresql_cron_file": "pg.dump"}, "postgresql_cron_file empty or letters"),
     ({"postgresql_client_networks": ["everyone"]}, "postgresql_client_networks addresses or CIDRs"),
-    ({"postgresql_process_manager": "runit"}, "value of postgresql_process_manager must be one of: supervisor, systemd"),
+    ({"postgresql_process_manager": "runit"},
+     "value of postgresql_process_manager must be one of: supervisor, systemd"),
 ]
 
 #: The loadgenerator role's checks: localhost joins the loadgenerators group (below).
@@ -763,8 +768,8 @@ def test_changed_build_rolls_the_clients_under_load(deployed):
     # bin/upgrade-site ran once, before the first client was drained, and found nothing
     # pending (ok, not changed: the build changed no profile).
     # (?:...)?: the timing line ansible.posix.profile_tasks prints under each task, when enabled
-    upgrade = re.search(r"TASK \[zeoclient : Run the site's pending upgrade steps[^\n]*\n(?:[^\n]*\*\*\*[^\n]*\n)?(\w+): ",
-                        result.stdout)
+    upgrade = re.search(r"TASK \[zeoclient : Run the site's pending upgrade steps[^\n]*\n"
+                        r"(?:[^\n]*\*\*\*[^\n]*\n)?(\w+): ", result.stdout)
     assert upgrade and upgrade.group(1) == "ok", upgrade and upgrade.group(0)
     assert upgrade.start() < result.stdout.index("Drain in HAProxy and wait for the sessions to end of")
     assert recap(result.stdout)["failed"] == 0

@@ -57,7 +57,8 @@ def test_variants_chosen_in_the_table_order(argv, chosen):
 
 @pytest.mark.parametrize("argv, message", [
     (["--variant", "pipesize-2m"], "--variant 'pipesize-2m' is unknown: expected one of copy, same, pipesize-512k, "
-                                   "pipesize-1m, bufs-1m, bufs-4m, nbthread-1, nbthread-1-copy, pyruvate-alone, or all"),
+                                   "pipesize-1m, bufs-1m, bufs-4m, nbthread-1, nbthread-1-copy, pyruvate-alone, "
+                                   "or all"),
     (["--variant", "copy", "--no-copy"], "--variant copy and --no-copy contradict each other"),
 ])
 def test_bad_variant_is_refused(argv, message, capsys):

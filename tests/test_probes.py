@@ -47,7 +47,8 @@ def test_storage_disconnect_counts_only_after_the_grace():
     state["connected"] = False
     assert health.ready() == (True, "ready; storage disconnected for 0 s (storage-grace 30 s)")  # first seen down
     clock.now += 30
-    assert health.ready() == (True, "ready; storage disconnected for 30 s (storage-grace 30 s)")  # not more than the grace
+    # not more than the grace
+    assert health.ready() == (True, "ready; storage disconnected for 30 s (storage-grace 30 s)")
     clock.now += 1
     assert health.ready() == (False, "storage disconnected for 31 s (storage-grace 30 s)")
     state["connected"] = True

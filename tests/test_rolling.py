@@ -227,8 +227,9 @@ def test_drain_that_times_out_puts_the_server_back(balancer):
     status = rolling.server_stats(sock, "b", "live")["status"]
     thread.join(30)
     assert drained.returncode == 1
-    assert re.match(r"rolling\.py drain: b/live: still 1 session\(s\) and 0 queued request\(s\) 0\.5 s after the drain; "
-                    r"put back in service \(state ready\), not restarted$", drained.stderr.strip()), drained.stderr
+    assert re.match(r"rolling\.py drain: b/live: still 1 session\(s\) and 0 queued request\(s\) 0\.5 s "
+                    r"after the drain; put back in service \(state ready\), not restarted$",
+                    drained.stderr.strip()), drained.stderr
     assert status == "UP" and result == [200]
     assert rolling.server_stats(sock, "w", "live")["status"] == "UP"  # put back in w too
 
@@ -269,8 +270,8 @@ def test_drain_waits_while_a_peer_is_down_and_leaves_the_server_as_it_was(balanc
         drained = cli("drain", "--socket", sock, "--backend", "b", "--server", "live", "--timeout", "1")
         assert drained.returncode == 1
         assert time.monotonic() - started >= 1.0
-        assert re.match(r"rolling\.py drain: b/live: not drained: dead DOWN 1 s after asking; ", drained.stderr.strip()), \
-            drained.stderr
+        assert re.match(r"rolling\.py drain: b/live: not drained: dead DOWN 1 s after asking; ",
+                        drained.stderr.strip()), drained.stderr
         assert rolling.server_stats(sock, "b", "live")["status"] == "UP"
     finally:
         rolling.runtime_api(sock, "set server b/dead state maint")
