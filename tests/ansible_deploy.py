@@ -36,6 +36,16 @@ FRONTEND = "http://127.0.0.1:18080"
 TLS_FRONTEND = "https://127.0.0.1:18443"
 VARNISH = "http://127.0.0.1:16081"
 BLOB_SIZE = 5 * 1024 * 1024
+#: Prometheus' targets in the converge, ``(job, instance)``: tests/test_ansible.py requires
+#: them all up; docs/how-to/ansible.md names them and their number (tests/test_doc_figures.py
+#: checks it).
+PROMETHEUS_TARGETS = frozenset({
+    ("prometheus", "127.0.0.1:18190"), ("haproxy", "127.0.0.1:18404"), ("varnish", "127.0.0.1:19131"),
+    ("zeoclients", "127.0.0.1:18091"), ("zeoclients", "127.0.0.1:18092"), ("zeoclients", "127.0.0.1:18093"),
+    ("zeoclients", "127.0.0.1:18094"),
+    ("node", "127.0.0.1:18191"), ("alertmanager", "127.0.0.1:18192"),
+    # the blackbox exporter's probe of the public HTTPS URL (on 18193), by the URL
+    ("blackbox", "https://127.0.0.1:18443/Plone/@@ok")})
 
 
 #: The converge's ZEO clients: inventories/local's (the A/B pair, the upload lane) and client3,

@@ -1,8 +1,6 @@
 """Shared fixtures: paths of this checkout, and the running stack for integration tests."""
 import atexit
-import contextlib
 import functools
-import http.server
 import json
 import os
 import re
@@ -11,7 +9,6 @@ import socket
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from urllib.parse import urlsplit
 
@@ -127,36 +124,6 @@ def run(cmd, timeout, check=True, cwd_override=None, **kwargs):
     if check and result.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result
-
-
-@contextlib.contextmanager
-def answering_server(answer):
-    """A small HTTP/1.1 server of the test's own on an ephemeral 127.0.0.1 port, in a thread;
-    yields its base URL (``http://127.0.0.1:PORT``) and stops it afterwards. ``answer(path,
-    headers)`` (the request's path and its ``email.message.Message`` headers) returns the
-    GET's ``(status, {header: value})``; the body is always ``ok``."""
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self):
-            status, headers = answer(self.path, self.headers)
-            self.send_response(status)
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *_args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def boundary(users, requests, duration):

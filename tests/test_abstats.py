@@ -116,14 +116,19 @@ def test_remote_workers_make_locust_a_master(capsys):
         assert message in capsys.readouterr().err, bad
 
 
-LOG = """\
-127.0.0.1:1 [23/Nov/2026:12:00:00.500] plone zeoclients/s1 0/0/0/900/930 200 5243262 - - ---- 4/4/3/1/0 0/0 "GET /Plone/blob-5mb/@@download/file HTTP/1.1"
-127.0.0.1:2 [23/Nov/2026:12:00:01.100] plone zeoclients/s1 0/0/0/10/12 200 100 - - ---- 4/4/3/1/0 0/0 "GET / HTTP/1.1"
-127.0.0.1:3 [23/Nov/2026:12:00:01.200] plone zeoclients/s2 0/5/0/30/40 200 100 - - ---- 4/4/3/1/0 0/0 "GET / HTTP/1.1"
-127.0.0.1:4 [23/Nov/2026:12:00:03.300] plone zeoclients/s2 0/0/0/70/90 200 900 - - ---- 4/4/3/1/0 0/0 "GET /Plone HTTP/1.1"
-127.0.0.1:5 [23/Nov/2026:12:00:03.400] stats stats/<STATS> 0/0/0/0/0 200 3409 - - LR-- 1/1/0/0/0 0/0 "GET /stats;csv HTTP/1.1"
-127.0.0.1:6 [23/Nov/2026:12:00:03.500] plone zeoclients/s1 0/0/0/20/25 503 0 - - ---- 4/4/3/1/0 0/0 "GET / HTTP/1.1"
-"""
+LOG = "".join(line + "\n" for line in (
+    '127.0.0.1:1 [23/Nov/2026:12:00:00.500] plone zeoclients/s1 0/0/0/900/930 200 5243262 - - ---- 4/4/3/1/0 0/0 '
+    '"GET /Plone/blob-5mb/@@download/file HTTP/1.1"',
+    '127.0.0.1:2 [23/Nov/2026:12:00:01.100] plone zeoclients/s1 0/0/0/10/12 200 100 - - ---- 4/4/3/1/0 0/0 '
+    '"GET / HTTP/1.1"',
+    '127.0.0.1:3 [23/Nov/2026:12:00:01.200] plone zeoclients/s2 0/5/0/30/40 200 100 - - ---- 4/4/3/1/0 0/0 '
+    '"GET / HTTP/1.1"',
+    '127.0.0.1:4 [23/Nov/2026:12:00:03.300] plone zeoclients/s2 0/0/0/70/90 200 900 - - ---- 4/4/3/1/0 0/0 '
+    '"GET /Plone HTTP/1.1"',
+    '127.0.0.1:5 [23/Nov/2026:12:00:03.400] stats stats/<STATS> 0/0/0/0/0 200 3409 - - LR-- 1/1/0/0/0 0/0 '
+    '"GET /stats;csv HTTP/1.1"',
+    '127.0.0.1:6 [23/Nov/2026:12:00:03.500] plone zeoclients/s1 0/0/0/20/25 503 0 - - ---- 4/4/3/1/0 0/0 '
+    '"GET / HTTP/1.1"'))
 
 
 @pytest.mark.parametrize("zone", ["UTC", "America/New_York", "Asia/Tokyo"])
@@ -179,18 +184,18 @@ def test_interval_narrows_with_rounds():
 def test_warm_requests_every_locust_path_once_and_names_a_failing_one():
     """abslots.warm: each path of the Locust tests once, with its Accept header, directly
     on the slot's port; a path answered with an error stops it with StackError naming it."""
-    from conftest import answering_server
+    from http_stub import answering_server
     from loadtests.ab import abslots
     from loadtests.core.stack import PATHS
     from plonedeploy.stack.errors import StackError
 
     seen, failing = [], set()
 
-    def answer(path, headers):
-        seen.append((path, headers.get("Accept", "")))
-        return (404 if path in failing else 200), {}
+    def answer(request):
+        seen.append((request.path, request.headers.get("Accept", "")))
+        return (404 if request.path in failing else 200), {}, b"ok"
 
-    with answering_server(answer) as url:
+    with answering_server(answer, keep_alive=True) as url:
         port = int(url.rsplit(":", 1)[1])
         assert abslots.warm(port, timeout=10) >= 0
         assert seen == list(PATHS.values())  # e.g. ("/Plone", "application/json") for @json

@@ -6,19 +6,20 @@ the https redirect and after the Host check; everything else there is still redi
 TLS the path is the site's; without the client listening the path gets 503, never Zope.
 Without acme_challenge_server the template has no such route. Issuing, renewing and the
 reload against a real CA (pebble): make multihost (tests/multihost/acme.py, acme_test)."""
+import contextlib
 import http.client
-import http.server
 import os
 import shutil
 import ssl
 import subprocess
 import tempfile
-import threading
 import time
+from urllib.parse import urlsplit
 
 import pytest
 
 from conftest import stop_group
+from http_stub import answering_server
 from loadtests.core.procs import free_local_port
 from plonedeploy.recipe import edge, options, tls
 
@@ -41,21 +42,11 @@ def render(directory, ports, acme=True):
         **({"acme_challenge_server": f"127.0.0.1:{ports['acme']}"} if acme else {})))
 
 
-class _Client(http.server.BaseHTTPRequestHandler):
+def _acme_client(request):
     """certbot's standalone server: the key authorization of TOKEN, 404 for other tokens."""
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        body = f"{TOKEN}.thumbprint".encode()
-        if self.path != f"/.well-known/acme-challenge/{TOKEN}":
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+    if request.path != f"/.well-known/acme-challenge/{TOKEN}":
+        return 404, {}, b""
+    return 200, {}, f"{TOKEN}.thumbprint".encode()
 
 
 def test_without_acme_the_template_has_no_route(tmp_path):
@@ -71,9 +62,8 @@ def test_without_acme_the_template_has_no_route(tmp_path):
 def test_challenge_reaches_the_acme_client_before_the_redirect():
     directory = tempfile.mkdtemp(prefix="acme-")  # short: the runtime socket's path
     ports = {name: free_local_port() for name in ("zope", "plain", "stats", "tls")}
-    client = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Client)
-    ports["acme"] = client.server_address[1]
-    threading.Thread(target=client.serve_forever, daemon=True).start()
+    client = contextlib.ExitStack()  # closed in the test: "between renewals nothing listens"
+    ports["acme"] = urlsplit(client.enter_context(answering_server(_acme_client))).port
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                     "-days", "1", "-subj", f"/CN={NAME}", "-keyout", os.path.join(directory, "site.pem.key"),
                     "-out", os.path.join(directory, "site.pem")], check=True, capture_output=True, timeout=60)
@@ -117,9 +107,9 @@ def test_challenge_reaches_the_acme_client_before_the_redirect():
         # over TLS the path is the site's (its absent Zope: 503), never the ACME client's
         assert get(challenge, secure=True)[0] == 503
         # between renewals nothing listens there: 503 from HAProxy, never Zope or a redirect
-        client.shutdown()
-        client.server_close()
+        client.close()
         assert get(challenge)[0] == 503
     finally:
         stop_group(proc, timeout=10)
+        client.close()
         shutil.rmtree(directory, ignore_errors=True)

@@ -47,6 +47,9 @@ def test_promtool_check_rules(rules):
     assert "SUCCESS: 9 rules found" in result.stdout, result.stdout
 
 
+#: The class of Plone's uid counter, on which the ZODBConflictRate case below has conflicts.
+UID_CLASS = "Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool"
+
 # Synthetic series, one sample per minute ("a+bxN": a, a+b, ... N+1 samples); each alert is
 # checked where it must fire and where it must not (a healthy twin series, or too early).
 RULE_TESTS = """
@@ -86,7 +89,7 @@ tests:
         values: '1x10'
       # 30 conflicts a minute on the uid counter of one client from minute 2 on; 2 a minute
       # on a bucket; another client's counter stays flat.
-      - series: 'zodb_conflicts_total{{job="zeoclients",instance="127.0.0.1:8091",class="Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool"}}'
+      - series: 'zodb_conflicts_total{{job="zeoclients",instance="127.0.0.1:8091",class="{uid_class}"}}'
         values: '0 0 0+30x20'
       - series: 'zodb_conflicts_total{{job="zeoclients",instance="127.0.0.1:8091",class="BTrees.OOBTree.OOBucket"}}'
         values: '0+2x22'
@@ -151,9 +154,9 @@ tests:
         alertname: ZODBConflictRate
         exp_alerts:
           - exp_labels: {{severity: warning, job: zeoclients, instance: "127.0.0.1:8091",
-                         class: Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool}}
+                         class: {uid_class}}}
             exp_annotations:
-              summary: "30.0 ConflictErrors a minute on 127.0.0.1:8091, class Products.CMFUid.UniqueIdGeneratorTool.UniqueIdGeneratorTool"
+              summary: "30.0 ConflictErrors a minute on 127.0.0.1:8091, class {uid_class}"
       - {{eval_time: 3m, alertname: ZopeClientMemoryNotRecycled, exp_alerts: []}}
       - eval_time: 5m
         alertname: ZopeClientMemoryNotRecycled
@@ -175,13 +178,14 @@ tests:
         alertname: CertificateExpiresSoon
         exp_alerts:
           - exp_labels: {{severity: warning, job: blackbox, instance: "https://www.example.org/Plone/@@ok"}}
-            exp_annotations: {{summary: "The certificate of https://www.example.org/Plone/@@ok expires in 9d 23h 50m 0s"}}
+            exp_annotations:
+              summary: "The certificate of https://www.example.org/Plone/@@ok expires in 9d 23h 50m 0s"
 """
 
 
 def test_each_alert_fires_only_when_it_should(rules, tmp_path):
     tests = tmp_path / "alerts_test.yml"
-    tests.write_text(RULE_TESTS.format(rules=rules))
+    tests.write_text(RULE_TESTS.format(rules=rules, uid_class=UID_CLASS))
     result = subprocess.run([PROMTOOL, "test", "rules", str(tests)], capture_output=True, text=True,
                             timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -16,9 +16,10 @@ import urllib.request
 import pytest
 import requests
 
-from ansible_deploy import (ANSIBLE, BIN, BLOB_SIZE, CRON_FILES, FRONTEND, PROMETHEUS, TLS_FRONTEND,
-                            VARNISH, current_release, playbook, recap, record, render_units)
+from ansible_deploy import (ANSIBLE, BIN, BLOB_SIZE, CRON_FILES, FRONTEND, PROMETHEUS, PROMETHEUS_TARGETS,
+                            TLS_FRONTEND, VARNISH, current_release, playbook, recap, record, render_units)
 from conftest import RESTART_LOAD_RATE, ROOT, assert_loaded_throughout, run, while_loaded
+from fake_buildout import fake_buildout
 from loadtests.core import haproxy_stats
 from plonedeploy.recipe import optiontables, varnish
 from plonedeploy.stack import rules, storage
@@ -162,7 +163,8 @@ print(json.dumps({{
     "errors": {{s: f["plonedeploy_threads_errors"]([{{"name": "c", "wsgi_server": s, "threads": 2}}])
                for s in servers}},
     "fd": f["plonedeploy_fd_limit_needed"](100, [{{"maxconn": 2}}, {{"maxconn": 1}}]),
-    "auto": {{f"{{s}} {{cores}} {{n}}": f["plonedeploy_client_threads"]({{"wsgi_server": s, "threads": "auto"}}, cores, n)
+    "auto": {{f"{{s}} {{cores}} {{n}}":
+             f["plonedeploy_client_threads"]({{"wsgi_server": s, "threads": "auto"}}, cores, n)
               for s in servers for cores in (0, 1, 2, 8) for n in (1, 2, 3)}},
     "given": f["plonedeploy_client_threads"]({{"wsgi_server": "waitress", "threads": 4}}, 1, 3),
     "unset": f["plonedeploy_client_threads"]({{"wsgi_server": "gevent"}}, 8, 1),
@@ -171,7 +173,8 @@ print(json.dumps({{
     got = json.loads(out)
     # threads: auto is the recipe's rule for the host's cores and clients; before the facts
     # (cores 0) the most it can choose
-    assert got["auto"] == {f"{s} {cores} {n}": (rules.auto_threads(s, cores, n)[0] if cores else rules.default_threads(s))
+    assert got["auto"] == {f"{s} {cores} {n}":
+                           (rules.auto_threads(s, cores, n)[0] if cores else rules.default_threads(s))
                            for s in rules.SERVERS for cores in (0, 1, 2, 8) for n in (1, 2, 3)}
     assert (got["given"], got["unset"], got["auto_errors"]) == (4, 1, [])
     assert got["defaults"] == {s: rules.default_threads(s) for s in rules.SERVERS}
@@ -183,11 +186,10 @@ def test_abtest_json_is_the_stack_recipes(tmp_path):
     """The haproxy role's abtest.json task, run by Ansible with its filter plugin, writes the
     document that plonedeploy.recipe:stack writes into stack.json for the same stack
     (``rules.ab_contract``), but for ``processes``, which supervisord keeps."""
-    from test_options import _fake_buildout
     from plonedeploy.recipe import haproxy, stack
 
     run_dir = str(tmp_path / "var" / "run")
-    buildout = _fake_buildout(tmp_path)
+    buildout = fake_buildout(tmp_path)
     buildout["haproxy"] = {"backends": "instance", "upload-backends": "uploads", "bind": "127.0.0.1:9903",
                            "stats-bind": "127.0.0.1:9904", "tls-bind": "127.0.0.1:9905", "balance": "roundrobin",
                            "max-body-size": "1048576000"}
@@ -237,7 +239,8 @@ config = json.loads(sys.argv[1])
 first = f["plonedeploy_scram_verifier"]("pencil")
 print(json.dumps({
     "dsn": f["plonedeploy_site_dsn"](config),
-    "errors": [f["plonedeploy_dsn_errors"](d) for d in ("host=a dbname=b", "host=a user=b", "host=a dbname=b password=x")],
+    "errors": [f["plonedeploy_dsn_errors"](d)
+               for d in ("host=a dbname=b", "host=a user=b", "host=a dbname=b password=x")],
     "ids": [f["plonedeploy_identifier_ok"](n) for n in ("plone", "Plone", "a-b", "x" * 64)],
     "first": first,
     "kept": f["plonedeploy_scram_verifier"]("pencil", first),
@@ -405,12 +408,14 @@ DATABASE_BAD = [
     ({"postgresql_address": "0.0.0.0:5432"}, "postgresql_address = 0.0.0.0:5432 is invalid"),
     ({"postgresql_address": "*:5432"}, "postgresql_address = *:5432 is invalid"),
     ({"postgresql_address": "10.0.0.2"}, "expected host:port with a port 1-65535"),
-    ({"postgresql_database": "Plone-Site"}, "postgresql_database = 'Plone-Site' / postgresql_user = 'plone' is invalid"),
+    ({"postgresql_database": "Plone-Site"},
+     "postgresql_database = 'Plone-Site' / postgresql_user = 'plone' is invalid"),
     ({"postgresql_user": "1st"}, "expected a lower-case identifier such as plone"),
     ({"postgresql_backup_keep": 0}, "postgresql_backup_keep must be >= 1"),
     ({"postgresql_cron_file": "pg.dump"}, "postgresql_cron_file empty or letters"),
     ({"postgresql_client_networks": ["everyone"]}, "postgresql_client_networks addresses or CIDRs"),
-    ({"postgresql_process_manager": "runit"}, "value of postgresql_process_manager must be one of: supervisor, systemd"),
+    ({"postgresql_process_manager": "runit"},
+     "value of postgresql_process_manager must be one of: supervisor, systemd"),
 ]
 
 #: The loadgenerator role's checks: localhost joins the loadgenerators group (below).
@@ -627,17 +632,6 @@ def test_processes_run_under_supervisor(deployed):
         assert re.search(rf"^{name}\s+RUNNING", status, re.MULTILINE), status
 
 
-#: Prometheus' targets in the local converge, ``(job, instance)``; docs/how-to/ansible.md names them
-#: and their number (tests/test_doc_figures.py checks it).
-PROMETHEUS_TARGETS = frozenset({
-    ("prometheus", "127.0.0.1:18190"), ("haproxy", "127.0.0.1:18404"), ("varnish", "127.0.0.1:19131"),
-    ("zeoclients", "127.0.0.1:18091"), ("zeoclients", "127.0.0.1:18092"), ("zeoclients", "127.0.0.1:18093"),
-    ("zeoclients", "127.0.0.1:18094"),
-    ("node", "127.0.0.1:18191"), ("alertmanager", "127.0.0.1:18192"),
-    # the blackbox exporter's probe of the public HTTPS URL (on 18193), by the URL
-    ("blackbox", "https://127.0.0.1:18443/Plone/@@ok")})
-
-
 def test_prometheus_scrapes_every_target_up(deployed):
     """Prometheus (monitoring role) finds HAProxy's exporter, varnish's, the three clients'
     exporters, node-exporter and itself, all up, and has loaded the alert rules."""
@@ -774,8 +768,8 @@ def test_changed_build_rolls_the_clients_under_load(deployed):
     # bin/upgrade-site ran once, before the first client was drained, and found nothing
     # pending (ok, not changed: the build changed no profile).
     # (?:...)?: the timing line ansible.posix.profile_tasks prints under each task, when enabled
-    upgrade = re.search(r"TASK \[zeoclient : Run the site's pending upgrade steps[^\n]*\n(?:[^\n]*\*\*\*[^\n]*\n)?(\w+): ",
-                        result.stdout)
+    upgrade = re.search(r"TASK \[zeoclient : Run the site's pending upgrade steps[^\n]*\n"
+                        r"(?:[^\n]*\*\*\*[^\n]*\n)?(\w+): ", result.stdout)
     assert upgrade and upgrade.group(1) == "ok", upgrade and upgrade.group(0)
     assert upgrade.start() < result.stdout.index("Drain in HAProxy and wait for the sessions to end of")
     assert recap(result.stdout)["failed"] == 0

@@ -119,7 +119,8 @@ def test_ab_per_balance_mode(stack, tmp_path):
     # (conftest.boundary; 17 of 72 on one server at load average 6).
     users = 6
     result = run([sys.executable, "-m", "loadtests", "ab", "--balance", "leastconn,roundrobin",
-                  "--warmup", "0", "--duration", "8", "--users", str(users), "--spawn-rate", str(users), "--out", str(tmp_path)],
+                  "--warmup", "0", "--duration", "8", "--users", str(users), "--spawn-rate", str(users),
+                  "--out", str(tmp_path)],
                  timeout=180)
     (folder,) = list(tmp_path.iterdir())
     for name in ("report.md", "report.json", "modes.png"):

@@ -1,20 +1,19 @@
 """The pieces of the local canary deploy and its benchmark (loadtests.ab.canary_deploy,
 loadtests.ab.canary_bench) without a stack: which client is the canary, which release fits,
 the release's buildout config, the benchmark's order, detection and summary on synthetic
-HAProxy logs (tests/test_canary_judge.py's), and the background Locust against a small HTTP
+HAProxy logs (tests/canary_logs.py), and the background Locust against a small HTTP
 server. The deploy itself runs on a real stack in ``python -m loadtests canary-bench``
 (docs/explanation/canary.md#sensitivity)."""
 import json
 import os
-import threading
 import time
 
 import pytest
 
+from canary_logs import PHASES, RATES, SERVERS, T0, deploy_log, slower_pages
+from http_stub import answering_server
 from loadtests.ab import canary, canary_bench, canary_deploy
 from loadtests.core.locustrun import BackgroundLocust
-from loadtests.core.procs import free_local_port
-from test_canary_judge import PHASES, RATES, SERVERS, T0, _Server, _Zope, deploy_log
 
 
 def stack_facts(tmp_path, kinds=(("instance", "pyruvate"), ("client2", "pyruvate"))):
@@ -119,13 +118,9 @@ def test_release_plan_interleaves_identical_and_slower_releases():
     assert canary_bench.release_plan([50], 2) == [("same-1", 0), ("delay-50", 50), ("same-2", 0)]
 
 
-def _slower_pages(phase, server, cls, tr, rng):
-    return (tr + 50 if phase == "ab" and server == SERVERS[0] and cls == "page" else tr), 200
-
-
 def test_detection_finds_the_first_rollback_within_the_ab_phase(tmp_path):
     rates = {"page": RATES["page"]}
-    slower = list(canary.read_lines([str(deploy_log(tmp_path / "slower.log", _slower_pages, rates=rates))]))
+    slower = list(canary.read_lines([str(deploy_log(tmp_path / "slower.log", slower_pages, rates=rates))]))
     found = canary_bench.detection(slower, SERVERS[0], list(SERVERS[1:]), PHASES, ["page"])
     # whole windows of the A/B phase, at least the judge's minimum; the canary's 2 pages a second
     assert found["seconds"] % canary.DEFAULT_WINDOW_S == 0
@@ -153,7 +148,7 @@ def test_summary_counts_false_rollbacks_and_the_smallest_delay_rolled_back():
 
 
 def test_analysis_and_report_of_one_slower_release(tmp_path):
-    log = deploy_log(tmp_path / "slower.log", _slower_pages, rates={"page": RATES["page"]})
+    log = deploy_log(tmp_path / "slower.log", slower_pages, rates={"page": RATES["page"]})
     timelines = [{"phases": PHASES, "switch_s": [14.5, 12.0], "kept": False}]
     (row,) = canary_bench.analyse(canary.read_lines([str(log)]), SERVERS[0], list(SERVERS[1:]), [("delay-50", 50)],
                                   timelines, ["page"])
@@ -182,30 +177,21 @@ def test_failed_lines_counts_every_server_in_the_load_window(tmp_path):
     assert canary_deploy.failed_lines(lines, T0, PHASES["aa"][1])["errors"] == 0
 
 
-class _Counted(_Zope):
-    """test_canary_judge's stand-in client (200 OK), counting the GETs it answered."""
+def test_background_locust_counts_the_requests_it_made_until_stopped(tmp_path):
     answered = []
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        super().do_GET()
-        self.answered.append(self.path)
+    def answer(request):  # a stand-in client: 200 OK, counting the GETs it answered
+        answered.append(request.path)
+        return 200, {}, b"OK"
 
-
-def test_background_locust_counts_the_requests_it_made_until_stopped(tmp_path):
-    port = free_local_port()
-    server = _Server(("127.0.0.1", port), _Counted)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        load = BackgroundLocust(f"http://127.0.0.1:{port}", "root=1", 2, directory=str(tmp_path)).start()
+    with answering_server(answer) as url:
+        load = BackgroundLocust(url, "root=1", 2, directory=str(tmp_path)).start()
         # Locust's SIGTERM handler exists once it runs its users: on a busy machine that takes seconds
         deadline = time.monotonic() + 60
-        while len(_Counted.answered) < 20 and time.monotonic() < deadline:
+        while len(answered) < 20 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert load.running()
         row = load.stop()
-    finally:
-        server.shutdown()
-        server.server_close()
     assert not load.running() and row["requests"] > 0 and row["errors"] == 0
 
 
@@ -222,7 +208,7 @@ def test_the_command_refuses_before_anything_starts(tmp_path, capsys):
 
 
 def test_a_stopped_run_is_judged_again_from_its_deploys_json(tmp_path, capsys):
-    log = deploy_log(tmp_path / "slower.log", _slower_pages, rates={"page": RATES["page"]})
+    log = deploy_log(tmp_path / "slower.log", slower_pages, rates={"page": RATES["page"]})
     settings = {"canary": SERVERS[0], "compare": list(SERVERS[1:]), "phase_s": 300.0, "users": 6, "weights": "root=1",
                 "classes": ["page"], "load_before": "0.50 0.50 0.50"}
     (tmp_path / "deploys.json").write_text(json.dumps({

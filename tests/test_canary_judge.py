@@ -2,83 +2,35 @@
 lines of a canary and its comparison clients in an A/A and an A/B phase -> promote, rollback
 or not enough data, with the A/B statistics (loadtests.ab.abstats).
 
-The log lines are made from HAProxy's ``option httplog`` format (:data:`HTTPLOG`), the format
-of the kit's template (haproxy/haproxy.cfg.j2: ``option httplog``, no header captures, ``log
-stdout format raw``); test_real_haproxy_logs_lines_of_that_format renders the template, runs
-the installed HAProxy on free ports in front of two small HTTP servers and checks that every
-line it logs is of that format, field for field.
+The log lines are made from HAProxy's ``option httplog`` format (tests/canary_logs.py's
+:data:`HTTPLOG`), the format of the kit's template (haproxy/haproxy.cfg.j2: ``option httplog``,
+no header captures, ``log stdout format raw``); test_real_haproxy_logs_lines_of_that_format
+renders the template, runs the installed HAProxy on free ports in front of two small HTTP
+servers and checks that every line it logs is of that format, field for field.
 """
-import http.server
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from datetime import datetime
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
 
+from canary_logs import (GAP_S, PHASE_S, PHASES, RATES, SERVERS, T0, deploy_log, httplog_fields, httplog_line,
+                         slower_pages)
 from conftest import ROOT, stop_group
+from http_stub import answering_server
 from loadtests.ab import canary, canary_judge
 from loadtests.core import haproxy_log
 from loadtests.core.procs import free_local_port
-
-#: HAProxy 2.6's ``option httplog`` (configuration.txt, 8.2.3 "HTTP log format"). ``%hr`` and
-#: ``%hs`` (captured headers) are empty without ``capture`` lines, and HAProxy then writes one
-#: space where two separators meet; :func:`httplog_line` does the same.
-HTTPLOG = ("%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %CC %CS %tsc %ac/%fc/%bc/%sc/%rc %sq/%bq "
-           "%hr %hs %{+Q}r")
-_TOKEN = re.compile(r"%(?:\{[^}]*\})?(\w+)")
-#: Patterns of the tokens, for reading a real line back into its fields.
-_TOKEN_PATTERNS = {"ci": r"[\d.]+", "cp": r"\d+", "tr": r"\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d\.\d{3}", "ft": r"\S+",
-                   "b": r"[^/\s]+", "s": r"\S+", "TR": r"-?\d+", "Tw": r"-?\d+", "Tc": r"-?\d+", "Tr": r"-?\d+",
-                   "Ta": r"\+?-?\d+", "ST": r"-?\d+", "B": r"\+?\d+", "CC": r"\S+", "CS": r"\S+", "tsc": r"\S{4}",
-                   "ac": r"\d+", "fc": r"\d+", "bc": r"\d+", "sc": r"\d+", "rc": r"\+?\d+", "sq": r"\d+",
-                   "bq": r"\d+", "hr": r"", "hs": r"", "r": r'"[^"]*"'}
-DEFAULTS = {"ci": "127.0.0.1", "cp": 40000, "ft": "plone", "b": "zeoclients", "TR": 0, "Tw": 0, "Tc": 0,
-            "ST": 200, "B": 2186, "CC": "-", "CS": "-", "tsc": "----", "ac": 4, "fc": 4, "bc": 3, "sc": 1,
-            "rc": 0, "sq": 0, "bq": 0, "hr": "", "hs": ""}
-
-
-#: :data:`HTTPLOG` as a ``str.format`` template, its empty fields left out with their separator.
-_FORMAT = " ".join(_TOKEN.sub(lambda m: "{%s}" % m.group(1), field) for field in HTTPLOG.split(" ")
-                   if any(DEFAULTS.get(name, True) != "" for name in _TOKEN.findall(field)))
-
-
-def httplog_line(**values):
-    """One log line of :data:`HTTPLOG`: ``values`` by token name (``s`` the server, ``Tr`` ms,
-    ``ST`` the status, ``tr`` a datetime or HAProxy's date text, ``r`` the request line
-    unquoted, e.g. ``GET /Plone HTTP/1.1``); ``Ta`` defaults to Tr + 1, the rest to
-    :data:`DEFAULTS`. Empty fields are left out with their separator, as HAProxy does."""
-    values = dict(DEFAULTS, **values)
-    assert values["hr"] == values["hs"] == "", "header captures: not in the kit's template"
-    values.setdefault("Ta", values["Tr"] + 1 if values["Tr"] >= 0 else 0)
-    if isinstance(values["tr"], datetime):
-        values["tr"] = values["tr"].strftime("%d/%b/%Y:%H:%M:%S.") + f"{values['tr'].microsecond // 1000:03d}"
-    values["r"] = f'"{values["r"]}"' if not str(values["r"]).startswith('"') else values["r"]
-    return _FORMAT.format(**values)
-
-
-def httplog_fields(line):
-    """The fields of a real line by token name (None unless ``line`` is of :data:`HTTPLOG`)."""
-    parts = []
-    for field in HTTPLOG.split(" "):
-        names = _TOKEN.findall(field)
-        if names and all(not _TOKEN_PATTERNS[name] for name in names):
-            continue  # an empty capture: no field, no separator
-        pattern, last = "", 0
-        for match in _TOKEN.finditer(field):
-            pattern += re.escape(field[last:match.start()]) + f"(?P<{match.group(1)}>{_TOKEN_PATTERNS[match.group(1)]})"
-            last = match.end()
-        parts.append(pattern + re.escape(field[last:]))
-    match = re.fullmatch(" ".join(parts), line)
-    return match and match.groupdict()
 
 
 def test_httplog_line_is_read_by_the_kits_parser(tmp_path):
@@ -100,36 +52,12 @@ def test_httplog_line_is_read_by_the_kits_parser(tmp_path):
     assert list(haproxy_log.lines(str(log), "zeoclients")) == []  # a backend named: others skipped
 
 
-class _Zope(http.server.BaseHTTPRequestHandler):
-    """A stand-in ZEO client: 200 after ``delay`` seconds (the class's attribute), 500 on
-    ``/boom``, a POST's body read first."""
-    delay = 0.0
-
-    def _answer(self):
-        time.sleep(self.delay)
-        status = 500 if self.path == "/boom" else 200
-        body = b"OK"
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        self._answer()
-
-    def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._answer()
-
-    def log_message(self, *args):
-        pass
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        pass  # HAProxy's checks may close without reading the answer
+def _zope(delay):
+    """The answer of a stand-in ZEO client: 200 ``OK`` after ``delay`` seconds, 500 on ``/boom``."""
+    def answer(request):
+        time.sleep(delay)
+        return (500 if request.path == "/boom" else 200), {}, b"OK"
+    return answer
 
 
 def _server_lines(log):
@@ -146,15 +74,14 @@ def test_real_haproxy_logs_lines_of_that_format(tmp_path):
     from plonedeploy.recipe import edge, options, tls
 
     assert "capture " not in open(os.path.join(ROOT, "haproxy", "haproxy.cfg.j2")).read()  # %hr, %hs empty
-    slow = type("_Slow", (_Zope,), {"delay": 0.1})
-    backends = {"canary": _Server(("127.0.0.1", 0), slow), "other": _Server(("127.0.0.1", 0), _Zope)}
-    for server in backends.values():
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+    stand_ins = contextlib.ExitStack()
+    backends = {name: stand_ins.enter_context(answering_server(_zope(delay)))
+                for name, delay in (("canary", 0.1), ("other", 0.0))}
     frontend, stats = free_local_port(), free_local_port()
     config = tmp_path / "haproxy.cfg"
     config.write_text(options.render_template(os.path.join(ROOT, "haproxy", "haproxy.cfg.j2"), dict(
-        part="canary-test", servers=[{"name": name, "host": "127.0.0.1", "port": server.server_address[1],
-                                      "maxconn": 2, "wsgi_server": "waitress"} for name, server in backends.items()],
+        part="canary-test", servers=[{"name": name, "host": "127.0.0.1", "port": urlsplit(url).port,
+                                      "maxconn": 2, "wsgi_server": "waitress"} for name, url in backends.items()],
         bind=f"127.0.0.1:{frontend}", stats_bind=f"127.0.0.1:{stats}", balance="roundrobin",
         health_check="/Plone/@@ok", timeout_queue=5, max_body_size=1024, maxconn=100, fd_limit=1000,
         manage_networks=[], run_directory=str(tmp_path),
@@ -192,8 +119,7 @@ def test_real_haproxy_logs_lines_of_that_format(tmp_path):
             time.sleep(0.05)
     finally:
         stop_group(proc, timeout=10)
-        for server in backends.values():
-            server.shutdown()
+        stand_ins.close()
     assert statuses == [200] * 7 + [500] + [200] * 7 + [500]
     logged = _server_lines(log)
     assert len(logged) == 1 + 2 * len(requests), log.read_text()  # the @@ok of the wait, then the requests
@@ -213,63 +139,10 @@ def test_real_haproxy_logs_lines_of_that_format(tmp_path):
     assert min(by_server["canary"]) >= 100 and sum(by_server["other"]) < sum(by_server["canary"]), by_server
 
 
-# -- synthetic logs of a canary deploy ------------------------------------------------------------
-
-#: The A/A phase from T0 for PHASE_S seconds, the canary's restart (GAP_S), then the A/B phase.
-T0 = datetime(2026, 11, 28, 10, 0, 0).timestamp()
-PHASE_S, GAP_S = 300, 20
-PHASES = {"aa": (T0, T0 + PHASE_S), "ab": (T0 + PHASE_S + GAP_S, T0 + 2 * PHASE_S + GAP_S)}
-#: Requests per second each server gets of a class, and the class's median server time (ms).
-RATES = {"page": 2.0, "json": 1.0, "blob": 1.0, "write": 1.0}
-MEDIANS = {"page": 80.0, "json": 40.0, "blob": 20.0, "write": 150.0}
-REQUESTS = {"page": "GET /Plone/news HTTP/1.1", "json": "GET /Plone/++api++/news HTTP/1.1",
-            "blob": "GET /Plone/report.pdf/@@download/file HTTP/1.1", "write": "POST /Plone/news/@@edit HTTP/1.1"}
-SERVERS = ("instance", "client2", "client3")  # the canary first
-
-
-def _same(phase, server, cls, tr, rng):
-    """No difference: the server time as drawn, status 200."""
-    return tr, 200
-
-
-def deploy_log(path, change=_same, seed=1, rates=RATES, servers=SERVERS, write_to=None):
-    """Write a log of both phases and the gap between them to ``path``: per second, server and
-    class a Poisson number of requests (``rates``), server times log-normal around the class's
-    median (sigma 0.5). ``change(phase, server, cls, tr, rng)`` returns the ``(Tr, status)``
-    logged instead (the canary's new release, a noisy host...). ``write_to``: the one server that
-    gets every write (the kit's write lane), else writes go to all. Returns ``path``."""
-    rng = np.random.default_rng(seed)
-    lines = []
-    for second in range(2 * PHASE_S + GAP_S):
-        phase = "aa" if second < PHASE_S else "ab" if second >= PHASE_S + GAP_S else None
-        for server in servers:
-            for cls, rate in rates.items():
-                if cls == "write" and write_to and server != write_to:
-                    continue
-                for offset in np.sort(rng.uniform(0, 1, rng.poisson(rate))):
-                    tr = float(rng.lognormal(np.log(MEDIANS[cls]), 0.5))
-                    if phase is None:  # the canary restarting: refused connections, left out
-                        tr, status = (-1, 503) if server == servers[0] else (tr, 200)
-                    else:
-                        tr, status = change(phase, server, cls, tr, rng)
-                    tsc = "SC--" if tr < 0 else "----"
-                    lines.append((T0 + second + offset, httplog_line(
-                        tr=datetime.fromtimestamp(T0 + second + offset), b="writes" if cls == "write" else "zeoclients",
-                        s=server, Tr=int(round(tr)), ST=status, tsc=tsc, r=REQUESTS[cls])))
-    lines.append((T0 + 2 * PHASE_S + GAP_S, httplog_line(  # a line of another proxy, and one of no server
-        tr=datetime.fromtimestamp(T0 + 2 * PHASE_S + GAP_S), ft="stats", b="stats", s="<STATS>", Tr=0,
-        tsc="LR--", r="GET /stats;csv HTTP/1.1")))
-    path.write_text("".join(text + "\n" for _, text in sorted(lines)))
-    return path
-
+# -- the judge on synthetic logs of a canary deploy (canary_logs.deploy_log) ----------------------
 
 def judge_log(path, **kwargs):
     return canary.judge(canary.read_lines([str(path)]), "instance", ["client2", "client3"], PHASES, **kwargs)
-
-
-def _slower_pages(phase, server, cls, tr, rng):
-    """The new release adds 50 ms to every page on the canary."""
-    return (tr + 50 if phase == "ab" and server == "instance" and cls == "page" else tr), 200
 
 
 def test_identical_release_is_promoted(tmp_path):
@@ -295,7 +168,7 @@ def test_identical_release_is_promoted(tmp_path):
 
 
 def test_canary_50_ms_slower_on_pages_is_rolled_back_naming_page(tmp_path):
-    data = judge_log(deploy_log(tmp_path / "haproxy.log", _slower_pages))
+    data = judge_log(deploy_log(tmp_path / "haproxy.log", slower_pages))
     assert data["verdict"] == canary.ROLLBACK
     assert data["reasons"] and all(reason.startswith("page Tr p") for reason in data["reasons"]), data["reasons"]
     page = data["classes"]["page"]
@@ -464,7 +337,7 @@ def test_command_writes_the_report_and_exits_by_verdict(tmp_path, capsys):
             "--ab-from", str(T0 + PHASE_S + GAP_S), "--ab-until", str(T0 + 2 * PHASE_S + GAP_S), "--classes", "page"]
     pages = {"page": RATES["page"]}  # one class: the statistics of four are the tests above
     same = deploy_log(tmp_path / "same.log", rates=pages)
-    slower = deploy_log(tmp_path / "slower.log", _slower_pages, rates=pages)
+    slower = deploy_log(tmp_path / "slower.log", slower_pages, rates=pages)
     assert canary_judge.main(["--log", str(same), *args, "--out", str(tmp_path / "promote")]) == 0
     (folder,) = (tmp_path / "promote").iterdir()
     assert folder.name.startswith("canary-judge-")

@@ -3,7 +3,7 @@ canary, whom it is compared with; the canary's request count from HAProxy's stat
 judge's files it copies to the balancer, run from a copy of exactly those files.
 
 The deploy itself, on the shared converge: tests/test_ansible.py
-(``test_canary_with_slower_pages_is_rolled_back_under_load``); its bad variables: that
+(``test_canary_withslower_pages_is_rolled_back_under_load``); its bad variables: that
 module's REFUSALS."""
 import json
 import os
@@ -15,8 +15,8 @@ from datetime import datetime
 
 import pytest
 
+from canary_logs import GAP_S, PHASE_S, RATES, T0, deploy_log, slower_pages
 from conftest import ROOT
-from test_canary_judge import GAP_S, PHASE_S, RATES, T0, _slower_pages, deploy_log
 
 ANSIBLE = os.path.join(ROOT, "ansible")
 #: The Ansible venv's Python: the filters import ansible.errors, and PyYAML is there (.venv has neither).
@@ -114,7 +114,7 @@ def test_the_judge_runs_from_a_copy_of_its_listed_files(tmp_path):
         target = copy / re.sub(role["canary_judge_source_root"], "", name)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(os.path.join(ROOT, name), target)
-    log = deploy_log(tmp_path / "haproxy.log", _slower_pages, rates={"page": RATES["page"]})
+    log = deploy_log(tmp_path / "haproxy.log", slower_pages, rates={"page": RATES["page"]})
     argv = ["canary-judge", "--log", str(log), "--canary", "instance", "--compare", "client2,client3",
             "--aa-from", str(T0), "--aa-until", datetime.fromtimestamp(T0 + PHASE_S).isoformat(),
             "--ab-from", str(T0 + PHASE_S + GAP_S), "--ab-until", str(T0 + 2 * PHASE_S + GAP_S),

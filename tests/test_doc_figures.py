@@ -152,8 +152,8 @@ def multihost_hosts():
 
 
 def prometheus_targets():
-    import test_ansible
-    return len(test_ansible.PROMETHEUS_TARGETS),
+    from ansible_deploy import PROMETHEUS_TARGETS
+    return len(PROMETHEUS_TARGETS),
 
 
 def alert_rules():
@@ -215,12 +215,14 @@ def suite_counts():
 #: ``truth()`` (a tuple), or to ``truth(found)`` when it takes the found values.
 CLAIMS = [
     # Pins: scripts/fetch_eggs.py counts versions.cfg's pins, those of .venv-buildout apart.
-    ("docs/tutorial/first-deploy.md", r"all (\d+) pins of `versions.cfg`; fetch_eggs fetches (\d+) of them, the other (\d+) run "
-     r"buildout itself from `.venv-buildout`", pins),
-    ("docs/how-to/pins.md", r"\| `versions.cfg` \| (\d+) pins in `\[versions\]`: every egg of `buildout.cfg` \((\d+):[^|]*?"
-     r"\((\d+) more: \[reference/servers.md\][^|]*?\((\d+) more: \[how-to/relstorage.md\][^|]*?`scripts/fetch_eggs.py` fetches (\d+) "
-     r"of them, the other (\d+) run buildout itself from `.venv-buildout`", pins_split),
-    ("docs/how-to/pins.md", r"`pins.cfg` seeds the (\w+) servers and resolves them in its `\[servers\]` part", server_seeds),
+    ("docs/tutorial/first-deploy.md", r"all (\d+) pins of `versions.cfg`; fetch_eggs fetches (\d+) of them, "
+     r"the other (\d+) run buildout itself from `.venv-buildout`", pins),
+    ("docs/how-to/pins.md", r"\| `versions.cfg` \| (\d+) pins in `\[versions\]`: every egg of `buildout.cfg` "
+     r"\((\d+):[^|]*?\((\d+) more: \[reference/servers.md\][^|]*?\((\d+) more: \[how-to/relstorage.md\][^|]*?"
+     r"`scripts/fetch_eggs.py` fetches (\d+) of them, the other (\d+) run buildout itself from `.venv-buildout`",
+     pins_split),
+    ("docs/how-to/pins.md", r"`pins.cfg` seeds the (\w+) servers and resolves them in its `\[servers\]` part",
+     server_seeds),
     # The recipe's WSGI servers (rules.SERVERS) and its entry points.
     ("README.md", r"ZEO client on ((?:\w+, )+\w+ or \w+);", server_list),
     ("docs/reference/recipe.md", r"wsgi-server = 'tornado' is invalid: expected one of: ((?:\w+, )+\w+)\b",
@@ -242,7 +244,7 @@ CLAIMS = [
     ("Makefile", r"multihost \(Ansible over SSH into (\w+) network namespaces\)", multihost_hosts),
     ("docs/tutorial/first-deploy.md", r"Ansible over SSH into (\w+) network namespaces", multihost_hosts),
     ("docs/how-to/ansible.md", r"creates a bridge and (\w+) network namespaces", multihost_hosts),
-    # The Ansible converge's monitoring (tests/test_ansible.py, the monitoring role).
+    # The Ansible converge's monitoring (tests/ansible_deploy.py, the monitoring role).
     ("docs/how-to/ansible.md", r"Prometheus \(18190\) reports its (\w+) targets up", prometheus_targets),
     ("docs/how-to/ansible.md", r"has loaded the (\w+) alert rules", alert_rules),
     # The A/B of make demo (DEMO_AB_ARGS) and make ab (AB_ARGS), through abtest's parser.
@@ -251,12 +253,15 @@ CLAIMS = [
     ("Makefile", r"make demo: (\d+) rounds of (\d+) s", lambda: (ab("DEMO_AB_ARGS")[0], ab("DEMO_AB_ARGS")[2])),
     ("Makefile", r"make ab: (\d+) rounds with swapped slots, each also as A/A control", lambda: ab("AB_ARGS")[:1]),
     ("README.md", r"make demo # the main job: [^#]*?A/B in (\d+) rounds", lambda: ab("DEMO_AB_ARGS")[:1]),
-    ("docs/tutorial/first-deploy.md", r"make demo # the main job: [^#]*?A/B in (\d+) rounds", lambda: ab("DEMO_AB_ARGS")[:1]),
-    ("docs/tutorial/first-deploy.md", r"(\d+) rounds in which pyruvate and waitress swap ZEO client slots \(port and place in "
-     r"HAProxy's list\), each also as an A/A control, (\d+) s warm-up \+ (\d+) s measured per run",
+    ("docs/tutorial/first-deploy.md", r"make demo # the main job: [^#]*?A/B in (\d+) rounds",
+     lambda: ab("DEMO_AB_ARGS")[:1]),
+    ("docs/tutorial/first-deploy.md", r"(\d+) rounds in which pyruvate and waitress swap ZEO client slots "
+     r"\(port and place in HAProxy's list\), each also as an A/A control, (\d+) s warm-up \+ (\d+) s measured per run",
      lambda: ab("DEMO_AB_ARGS")[:3]),
-    ("docs/tutorial/first-deploy.md", r"make ab # the A/B: (\d+) rounds with swapped slots \+ A/A control", lambda: ab("AB_ARGS")[:1]),
-    ("docs/tutorial/ab-report.md", r"make ab # (\d+) rounds with swapped slots \+ A/A control", lambda: ab("AB_ARGS")[:1]),
+    ("docs/tutorial/first-deploy.md", r"make ab # the A/B: (\d+) rounds with swapped slots \+ A/A control",
+     lambda: ab("AB_ARGS")[:1]),
+    ("docs/tutorial/ab-report.md", r"make ab # (\d+) rounds with swapped slots \+ A/A control",
+     lambda: ab("AB_ARGS")[:1]),
     ("docs/tutorial/ab-report.md", r"runs `DEMO_AB_ARGS` \((\d+) rounds of (\d+) s with control",
      lambda: (ab("DEMO_AB_ARGS")[0], ab("DEMO_AB_ARGS")[2])),
     ("docs/tutorial/ab-report.md", r"runs `AB_ARGS` \((\d+) rounds of (\d+) s with control",
@@ -264,15 +269,17 @@ CLAIMS = [
     ("docs/results.md", r"The default `make ab` \(`([^`]+)`, (\d+) runs,",
      lambda: (makefile_variable("AB_ARGS"), ab("AB_ARGS")[3])),
     # The benchmark matrix's plan and estimate (loadtests.matrix.matrix, matrix_plan; no run needed).
-    ("docs/tutorial/first-deploy.md", r"make matrix # [^#]*?\(estimated (\d+\.\d) min; MATRIX_ARGS=--quick: (\d+\.\d) min\)",
+    ("docs/tutorial/first-deploy.md",
+     r"make matrix # [^#]*?\(estimated (\d+\.\d) min; MATRIX_ARGS=--quick: (\d+\.\d) min\)",
      lambda: (matrix_plan_of()[5], matrix_plan_of("--quick")[5])),
     ("docs/how-to/benchmarks.md", r"make matrix # full run \(estimated (\d+\.\d) min\)", lambda: matrix_plan_of()[5:]),
-    ("docs/how-to/benchmarks.md", r"matrix --quick # CI: (\w+), (\w+), (\d+) and (\d+) connections \(estimated (\d+\.\d) min\)",
-     quick_matrix),
+    ("docs/how-to/benchmarks.md",
+     r"matrix --quick # CI: (\w+), (\w+), (\d+) and (\d+) connections \(estimated (\d+\.\d) min\)", quick_matrix),
     ("docs/how-to/benchmarks.md",
      r"Default: (\d+) cells, (\d+) runs \((\d+) per cell\), (\d+) parts \((\d+) servers since mod_wsgi",
      lambda: matrix_plan_of()[:5]),
-    ("docs/reference/loadtests.md", r"The (\w+) subcommands are the matrix with other defaults", lambda: (len(matrix.PRESETS),)),
+    ("docs/reference/loadtests.md", r"The (\w+) subcommands are the matrix with other defaults",
+     lambda: (len(matrix.PRESETS),)),
     # The Locust traffic shapes.
     ("README.md", r"`locustfile.py` \((\w+) traffic shapes\)", lambda: (len(SHAPE_NAMES),)),
     # The suite's tests by marker (tests/conftest.py's SUITE_MARKERS).

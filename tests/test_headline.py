@@ -1,20 +1,19 @@
 """loadtests.headline.headline: the plan, the summary and the report without measuring; the HAProxy
 variants' configs checked by haproxy -c and one variant run over a stand-in server; then one
 short real run against the session's stack (wrk, the off clients built and stopped)."""
-import http.server
 import json
 import os
 import shutil
 import sys
-import threading
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
 import requests
 
 from conftest import ROOT, run
+from http_stub import answering_server
 from loadtests.core.balancers import BalancerError
-from loadtests.core.procs import free_local_port
 from loadtests.core.stack import PATHS, load_stack, stack_pids
 from loadtests.headline import headline, variants
 from plonedeploy.recipe import edge, options, tls
@@ -58,7 +57,8 @@ def test_variants_chosen_in_the_table_order(argv, chosen):
 
 @pytest.mark.parametrize("argv, message", [
     (["--variant", "pipesize-2m"], "--variant 'pipesize-2m' is unknown: expected one of copy, same, pipesize-512k, "
-                                   "pipesize-1m, bufs-1m, bufs-4m, nbthread-1, nbthread-1-copy, pyruvate-alone, or all"),
+                                   "pipesize-1m, bufs-1m, bufs-4m, nbthread-1, nbthread-1-copy, pyruvate-alone, "
+                                   "or all"),
     (["--variant", "copy", "--no-copy"], "--variant copy and --no-copy contradict each other"),
 ])
 def test_bad_variant_is_refused(argv, message, capsys):
@@ -201,17 +201,9 @@ def test_refused_variant_names_itself(tmp_path, monkeypatch):
     assert balancer.run_directory and not os.path.exists(balancer.run_directory)  # not left in /tmp
 
 
-class _Ok(http.server.BaseHTTPRequestHandler):
+def _ok(_request):
     """200 to every GET: the pool's one client and its health check."""
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"OK")
-
-    def log_message(self, *args):
-        pass
+    return 200, {}, b"OK"
 
 
 @requires_haproxy
@@ -219,18 +211,13 @@ def test_variant_global_lines_take_effect(tmp_path):
     """nbthread-1 started as headline starts it (haproxy -db -f haproxy.cfg -f extra.cfg) runs
     one thread, where the template alone lets HAProxy run one per core: the second file's
     global section is in effect. Stopped at the end."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_local_port()), _Ok)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        balancer = variants.start("nbthread-1", _stack_like(tmp_path, server.server_address[1]), str(tmp_path))
+    with answering_server(_ok) as client:
+        balancer = variants.start("nbthread-1", _stack_like(tmp_path, urlsplit(client).port), str(tmp_path))
         with balancer:
             metrics = requests.get(balancer.metrics_url, timeout=5).text
             assert "\nhaproxy_process_nbthread 1\n" in metrics
             assert balancer.process.cmdline()[-4:] == ["-f", balancer.config_path, "-f", balancer.extra_path]
         assert balancer.child.poll() is not None  # stopped
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_variant_with_one_server_alone_renders_only_that_client(tmp_path):

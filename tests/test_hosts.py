@@ -102,7 +102,8 @@ def test_umask_keeps_files_from_other_users(deployed):
     create are not readable by other users of the host."""
     prefix = deployed["prefix"]
     supervisord = _supervisord(deployed)
-    assert "--umask" in supervisord.cmdline() and supervisord.cmdline()[supervisord.cmdline().index("--umask") + 1] == "027"
+    cmdline = supervisord.cmdline()
+    assert "--umask" in cmdline and cmdline[cmdline.index("--umask") + 1] == "027"
     files = [os.path.join(prefix, "var", "log", name) for name in ("zeoserver.log", "client1.log", "haproxy.log")]
     files += [os.path.join(prefix, "var", "filestorage", "Data.fs"),
               os.path.join(prefix, "zeoserver", "var", "log", "zeoserver.log")]
@@ -166,7 +167,8 @@ UNITS = [
      "signal": "HUP"},
     {"name": "postgresql", "command": ["/usr/lib/postgresql/15/bin/postgres", "-D", "/srv/plonedeploy/postgresql/data"],
      "user": "postgres", "stop": "INT", "write": ["/srv/plonedeploy/postgresql/data"]},
-    {"name": "locust-worker-1", "command": [os.path.join(ROOT, ".venv", "bin", "locust"), "--worker"], "user": "locust"},
+    {"name": "locust-worker-1", "command": [os.path.join(ROOT, ".venv", "bin", "locust"), "--worker"],
+     "user": "locust"},
 ]
 
 

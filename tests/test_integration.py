@@ -104,7 +104,8 @@ HOSTILE = [
     ("chunked request body", b"POST /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
      b"5\r\nhello\r\n0\r\n\r\n", 411),
     ("body over the size limit", b"POST /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2000000000\r\n\r\n", 413),
-    ("header over HAProxy's buffer", b"GET /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", 400),
+    ("header over HAProxy's buffer",
+     b"GET /Plone HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", 400),
     ("malformed request line", b"GET\x00/ HTTP/1.1\r\n\r\n", 400),
 ]
 

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, answering_server
+from conftest import ROOT
+from http_stub import answering_server
 from loadtests.core.procs import free_local_port
 
 
@@ -21,14 +22,14 @@ def slow_server():
     counts = {}
     lock = threading.Lock()
 
-    def answer(_path, _headers):
+    def answer(_request):
         time.sleep(0.8)
         with lock:
             name = "ab"[sum(counts.values()) % 2]
             counts[name] = counts.get(name, 0) + 1
-        return 200, {"X-Served-By": name}
+        return 200, {"X-Served-By": name}, b"ok"
 
-    with answering_server(answer) as url:
+    with answering_server(answer, keep_alive=True) as url:
         yield url, counts
 
 

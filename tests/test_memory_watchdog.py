@@ -122,8 +122,8 @@ def test_a_client_above_its_limit_is_recycled_until_the_backoff_without_a_failed
     out_of_pool = sum(1 for _, s in seen if "error" not in s and _out(s[NAME]))
     print(f"\n{NAME} (memory-limit {LIMIT >> 20} MiB, grace {GRACE} s, {RESTARTS} per hour): backoff after "
           f"{took:.0f} s of wrk load; {len(recycles)} recycles; {requests_sent} requests through HAProxy "
-          f"in {len(summaries)} wrk runs, errors {failed}; {NAME} out of the pool in {out_of_pool} of {len(seen)} polls, both page "
-          f"clients out in {len(both_out)}")
+          f"in {len(summaries)} wrk runs, errors {failed}; {NAME} out of the pool in {out_of_pool} of {len(seen)} "
+          f"polls, both page clients out in {len(both_out)}")
     for line in recycles + blocked[:1]:
         print("  " + line.strip())
     assert len(recycles) == RESTARTS, recycles

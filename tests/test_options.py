@@ -13,6 +13,7 @@ import pytest
 import zc.buildout
 
 from conftest import ROOT
+from fake_buildout import fake_buildout
 from unavailable import unavailable
 from plonedeploy.recipe import clientoptions, edge, options, optiontables, tls
 from plonedeploy.stack import rules
@@ -671,26 +672,13 @@ def test_undeclared_option_read_raises():
         opts.setdefault("backends")
 
 
-def _fake_buildout(tmp_path):
-    """A buildout as the recipes see it (sections as dicts), with resolved client parts."""
-    return {
-        "buildout": {"directory": str(tmp_path), "parts-directory": str(tmp_path / "parts"),
-                     "bin-directory": str(tmp_path / "bin")},
-        "zeoserver": {"zeo-address": "127.0.0.1:9900"},
-        "instance": {"http-address": "127.0.0.1:9901", "threads": "2", "wsgi-server": "pyruvate",
-                     "metrics-address": "127.0.0.1:9911"},
-        "uploads": {"http-address": "127.0.0.1:9902", "threads": "2", "wsgi-server": "waitress",
-                    "max-request-body-size": "1073741824", "metrics-address": "127.0.0.1:9913"},
-    }
-
-
 def test_recipes_read_only_declared_options(tmp_path):
     """The varnish, haproxy and stack recipes, every optional feature on, read their parts'
     options only through their tables (a slip raises UndeclaredOption here) and store every
     declared non-empty default in the part (where other parts and buildout's records read it)."""
     from plonedeploy.recipe import haproxy, stack, varnish
 
-    buildout = _fake_buildout(tmp_path)
+    buildout = fake_buildout(tmp_path)
     buildout["varnish"] = {"clients": "instance uploads", "metrics-address": "127.0.0.1:9912",
                            "purge-networks": "10.0.0.0/8"}
     varnish.Recipe(buildout, "varnish", buildout["varnish"])

@@ -11,6 +11,7 @@ import pytest
 import zc.buildout
 
 from conftest import wait_for
+from fake_buildout import fake_buildout
 from loadtests.core.procs import free_local_port
 from plonedeploy.stack import rules
 from plonedeploy.runtime import metrics, probes
@@ -46,7 +47,8 @@ def test_storage_disconnect_counts_only_after_the_grace():
     state["connected"] = False
     assert health.ready() == (True, "ready; storage disconnected for 0 s (storage-grace 30 s)")  # first seen down
     clock.now += 30
-    assert health.ready() == (True, "ready; storage disconnected for 30 s (storage-grace 30 s)")  # not more than the grace
+    # not more than the grace
+    assert health.ready() == (True, "ready; storage disconnected for 30 s (storage-grace 30 s)")
     clock.now += 1
     assert health.ready() == (False, "storage disconnected for 31 s (storage-grace 30 s)")
     state["connected"] = True
@@ -331,8 +333,7 @@ def test_check_target_sends_probe_paths_to_the_metrics_address():
 
 
 def _buildout(tmp_path, **uploads):
-    from test_options import _fake_buildout
-    buildout = _fake_buildout(tmp_path)
+    buildout = fake_buildout(tmp_path)
     buildout["uploads"].update(uploads)
     buildout["haproxy"] = {"backends": "instance", "upload-backends": "uploads", "bind": "127.0.0.1:9903",
                            "stats-bind": "127.0.0.1:9904"}

@@ -4,9 +4,11 @@ With this checkout's pinned eggs (``make build`` fetched them) and ``newest = fa
 nothing is downloaded and each buildout takes seconds -- except the servers' eggs that the
 demo's parts do not use (gunicorn, cheroot, granian, bjoern, pyuwsgi, gevent and their
 dependencies): the first build of ``servers_build`` (conftest.py, one client part per
-``wsgi-server`` value) fetches those pinned eggs into eggs/ and compiles bjoern (~1 min). (``offline = true`` would be the
-natural setting, but zc.buildout 6.0.1 then fails to find eggs in the v5 eggs directory.) Each bad option must stop bin/buildout with a one-line UserError that names
-the part, the option, the value and what is allowed, before anything is installed.
+``wsgi-server`` value) fetches those pinned eggs into eggs/ and compiles bjoern (~1 min).
+(``offline = true`` would be the natural setting, but zc.buildout 6.0.1 then fails to find
+eggs in the v5 eggs directory.) Each bad option must stop bin/buildout with a one-line
+UserError that names the part, the option, the value and what is allowed, before anything
+is installed.
 """
 import configparser
 import json
@@ -260,7 +262,8 @@ def test_stack_script_and_config(built):
     assert f"stdout_logfile = {directory}/var/log/instance.stdout.log\nstdout_logfile_maxbytes = 0\n" in \
         program.replace("; bin/stack: 0 and 0, logrotate rotates the file (the file is opened with O_APPEND)\n", "")
     assert TEMPLATES_DIRECTORY == os.path.join(ROOT, "templates")
-    with open(os.path.join(ROOT, "ansible", "roles", "process_manager", "defaults", "main.yml"), encoding="utf-8") as fp:
+    defaults = os.path.join(ROOT, "ansible", "roles", "process_manager", "defaults", "main.yml")
+    with open(defaults, encoding="utf-8") as fp:
         assert 'process_manager_templates: "{{ playbook_dir }}/../templates"' in fp.read()
     for name in ("supervisord.conf.j2", "program.conf.j2"):
         assert os.path.isfile(os.path.join(TEMPLATES_DIRECTORY, name))
@@ -361,7 +364,8 @@ def test_service_users_wired_into_scripts_haproxy_and_varnish(tmp_path, monkeypa
     exporter as varnishlog (supervisord's user= for each, when root starts the stack)."""
     from plonedeploy.stack import service as stack_module
 
-    extra = (varnish_part(jail="unix", metrics_address="127.0.0.1:18689") + "[haproxy]\ntls-bind = 127.0.0.1:18443\ncache = varnish\nuser = haproxy\n"
+    extra = (varnish_part(jail="unix", metrics_address="127.0.0.1:18689")
+             + "[haproxy]\ntls-bind = 127.0.0.1:18443\ncache = varnish\nuser = haproxy\n"
              "[stack]\ncache = varnish\nservice-user = nobody\n"
              "[zeoserver]\npid-file = ${buildout:directory}/var/zeoserver/zeoserver.pid\n"
              "[instance]\nservice-user = nobody\n")
@@ -632,7 +636,8 @@ BAD = [
      "[instance] relstorage-cache-local-mb = 'ten' is invalid: expected a whole number of MB >= 0"),
     ("[instance]\nstorage = relstorage\nrelstorage-dsn = dbname=plone\nrelstorage-blobs = shared-directory\n"
      "relstorage-blob-cache-size = 1GB\n",
-     "[instance] relstorage-blob-cache-size = '1GB' is invalid: expected empty with relstorage-blobs = shared-directory"),
+     "[instance] relstorage-blob-cache-size = '1GB' is invalid: "
+     "expected empty with relstorage-blobs = shared-directory"),
     ("[instance]\ntransaction-mode = manual\n",
      "[instance] transaction-mode = 'manual' is invalid: expected one of: implicit, explicit"),
     (PG + "[postgresql]\nsettings = port = 1\n",
@@ -842,7 +847,8 @@ def test_runner_entry_point_loads_and_reads_the_template_keys(servers_build, ser
     section = _ini(directory / "parts" / f"c_{server}" / "etc" / "wsgi.ini")["server:main"]
     code = (
         "import importlib.metadata as m, json, importlib\n"
-        f"ep, = [e for g in ('paste.server_runner', 'paste.server_factory') for e in m.entry_points(group=g) if e.name == {server!r}]\n"
+        "ep, = [e for g in ('paste.server_runner', 'paste.server_factory') for e in m.entry_points(group=g)\n"
+        f"       if e.name == {server!r}]\n"
         "mod = importlib.import_module(ep.module)\n"
         f"importlib.import_module({SERVERS[server][-1]!r})\n"
         "print(json.dumps([ep.value, list(mod.KEYS)]))\n"
@@ -1076,7 +1082,8 @@ def test_wheels_carry_the_templates_and_split_the_namespace(tmp_path):
     names = [f"{server}.ini.in" for server in SERVERS] + ["_common.ini.in", "logrotate.conf.in", "varnish.vcl.j2",
                                                          "supervisord.conf.j2", "program.conf.j2"]
     for name in names:  # the same files as the checkout's
-        with open(os.path.join(templates, name), "rb") as wheel, open(os.path.join(TEMPLATES_DIRECTORY, name), "rb") as ours:
+        with (open(os.path.join(templates, name), "rb") as wheel,
+              open(os.path.join(TEMPLATES_DIRECTORY, name), "rb") as ours):
             assert wheel.read() == ours.read(), name
     with open(haproxy, "rb") as wheel, open(HAPROXY_TEMPLATE, "rb") as ours:
         assert wheel.read() == ours.read()

@@ -372,8 +372,9 @@ def test_uploads_get_503_while_the_upload_lane_restarts(stack):
 
 
 def test_thousand_connections_on_every_path(stack, tmp_path):
-    """1,000 concurrent connections per path through HAProxy (short: 8 s per path, enough for HAProxy's queue to pass 500): 0
-    socket errors, 0 non-2xx answers, 0 HAProxy 5xx, every path served."""
+    """1,000 concurrent connections per path through HAProxy (short: 8 s per path, enough for
+    HAProxy's queue to pass 500): 0 socket errors, 0 non-2xx answers, 0 HAProxy 5xx, every
+    path served."""
     result = run([sys.executable, "-m", "loadtests", "connections", "--connections", "1000",
                   "--duration", "8", "--warmup", "2", "--out", str(tmp_path)], timeout=600, check=False)
     print(result.stdout[-3000:])

@@ -195,7 +195,8 @@ def test_site_and_blob_served_from_postgresql(relstack):
         answer = requests.get(base + BLOB, timeout=60)
         assert answer.status_code == 200 and len(answer.content) == BLOB_SIZE
         assert hashlib.sha256(answer.content).hexdigest() == in_database
-    cached = [os.path.join(root, name) for root, _, names in os.walk(os.path.join(directory, "var", "blobcache", "instance"))
+    blobcache = os.path.join(directory, "var", "blobcache", "instance")
+    cached = [os.path.join(root, name) for root, _, names in os.walk(blobcache)
               for name in names if name.endswith(".blob")]
     assert any(os.path.getsize(path) == BLOB_SIZE for path in cached), cached
 

@@ -4,7 +4,6 @@ conversation, against a real HAProxy of the test's own (no stack: a throwaway co
 one backend, a live server answering the health path and a dead one, ports of the OS's
 choosing). The same steps under load, on the real stacks: tests/test_reliability.py
 (bin/stack restart) and tests/test_ansible.py (restart.yml, a changed build)."""
-import http.server
 import json
 import os
 import re
@@ -14,10 +13,12 @@ import tempfile
 import threading
 import time
 import urllib.request
+from urllib.parse import urlsplit
 
 import pytest
 
 from conftest import ROOT, stop_group
+from http_stub import answering_server
 from loadtests.core.procs import free_local_port
 from plonedeploy.stack import rolling
 
@@ -34,38 +35,28 @@ def cli(*args, timeout=60):
                           check=False, cwd=tempfile.gettempdir())
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    """``/ok``: 200 at once (the health path); ``/slow/<seconds>``: 200 after that long."""
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        if self.path.startswith("/slow/"):
-            time.sleep(float(self.path.rsplit("/", 1)[1]))
-        elif self.path != "/ok":
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"OK")
-
-    def log_message(self, *args):
-        pass
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        pass  # HAProxy's checks close without reading the answer: a reset, not a test failure
+def _live(request):
+    """``/ok``: 200 at once (the health path); ``/slow/<seconds>``: 200 after that long; else 404."""
+    if request.path.startswith("/slow/"):
+        time.sleep(float(request.path.rsplit("/", 1)[1]))
+    elif request.path != "/ok":
+        return 404, {}, b""
+    return 200, {}, b"OK"
 
 
 @pytest.fixture(scope="module")
-def balancer():
-    """A real HAProxy with backend ``b``: ``live`` (an HTTP server in this process) and
-    ``dead`` (a port nobody listens on), checks every 200 ms; yields a dict with ``socket``,
-    ``frontend`` (URL) and ``live`` (the live server's base URL). Stopped by PID."""
-    app = _Server(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=app.serve_forever, daemon=True).start()
+def live():
+    """The base URL of the live server (:func:`_live`), an HTTP server in this process."""
+    with answering_server(_live) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def balancer(live):
+    """A real HAProxy with backend ``b``: ``live`` (the fixture's server) and ``dead`` (a port
+    nobody listens on), checks every 200 ms; yields a dict with ``socket``, ``frontend`` (URL)
+    and ``live`` (the live server's base URL). Stopped by PID."""
+    live_port = urlsplit(live).port
     directory = tempfile.mkdtemp(prefix="rolling-")  # short: a unix socket path has ~100 bytes
     sock, frontend = os.path.join(directory, "haproxy.sock"), free_local_port()
     config, dead = os.path.join(directory, "haproxy.cfg"), free_local_port()
@@ -85,14 +76,14 @@ backend b
     option httpchk GET /ok
     timeout check 5s
     # live: 20 failed checks before DOWN, so that a busy machine does not make it flap.
-    server live 127.0.0.1:{app.server_address[1]} check inter 200ms fall 20
+    server live 127.0.0.1:{live_port} check inter 200ms fall 20
     # dead: in MAINT (disabled) but for the tests that need it DOWN: drain waits while a
     # peer is DOWN (never the last one in service)
     server dead 127.0.0.1:{dead} check inter 200ms disabled
 # As the kit's write lane: the same servers under the same names, tracking b's.
 backend w
     balance source
-    server live 127.0.0.1:{app.server_address[1]} maxconn 1 track b/live
+    server live 127.0.0.1:{live_port} maxconn 1 track b/live
     server dead 127.0.0.1:{dead} maxconn 1 backup track b/dead
 """)
     proc = subprocess.Popen(["haproxy", "-db", "-f", config], stdout=subprocess.DEVNULL,
@@ -108,11 +99,9 @@ backend w
             assert proc.poll() is None, "haproxy exited"
             assert time.monotonic() < deadline, "haproxy: live not UP within 15 s"
             time.sleep(0.1)
-        yield {"socket": sock, "frontend": f"http://127.0.0.1:{frontend}",
-               "live": f"http://127.0.0.1:{app.server_address[1]}"}
+        yield {"socket": sock, "frontend": f"http://127.0.0.1:{frontend}", "live": live}
     finally:
         stop_group(proc, timeout=10)
-        app.shutdown()
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -238,8 +227,9 @@ def test_drain_that_times_out_puts_the_server_back(balancer):
     status = rolling.server_stats(sock, "b", "live")["status"]
     thread.join(30)
     assert drained.returncode == 1
-    assert re.match(r"rolling\.py drain: b/live: still 1 session\(s\) and 0 queued request\(s\) 0\.5 s after the drain; "
-                    r"put back in service \(state ready\), not restarted$", drained.stderr.strip()), drained.stderr
+    assert re.match(r"rolling\.py drain: b/live: still 1 session\(s\) and 0 queued request\(s\) 0\.5 s "
+                    r"after the drain; put back in service \(state ready\), not restarted$",
+                    drained.stderr.strip()), drained.stderr
     assert status == "UP" and result == [200]
     assert rolling.server_stats(sock, "w", "live")["status"] == "UP"  # put back in w too
 
@@ -280,8 +270,8 @@ def test_drain_waits_while_a_peer_is_down_and_leaves_the_server_as_it_was(balanc
         drained = cli("drain", "--socket", sock, "--backend", "b", "--server", "live", "--timeout", "1")
         assert drained.returncode == 1
         assert time.monotonic() - started >= 1.0
-        assert re.match(r"rolling\.py drain: b/live: not drained: dead DOWN 1 s after asking; ", drained.stderr.strip()), \
-            drained.stderr
+        assert re.match(r"rolling\.py drain: b/live: not drained: dead DOWN 1 s after asking; ",
+                        drained.stderr.strip()), drained.stderr
         assert rolling.server_stats(sock, "b", "live")["status"] == "UP"
     finally:
         rolling.runtime_api(sock, "set server b/dead state maint")

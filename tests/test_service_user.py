@@ -101,7 +101,8 @@ def test_no_service_runs_as_root(stack):
     user = _service(stack)
     pids = stack.pids()
     service = stack.config["service"]["processes"]
-    assert set(service) >= {stack.config["zeoserver"], *stack.config["servers"], *stack.config.get("upload_servers", [])}
+    assert set(service) >= {stack.config["zeoserver"], *stack.config["servers"],
+                            *stack.config.get("upload_servers", [])}
     seen = {}
     for name in service:
         assert name in pids, f"{name} is not running: {pids}"

@@ -2,16 +2,15 @@
 figures and the report from samples, a whole run against a fake site of the test's own (its
 process's RSS sampled), and one short run against the stack's clients (integration)."""
 import contextlib
-import http.server
 import json
 import os
 import sys
-import threading
 import time
 
 import pytest
 
 from conftest import run
+from http_stub import answering_server
 from loadtests.core.stack import BLOB_SIZE, PATHS
 from loadtests.soak import soak, summary, traffic
 
@@ -153,36 +152,21 @@ def test_clients_are_stack_parts_or_urls():
 def fake_site():
     """The four paths as a site answers them (the blob 5 MiB), from a thread of this process,
     on an ephemeral port; yields the base URL."""
-    blob = b"b" * BLOB_SIZE
+    blob, base = b"b" * BLOB_SIZE, None
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path == PATHS["blob"][0]:
-                body, kind = blob, "application/octet-stream"
-            elif self.path == "/Plone" and self.headers.get("Accept") == "application/json":
-                body, kind = json.dumps({"@id": f"http://127.0.0.1:{port}/Plone"}).encode(), "application/json"
-            elif self.path == "/Plone":
-                body, kind = b"<html><title>Plone site</title></html>", "text/html"
-            else:
-                body, kind = b"Zope", "text/plain"
-            self.send_response(200)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(request):
+        if request.path == PATHS["blob"][0]:
+            body, kind = blob, "application/octet-stream"
+        elif request.path == "/Plone" and request.headers.get("Accept") == "application/json":
+            body, kind = json.dumps({"@id": f"{base}/Plone"}).encode(), "application/json"
+        elif request.path == "/Plone":
+            body, kind = b"<html><title>Plone site</title></html>", "text/html"
+        else:
+            body, kind = b"Zope", "text/plain"
+        return 200, {"Content-Type": kind}, body
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with answering_server(answer) as base:
+        yield base
 
 
 def test_whole_run_against_a_fake_site(tmp_path, capsys):

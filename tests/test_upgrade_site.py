@@ -82,7 +82,8 @@ def test_lock_is_free_held_or_stale_by_its_heartbeat():
 def test_flat_keeps_the_order_of_nested_steps():
     a, b, c = ({"id": name} for name in "abc")
     assert upgrade.flat([a, [b, c]]) == [a, b, c]
-    assert upgrade.step_line("ran", "p:default", {"ssource": "1", "sdest": "2", "title": "T"}) == "ran: p:default 1 -> 2: T"
+    step = {"ssource": "1", "sdest": "2", "title": "T"}
+    assert upgrade.step_line("ran", "p:default", step) == "ran: p:default 1 -> 2: T"
 
 
 # -- on the real stack ------------------------------------------------------------------------

@@ -38,8 +38,8 @@ def build(meta, runs, server_kinds):
             per_run = [r["report"]["servers"].get(name, {}) for r in mine]
             requests = sum(s.get("requests", 0) for s in per_run)
             stot = sum(s.get("haproxy", {}).get("stot", 0) for s in per_run)
-            histogram = merge_histograms(r["per_server"].get("server_totals", {}).get(name, {}).get("response_times", {})
-                               for r in mine)
+            histogram = merge_histograms(
+                r["per_server"].get("server_totals", {}).get(name, {}).get("response_times", {}) for r in mine)
             servers[name] = {
                 "wsgi_server": kind,
                 "requests": requests,
@@ -131,7 +131,8 @@ def to_markdown(report, plot_name="modes.png"):
     out += ["", "Queued: requests that waited in HAProxy's queue for a free `maxconn` slot (from "
             "that HAProxy's log); HAProxy gives a queued request to whichever server frees a slot "
             "first, so the balance mode decides only for the others. Foreign CPU: what other "
-            "processes on this shared machine used during the run, in percent of all cores.", "", f"![per-mode plot]({plot_name})", ""]
+            "processes on this shared machine used during the run, in percent of all cores.", "",
+            f"![per-mode plot]({plot_name})", ""]
     return "\n".join(out)
 
 

@@ -58,7 +58,8 @@ def rounds_markdown(data):
               "time from sending the request to the server until its response headers arrived: "
               "without the wait in HAProxy's queue and without the body's transfer to Locust, "
               "which set the pace of the share on this machine "
-              "(docs/explanation/ab-method.md#sensitivity-a-known-difference). HAProxy logs the URL only, so /Plone as page and as JSON are one row.", "",
+              "(docs/explanation/ab-method.md#sensitivity-a-known-difference). HAProxy logs the URL only, "
+              "so /Plone as page and as JSON are one row.", "",
               "A/B:", "", table(data["server_time"]["ab"]), ""]
     if data["server_time"]["aa"]:
         lines += ["A/A:", "", table(data["server_time"]["aa"]), ""]

@@ -14,12 +14,12 @@ after per process) is printed and written to
 docs/explanation/edge.md#edge-limits embeds that table. The functions are the ones tests/test_edge.py asserts on.
 
 Cases: slow request bodies (N connections, each trickling a 100-byte body 1 byte per
-0.5 s) while ``GET /Plone`` is timed; the same with 100 MiB announced (upload lane); a POST of ``--big-post-mib`` MiB (upload lane,
-spooled to disk); a body over ``max-body-size``; a forged Host, a 10 kB Host, no Host;
-the per-source request rate from 127.0.0.2 (127.0.0.1 is exempt in the demo); the ways
-around the path rules of loadtests.edge.bypass (the ZMI in disguise, client-sent virtual
-hosting, internal headers), on the plain and the TLS listener; a TUS
-upload (plone.restapi) of ``--upload-mib`` MiB stored as a blob and read back; an honest
+0.5 s) while ``GET /Plone`` is timed; the same with 100 MiB announced (upload lane); a POST
+of ``--big-post-mib`` MiB (upload lane, spooled to disk); a body over ``max-body-size``; a
+forged Host, a 10 kB Host, no Host; the per-source request rate from 127.0.0.2 (127.0.0.1 is
+exempt in the demo); the ways around the path rules of loadtests.edge.bypass (the ZMI in
+disguise, client-sent virtual hosting, internal headers), on the plain and the TLS listener; a
+TUS upload (plone.restapi) of ``--upload-mib`` MiB stored as a blob and read back; an honest
 slow upload of ``--slow-upload-mib`` MiB at 1 MiB/s; then, on each ZEO client of the page
 pool directly and through the frontend, ``--fd-downloads`` whole downloads of the 5 MiB
 blob (wrk, 4 connections) plus 50 aborted ones, with the open descriptors of every ZEO
@@ -105,7 +105,8 @@ def run_all(config, args, password):
         url, sent, seconds = tus_upload(host, port, password, args.upload_mib * MIB)
         path = "/" + url.split("/", 3)[3] + "/@@download/file"
         got, size = download_sha256(host, port, path)
-        return {"answers": {"204": 1}, "answer_s": round(seconds, 2), "identical": got == sent and size == args.upload_mib * MIB}
+        return {"answers": {"204": 1}, "answer_s": round(seconds, 2),
+                "identical": got == sent and size == args.upload_mib * MIB}
 
     case(f"TUS upload of {args.upload_mib} MiB, read back", "stored as a blob, byte-identical", upload,
          probe_pages=True)
@@ -196,7 +197,8 @@ def markdown(rows):
              "|" + "---|" * (5 + len(names))]
     for row in rows:
         pages = row.get("pages")
-        probe = f"{pages['p99_s']:.2f}, {pages['failures']} of {pages['requests'] + pages['failures']}" if pages else "-"
+        probe = (f"{pages['p99_s']:.2f}, {pages['failures']} of {pages['requests'] + pages['failures']}"
+                 if pages else "-")
         answers = ", ".join(f"{n}x {ANSWER_LABELS.get(s, s)}" for s, n in row["answers"].items())
         if "identical" in row:
             answers += ", identical" if row["identical"] else ", DIFFERENT"

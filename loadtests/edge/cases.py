@@ -132,9 +132,9 @@ def tus_upload(host, port, password, size, rate=None, filename="upload.bin", fol
     body = ZeroReader(size, rate)
     conn = http.client.HTTPConnection(host, port, timeout=600)
     conn.putrequest("PATCH", path, skip_host=True, skip_accept_encoding=True)
-    for name, value in (("Host", "127.0.0.1"), ("Authorization", auth), ("Tus-Resumable", "1.0.0"), ("Accept", "application/json"),
-                        ("Upload-Offset", "0"), ("Content-Type", "application/offset+octet-stream"),
-                        ("Content-Length", str(size))):
+    for name, value in (("Host", "127.0.0.1"), ("Authorization", auth), ("Tus-Resumable", "1.0.0"),
+                        ("Accept", "application/json"), ("Upload-Offset", "0"),
+                        ("Content-Type", "application/offset+octet-stream"), ("Content-Length", str(size))):
         conn.putheader(name, value)
     conn.endheaders()
     while True:

@@ -76,8 +76,8 @@ seconds (per request: milliseconds), RSS in MiB; foreign CPU in % of all cores.
 
 Exit status: 0 when every planned run is measured, 1 when runs failed or were
 interrupted (the report covers what was measured), 2 when the stack is not running or is a
-RelStorage build (no ZEO server for the parts; core.running_zeo_server), wrk is missing, an option is invalid or the servers could not be built or started. Traffic
-goes only to 127.0.0.1.
+RelStorage build (no ZEO server for the parts; core.running_zeo_server), wrk is missing, an
+option is invalid or the servers could not be built or started. Traffic goes only to 127.0.0.1.
 
 The parts are in loadtests.matrix.matrix: ``matrix_plan`` (cells, parts, order, steady-state
 lengths), ``run`` (the loop over the runs), ``matrix_measure`` (one run), ``matrix_servers``
@@ -330,8 +330,8 @@ def main(argv=None, preset=None):
     meta = {"subcommand": args.subcommand, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "cores": psutil.cpu_count(),
             "cells_planned": len(cells), "runs_planned": len(order), "estimate_s": round(estimate),
-            **{(f"{k}_s" if k in ("duration", "max_duration", "warmup", "timeout", "drain_max") else k): getattr(args, k)
-               for k in PLAN_KEYS}}
+            **{(f"{k}_s" if k in ("duration", "max_duration", "warmup", "timeout", "drain_max") else k):
+               getattr(args, k) for k in PLAN_KEYS}}
     status = 0
     t0 = time.monotonic()
     if todo:

@@ -38,15 +38,16 @@ the storage's. Writes go through the variant's HAProxy, whose **write lane** (bu
 default ``write-lane = on``) passes them to the client one at a time, as the kit deploys
 them: 100 writers straight into a client with 2 threads made its two transactions collide
 on Plone's uid counter, and some POSTs were answered 500 after the last retry, a load the
-kit's stack never lets reach a client (docs/results.md, "Conflicts before and after"). wrk (Debian's) drives it, its own percentiles: per round, per (path,
-connections) group, one run per variant, right after each other, in a variant order that
-rotates per group and round, and the group order rotates per round, so the machine's drift
-hits every variant alike. Every run has ``--warmup`` seconds of uncounted load first. Paths:
-``/``, ``/Plone``, ``@json`` (``/Plone`` as plone.restapi JSON), ``blob`` (the 5 MiB
-download; fewer bytes than 5 MiB per answer count as ``short_bytes``) and ``write``: a
-plone.restapi POST of a Document into ``/Plone/bench-writes`` as admin through HAProxy
-(``wrk_post.lua``, the Authorization header through the environment), every answer other
-than 201 an error; its latency includes the wait in HAProxy's queue.
+kit's stack never lets reach a client (docs/results.md, "Conflicts before and after"). wrk
+(Debian's) drives it, its own percentiles: per round, per (path, connections) group, one run
+per variant, right after each other, in a variant order that rotates per group and round,
+and the group order rotates per round, so the machine's drift hits every variant alike. Every
+run has ``--warmup`` seconds of uncounted load first. Paths: ``/``, ``/Plone``, ``@json``
+(``/Plone`` as plone.restapi JSON), ``blob`` (the 5 MiB download; fewer bytes than 5 MiB per
+answer count as ``short_bytes``) and ``write``: a plone.restapi POST of a Document into
+``/Plone/bench-writes`` as admin through HAProxy (``wrk_post.lua``, the Authorization header
+through the environment), every answer other than 201 an error; its latency includes the wait in
+HAProxy's queue.
 
 Per run: requests, req/s, MiB/s, p50/p99 (ms, wrk's), errors (connect, read, write,
 timeout, status: non-2xx/3xx, for writes non-201), CPU milliseconds per request of the
@@ -66,8 +67,9 @@ with ``report.json``, ``report.md`` and ``storage.png``. Every started process i
 PID at the end, also after an error, Ctrl-C or SIGTERM; the work directory stays (its logs
 in ``<variant>/var/log``). Exit status 0; 1 if a run had errors or short blob bodies, a POST
 of the write path was answered other than 201 in the client's access log (a warm-up's, or
-one still queued when wrk stopped, which no run counted), or a step failed (the report then has what was measured); 2 when wrk or PostgreSQL 15 is missing,
-a port is taken, or an option is invalid.
+one still queued when wrk stopped, which no run counted), or a step failed (the report then
+has what was measured); 2 when wrk or PostgreSQL 15 is missing, a port is taken, or an option
+is invalid.
 
 The default run (3 variants, 5 paths, 3 connection counts, 3 rounds: 135 runs of 2 + 5 s)
 took 53 minutes on 2 cores shared with other work (25 Nov 2026): 10 the builds, starts and
@@ -199,7 +201,8 @@ def main(argv=None):
                   flush=True)
             if row["errors"] or row.get("short_bytes") or not row["requests"]:
                 problems.append(f"round {number} {name} {label} {n}: {row['requests']} requests, "
-                                f"errors {row['error_kinds']}" + (", short blob bodies" if row.get("short_bytes") else ""))
+                                f"errors {row['error_kinds']}"
+                                + (", short blob bodies" if row.get("short_bytes") else ""))
         for name, variant in variants.items():
             sizes[name] = {"documents": variant.documents(), **variant.sizes()}
     except (RuntimeError, OSError, subprocess.SubprocessError, requests.RequestException, StackError,

@@ -88,7 +88,8 @@ def to_markdown(meta, cells, ratios, sizes, found=None):
         "",
         f"`{meta['command']}`: {meta['rounds']} round(s), each run {meta['warmup_s']} s warm-up + "
         f"{meta['duration_s']} s measured (wrk, directly against the one `instance` client on "
-        f"{meta['server']}, 2 workers; the writes through HAProxy's write lane, one at a time), the orders rotated per round; {meta['cores']} cores, load average "
+        f"{meta['server']}, 2 workers; the writes through HAProxy's write lane, one at a time), the orders "
+        f"rotated per round; {meta['cores']} cores, load average "
         f"{meta['load_before']} before, {meta['load_during']} in the middle, {meta['load_after']} after; "
         f"{meta['minutes']} min.",
         "",

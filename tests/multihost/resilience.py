@@ -220,7 +220,8 @@ def selfheal_checks(wait=300):
     while not alerted() and time.monotonic() < deadline + 180:  # Prometheus' for: 2m after the backoff
         time.sleep(5)
     out.append(("watchdog: ZopeClientMemoryNotRecycled (reason backoff) reached the webhook", alerted(),
-                sorted({a.get("labels", {}).get("alertname") for _, p in RECEIVER.received for a in p.get("alerts", [])})))
+                sorted({a.get("labels", {}).get("alertname")
+                        for _, p in RECEIVER.received for a in p.get("alerts", [])})))
     return out
 
 

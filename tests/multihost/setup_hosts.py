@@ -190,7 +190,8 @@ def start_pebble():
         sh("openssl", *args, capture=True)
 
     openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
-            "-keyout", f"{ACME_WORK}/ca.key", "-out", f"{ACME_WORK}/ca.pem", "-subj", "/CN=plonedeploy multihost test CA")
+            "-keyout", f"{ACME_WORK}/ca.key", "-out", f"{ACME_WORK}/ca.pem",
+            "-subj", "/CN=plonedeploy multihost test CA")
     openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=pebble",
             "-keyout", f"{ACME_WORK}/pebble.key", "-out", f"{ACME_WORK}/pebble.csr")
     with open(f"{ACME_WORK}/san.ext", "w", encoding="ascii") as fp:
@@ -207,8 +208,9 @@ def start_pebble():
         json.dump(config, fp)
     env = dict(os.environ, PEBBLE_VA_NOSLEEP="1", PEBBLE_WFE_NONCEREJECT="0", PEBBLE_AUTHZREUSE="0")
     with open(f"{ACME_WORK}/pebble.log", "w", encoding="utf-8") as log:
-        PEBBLE.append(subprocess.Popen(["ip", "netns", "exec", ACME[1], "pebble", "-config", f"{ACME_WORK}/pebble.json"],
-                                       env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        PEBBLE.append(subprocess.Popen(
+            ["ip", "netns", "exec", ACME[1], "pebble", "-config", f"{ACME_WORK}/pebble.json"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     context = ssl.create_default_context(cafile=f"{ACME_WORK}/ca.pem")
     for _ in range(60):
         try:

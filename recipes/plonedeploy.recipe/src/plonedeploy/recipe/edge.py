@@ -42,7 +42,8 @@ DEFAULT_UPLOAD_THRESHOLD = 8192
 SPOOLING_BODY_CAP = 1024 ** 3
 MEMORY_BODY_CAP = 1024 ** 2
 
-_NAME_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_NAME_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
+                      r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
 def default_body_cap(wsgi_server):

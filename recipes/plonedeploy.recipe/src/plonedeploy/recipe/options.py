@@ -19,7 +19,8 @@ from plonedeploy.stack import storage as _storage
 # The server and thread rules live in rules.py (plain Python, which Ansible imports too);
 # re-exported here for the recipes and tools that import them from options.
 from plonedeploy.stack.rules import (  # noqa: E402,F401
-    DEFAULT_SERVER, DEFAULT_THREADS, RUNTIME_EGG, SERVERS, SINGLE_THREADED, auto_threads, default_threads, threads_error)
+    DEFAULT_SERVER, DEFAULT_THREADS, RUNTIME_EGG, SERVERS, SINGLE_THREADED, auto_threads, default_threads,
+    threads_error)
 
 #: Values of an on/off option (``blob-sendfile``), mapped to their meaning.
 SWITCH_VALUES = {"on": True, "off": False, "true": True, "false": False}

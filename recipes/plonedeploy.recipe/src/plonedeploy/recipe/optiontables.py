@@ -186,7 +186,8 @@ INSTANCE = (
     Option("memory-limit-restarts", rules.MEMORY_LIMIT_RESTARTS, "a whole number >= 0",
            "at most this many recycles per hour; then the client serves on, logs it and sets "
            "`plonedeploy_memory_recycle_blocked{reason=\"backoff\"}` (the alert); `0`: only that"),
-    Option("memory-limit-peers", "", "`host:port` values separated by white space, not this client's own `metrics-address`",
+    Option("memory-limit-peers", "",
+           "`host:port` values separated by white space, not this client's own `metrics-address`",
            "the metrics addresses of the other clients of the same HAProxy backend: the watchdog recycles "
            "only while every one of them answers `/readyz` 200 (never the last one, one at a time); "
            "empty: it never recycles, only logs and sets `reason=\"no_peer\"`", "empty"),
@@ -204,7 +205,8 @@ INSTANCE = (
            "also write `etc/hello.ini`: the same server with the same settings on this address, "
            "serving the hello-world app `egg:plonedeploy.runtime#hello` instead of Zope (run as "
            "`bin/interpreter -m plonedeploy.runtime.hello etc/hello.ini`; the benchmark matrix's "
-           "`hello` path, [how-to/benchmarks.md](../how-to/benchmarks.md#benchmark-matrix)); adds `plonedeploy.runtime` to `eggs`",
+           "`hello` path, [how-to/benchmarks.md](../how-to/benchmarks.md#benchmark-matrix)); "
+           "adds `plonedeploy.runtime` to `eggs`",
            "unset"),
     Option("max-request-body-size", None, _BYTES,
            "the largest request body this client may receive: waitress spools bodies to disk and "
@@ -245,7 +247,8 @@ INSTANCE = (
            "slower release with it ([explanation/canary.md](../explanation/canary.md)); 0: no filter; "
            "else adds `plonedeploy.runtime` to `eggs`"),
     Option("rel-storage", "", "nothing",
-           "plone.recipe.zope2instance's option, refused here: written from `storage = relstorage` and the `relstorage-*` options",
+           "plone.recipe.zope2instance's option, refused here: written from `storage = relstorage` "
+           "and the `relstorage-*` options",
            "unset"),
     Option("max-conflict-retries", rules.DEFAULT_CONFLICT_RETRIES, rules.CONFLICT_RETRIES,
            "Zope's `max-conflict-retries` (written into `etc/zope.conf`): how often a request that "
@@ -400,7 +403,8 @@ VARNISH = (
            "`varnish` and the cache process, which talks to clients, as `vcache` (`bin/stack start` "
            "gives both search permission on the way to the VCL and working directory), and the "
            "exporter of `metrics-address` as `varnishlog` (group `varnish`, which may read the "
-           "shared memory); `none` keeps the user that starts it. `make build` as root sets `unix` with the service user"),
+           "shared memory); `none` keeps the user that starts it. `make build` as root sets `unix` "
+           "with the service user"),
     Option("varnishd", "", "a program", "the binary for `varnishd -C` and `bin/stack`",
            "`varnishd` on PATH, else `/usr/sbin/varnishd`"),
 )

@@ -142,7 +142,8 @@ class Recipe:
                 cache["exporter_user"] = varnish.get("exporter-user", "")
         hap = buildout[opts["haproxy"]]
         context = json.loads(hap["template-context"])
-        for option, lane, key in (("clients", clients, "servers"), ("upload-clients", upload_clients, "upload_servers")):
+        for option, lane, key in (("clients", clients, "servers"),
+                                  ("upload-clients", upload_clients, "upload_servers")):
             backends = [s["name"] for s in context[key]]
             if backends != lane:
                 raise zc.buildout.UserError(

@@ -47,7 +47,8 @@ def prepare_service(config, say=None):
     meanwhile, e.g. by bin/restore or bin/instance fg, become its own again); its log files
     (and their rotations) and the files it reads (the RelStorage passfile) too, where they
     exist; the files it writes in root's directories (``writable``: var/admin-password,
-    var/editor-password) are made empty (0600) when missing and are its own; the log directory becomes root's and its group's, sticky (:data:`LOG_DIRECTORY_MODE`),
+    var/editor-password) are made empty (0600) when missing and are its own; the log
+    directory becomes root's and its group's, sticky (:data:`LOG_DIRECTORY_MODE`),
     and root's own logs in it (supervisord.log, every program's stdout log) are made plain
     files of root's, so that supervisord never opens a link the service user put there;
     and it gets search permission on the way to the build (:func:`access.grant_search`).

@@ -164,7 +164,8 @@ def default_entry(user, directory):
     result = subprocess.run([program, "-R", "-d", "-m", f"u:{user}:rwx", directory], capture_output=True,
                             text=True, timeout=120, check=False)
     if result.returncode != 0:
-        raise AccessError(f"setfacl -R -d -m u:{user}:rwx {directory} failed: {(result.stderr or result.stdout).strip()}")
+        raise AccessError(f"setfacl -R -d -m u:{user}:rwx {directory} failed: "
+                          f"{(result.stderr or result.stdout).strip()}")
 
 
 def own(uid, gid, directories=(), files=(), readable=()):

@@ -86,11 +86,13 @@ def parser():
     p = argparse.ArgumentParser(
         prog="bin/upgrade-site", epilog=HELP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run the Plone site's pending GenericSetup upgrade steps once, under a lock kept in the ZODB.")
-    p.add_argument("--site", default=DEFAULT_SITE, help=f"the Plone site's id in the Zope root (default {DEFAULT_SITE})")
+    p.add_argument("--site", default=DEFAULT_SITE,
+                   help=f"the Plone site's id in the Zope root (default {DEFAULT_SITE})")
     p.add_argument("--dry-run", action="store_true",
                    help="list the pending steps (\"pending: ...\" lines) and change nothing; takes no lock")
     p.add_argument("--lock-timeout", type=positive_seconds, default=DEFAULT_LOCK_TIMEOUT, metavar="SECONDS",
-                   help=f"seconds without a heartbeat after which a held lock is stale (default {DEFAULT_LOCK_TIMEOUT})")
+                   help="seconds without a heartbeat after which a held lock is stale "
+                        f"(default {DEFAULT_LOCK_TIMEOUT})")
     return p
 
 
