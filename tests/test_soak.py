@@ -35,8 +35,9 @@ def _recording_fetch(seconds, starts):
 
 
 def test_workers_start_each_request_when_due_and_count_late_ones():
-    """Two workers at 20/s with 10 ms answers: each request starts within 50 ms of its due
-    time, none late. One worker with 300 ms answers at 20/s: the schedule does not stretch,
+    """Two workers at 20/s with 10 ms answers: no request starts before its due time, each
+    within 200 ms after it (a thread's wake-up on a busy 2-core machine: 50 ms failed beside a
+    benchmark), none late. One worker with 300 ms answers at 20/s: the schedule does not stretch,
     the requests queue, and those that start more than 1 s after due count as late."""
     starts = []
     load = traffic.ClientLoad("c", "http://x", ["blob"], 20, 10, 2, 5, fetch=_recording_fetch(0.01, starts))
@@ -45,7 +46,7 @@ def test_workers_start_each_request_when_due_and_count_late_ones():
     load.join(10)
     assert load.counts() == {"requests": 10, "errors": 0, "late": 0} and load.bytes == 10 * BLOB_SIZE
     offsets = sorted(t - start for t, _ in starts)
-    assert all(-0.005 <= offset - i / 20 < 0.05 for i, offset in enumerate(offsets)), offsets
+    assert all(-0.005 <= offset - i / 20 < 0.2 for i, offset in enumerate(offsets)), offsets
     slow = traffic.ClientLoad("c", "http://x", ["/"], 20, 6, 1, 5, fetch=_recording_fetch(0.3, []))
     slow.start(time.monotonic())
     slow.join(10)
