@@ -247,7 +247,8 @@ def main(argv=None):
     timelines, status = [], 0
     folder = report_folder(args.out, "canary-bench")
     settings = {"canary": name, "compare": compare, "delays_ms": args.delays, "identical": args.identical,
-                "phase_s": args.phase, "settle_s": args.settle, "warmup_s": args.warmup, "users": args.users, "weights": args.weights,
+                "phase_s": args.phase, "settle_s": args.settle, "warmup_s": args.warmup, "users": args.users,
+                "weights": args.weights,
                 "classes": args.classes, "load_before": load_before,
                 "command": "python -m loadtests canary-bench " + " ".join(sys.argv[1:] if argv is None else argv)}
     try:
