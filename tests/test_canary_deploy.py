@@ -239,6 +239,18 @@ def test_a_stopped_run_is_judged_again_from_its_deploys_json(tmp_path, capsys):
     assert (tmp_path / "report.md").read_text() in capsys.readouterr().out
 
 
+def test_a_finished_run_is_judged_again_with_its_loads_figures(tmp_path):
+    log = deploy_log(tmp_path / "slower.log", _slower_pages, rates={"page": RATES["page"]})
+    settings = {"canary": SERVERS[0], "compare": list(SERVERS[1:]), "phase_s": 300.0, "users": 6, "weights": "root=1",
+                "classes": ["page"], "load_before": "0.50 0.50 0.50"}
+    timelines = [{"phases": PHASES, "switch_s": [14.5, 12.0], "kept": False}]
+    canary_bench.record(str(tmp_path), settings, [("delay-50", 50)], timelines, str(log), "2026-11-28 15:00 UTC",
+                        {"requests": 1234, "errors": 0})
+    assert canary_bench.main(["--analyse", str(tmp_path / "deploys.json")]) == 0
+    assert json.loads((tmp_path / "report.json").read_text())["load"] == {"requests": 1234, "errors": 0}
+    assert "Load: 1234 requests, 0 failed (Locust)" in (tmp_path / "report.md").read_text()
+
+
 def test_each_phase_starts_after_the_canary_settled(monkeypatch):
     """deploy(): settle, A/A, switch to the release, settle, A/B, switch back; the waits are
     in neither phase (a client just restarted is cold: canary-bench of 28 Nov 2026)."""

@@ -191,6 +191,15 @@ def parse_args(argv):
     return args
 
 
+def record(folder, settings, plan, timelines, log, started, load=None):
+    """Write ``folder/deploys.json``: what :func:`main`'s deploys did so far (``plan``'s steps
+    done, their :func:`loadtests.ab.canary_deploy.deploy` ``timelines``, HAProxy's ``log``) and,
+    once the load stopped, its ``load`` row; ``--analyse`` judges and reports from it."""
+    with open(os.path.join(folder, "deploys.json"), "w", encoding="utf-8") as fp:
+        json.dump({"settings": settings, "plan": plan, "timelines": timelines, "log": log, "started": started,
+                   "load": load}, fp, indent=2)
+
+
 def report(folder, settings, plan, timelines, log, load, started, status=0):
     """Judge the deploys (:func:`analyse` of HAProxy's ``log``), write ``report.json`` and
     ``report.md`` into ``folder``, print the Markdown; returns ``status``. ``load``: the
@@ -261,9 +270,7 @@ def main(argv=None):
                                                   settle_s=args.settle))
             # What the deploys did so far: a run stopped, or an analysis that failed, can be
             # judged again from it (analyse()).
-            with open(os.path.join(folder, "deploys.json"), "w", encoding="utf-8") as fp:
-                json.dump({"settings": settings, "plan": plan[:len(timelines)], "timelines": timelines, "log": log,
-                           "started": started}, fp, indent=2)
+            record(folder, settings, plan[:len(timelines)], timelines, log, started)
     except (canary_deploy.CanaryError, rolling.RollingError, StackError) as exc:
         # The deploys done so far are still judged and reported.
         print(f"canary-bench: {exc}", file=sys.stderr)
@@ -271,6 +278,8 @@ def main(argv=None):
     row = load.stop()
     if not timelines:
         return status
+    # the load's figures too: --analyse of a finished run reports them as the run did
+    record(folder, settings, plan[:len(timelines)], timelines, log, started, row)
     return report(folder, settings, plan[:len(timelines)], timelines, log, row, started, status)
 
 if __name__ == "__main__":
