@@ -157,7 +157,7 @@ canary:
 	@test -n "$(CANARY_RELEASE)" || { echo "make canary CANARY_RELEASE=<other build directory> [CANARY_ARGS=...]" >&2; exit 2; }
 	$(VENV)/bin/python -m loadtests canary-deploy $(CANARY_RELEASE) $(CANARY_ARGS)
 
-# The canary's sensitivity benchmark (8-10 minutes per release here; docs/explanation/canary.md#sensitivity).
+# The canary's sensitivity benchmark (7-10 minutes per release here; docs/explanation/canary.md#sensitivity).
 canarybench:
 	$(VENV)/bin/python -m loadtests canary-bench $(CANARY_BENCH_ARGS)
 

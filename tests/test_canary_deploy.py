@@ -154,6 +154,9 @@ def test_analysis_and_report_of_one_slower_release(tmp_path):
                                   timelines, ["page"])
     assert (row["name"], row["delay_ms"], row["verdict"]) == ("delay-50", 50, canary.ROLLBACK)
     assert row["reasons"][0].startswith("page Tr p50 of the canary is ") and row["page_p50"]["low"] > row["page_limit"]
+    # the synthetic canary answers 2 pages a second: its A/B pages, within every judged line of both phases
+    ab_s = PHASES["ab"][1] - PHASES["ab"][0]
+    assert 0.8 * 2 * ab_s < row["canary_ab_pages"] < 1.2 * 2 * ab_s < row["judged_requests"]
     report = {"started": "2026-11-28 15:00 UTC", "load_after": "1.00 1.00 1.00", "releases": [row],
               "haproxy": canary_deploy.failed_lines(canary.read_lines([str(log)]), PHASES["aa"][0], float("inf")),
               "summary": canary_bench.summarize([row]), "load": {"requests": 1000, "errors": 0},
@@ -162,6 +165,7 @@ def test_analysis_and_report_of_one_slower_release(tmp_path):
                            "weights": "root=1", "classes": ["page"], "load_before": "0.50 0.50 0.50"}}
     text = canary_bench.markdown(report)
     assert f"| delay-50 | 50 ms | rollback | {row['page_p50']['value']:.2f}× (" in text
+    assert f"× | {row['judged_requests']:,} | {row['canary_ab_pages']:,} | {row['detected']['requests']} page" in text
     assert (f"Smallest added delay rolled back: 50 ms, after {row['detected']['requests']} of the canary's page "
             f"requests ({row['detected']['seconds']:g} s of its A/B phase).") in text
     assert "False rollbacks: 0 of 0 identical releases ()." in text and "switches 12.0–14.5 s." in text
@@ -219,6 +223,18 @@ def test_a_stopped_run_is_judged_again_from_its_deploys_json(tmp_path, capsys):
     assert [row["verdict"] for row in report["releases"]] == [canary.ROLLBACK]
     assert report["summary"]["smallest_detected_ms"] == 50 and report["load"] == {"requests": None, "errors": None}
     assert (tmp_path / "report.md").read_text() in capsys.readouterr().out
+
+
+def test_a_finished_run_is_judged_again_with_its_loads_figures(tmp_path):
+    log = deploy_log(tmp_path / "slower.log", slower_pages, rates={"page": RATES["page"]})
+    settings = {"canary": SERVERS[0], "compare": list(SERVERS[1:]), "phase_s": 300.0, "users": 6, "weights": "root=1",
+                "classes": ["page"], "load_before": "0.50 0.50 0.50"}
+    timelines = [{"phases": PHASES, "switch_s": [14.5, 12.0], "kept": False}]
+    canary_bench.record(str(tmp_path), settings, [("delay-50", 50)], timelines, str(log), "2026-11-28 15:00 UTC",
+                        {"requests": 1234, "errors": 0})
+    assert canary_bench.main(["--analyse", str(tmp_path / "deploys.json")]) == 0
+    assert json.loads((tmp_path / "report.json").read_text())["load"] == {"requests": 1234, "errors": 0}
+    assert "Load: 1234 requests, 0 failed (Locust)" in (tmp_path / "report.md").read_text()
 
 
 def test_each_phase_starts_after_the_canary_settled(monkeypatch):

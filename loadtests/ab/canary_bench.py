@@ -72,8 +72,10 @@ def analyse(lines, name, compare, plan, timelines, classes):
     """One row per deploy: ``plan``'s ``(release, delay ms)`` and its :func:`deploy` timeline
     judged from HAProxy log ``lines`` (any iterable; only the lines of each deploy's phases
     are kept): ``{"name", "delay_ms", "verdict", "reasons", "page_p50" (the A/B interval of
-    the page Tr p50 ratio, or None), "page_limit", "detected" (:func:`detection`, for a
-    rollback), "phases", "switch_s"}``."""
+    the page Tr p50 ratio, or None), "page_limit", "judged_requests" (the judge's: both
+    phases, both sides, every class), "canary_ab_pages" (the canary's page requests of the
+    A/B phase, or None), "detected" (:func:`detection`, for a rollback), "phases",
+    "switch_s"}``."""
     bounds = [(timeline["phases"]["aa"][0], timeline["phases"]["ab"][1]) for timeline in timelines]
     kept = [[] for _ in timelines]
     for line in lines:
@@ -85,9 +87,11 @@ def analyse(lines, name, compare, plan, timelines, classes):
     for (release, delay), timeline, lines_of in zip(plan, timelines, kept):
         data = canary.judge(lines_of, name, compare, timeline["phases"], classes=classes)
         page = data["classes"].get("page", {})
+        ab = page.get("stats", {}).get("ab", {})
         rows.append({"name": release, "delay_ms": delay, "verdict": data["verdict"], "reasons": data["reasons"],
-                     "page_p50": page.get("stats", {}).get("ab", {}).get("p50_ratio"),
-                     "page_limit": page.get("limits", {}).get("p50_ratio"),
+                     "page_p50": ab.get("p50_ratio"), "page_limit": page.get("limits", {}).get("p50_ratio"),
+                     "judged_requests": data["judged_requests"],
+                     "canary_ab_pages": ab.get("counts", {}).get(canary.CANARY, {}).get("requests"),
                      "detected": (detection(lines_of, name, compare, timeline["phases"], classes)
                                   if data["verdict"] == canary.ROLLBACK else None),
                      "phases": timeline["phases"], "switch_s": timeline["switch_s"]})
@@ -128,13 +132,17 @@ def markdown(data):
              f"{data['started']}, load average before {settings['load_before']}, after {data['load_after']}; "
              f"phases {settings['phase_s']:g} s, Locust {settings['users']} users ({settings['weights']}), "
              f"classes {','.join(settings['classes'])}, the judge's defaults.", "",
-             "| release | added delay | verdict | page Tr p50 ratio (95% CI) | limit | rolled back after |",
-             "|---|---:|---|---|---:|---|"]
+             "| release | added delay | verdict | page Tr p50 ratio (95% CI) | limit | requests judged "
+             "| canary's A/B pages | rolled back after |",
+             "|---|---:|---|---|---:|---:|---:|---|"]
     for row in data["releases"]:
         after = (f"{row['detected']['requests']} page requests ({row['detected']['seconds']:g} s)"
                  if row["detected"] else "–")
         limit = f"{row['page_limit']:.2f}×" if row.get("page_limit") else "–"
-        lines.append(f"| {row['name']} | {row['delay_ms']} ms | {row['verdict']} | {_ratio(row)} | {limit} | {after} |")
+        judged = f"{row['judged_requests']:,}" if row.get("judged_requests") is not None else "–"
+        pages = f"{row['canary_ab_pages']:,}" if row.get("canary_ab_pages") is not None else "–"
+        lines.append(f"| {row['name']} | {row['delay_ms']} ms | {row['verdict']} | {_ratio(row)} | {limit} | {judged} "
+                     f"| {pages} | {after} |")
     smallest = found["smallest_detected_ms"]
     lines += ["", (f"Smallest added delay rolled back: {smallest} ms, after {found['detected_after']['requests']} of "
                    f"the canary's page requests ({found['detected_after']['seconds']:g} s of its A/B phase)."
@@ -181,6 +189,15 @@ def parse_args(argv):
     if args.identical < 1 or not args.phase > 0 or args.users < 1:
         parser.error("--identical and --users must be >= 1, --phase > 0")
     return args
+
+
+def record(folder, settings, plan, timelines, log, started, load=None):
+    """Write ``folder/deploys.json``: what :func:`main`'s deploys did so far (``plan``'s steps
+    done, their :func:`loadtests.ab.canary_deploy.deploy` ``timelines``, HAProxy's ``log``) and,
+    once the load stopped, its ``load`` row; ``--analyse`` judges and reports from it."""
+    with open(os.path.join(folder, "deploys.json"), "w", encoding="utf-8") as fp:
+        json.dump({"settings": settings, "plan": plan, "timelines": timelines, "log": log, "started": started,
+                   "load": load}, fp, indent=2)
 
 
 def report(folder, settings, plan, timelines, log, load, started, status=0):
@@ -252,9 +269,7 @@ def main(argv=None):
                                                   settle_s=args.settle))
             # What the deploys did so far: a run stopped, or an analysis that failed, can be
             # judged again from it (analyse()).
-            with open(os.path.join(folder, "deploys.json"), "w", encoding="utf-8") as fp:
-                json.dump({"settings": settings, "plan": plan[:len(timelines)], "timelines": timelines, "log": log,
-                           "started": started}, fp, indent=2)
+            record(folder, settings, plan[:len(timelines)], timelines, log, started)
     except (canary_deploy.CanaryError, rolling.RollingError, StackError) as exc:
         # The deploys done so far are still judged and reported.
         print(f"canary-bench: {exc}", file=sys.stderr)
@@ -262,6 +277,8 @@ def main(argv=None):
     row = load.stop()
     if not timelines:
         return status
+    # the load's figures too: --analyse of a finished run reports them as the run did
+    record(folder, settings, plan[:len(timelines)], timelines, log, started, row)
     return report(folder, settings, plan[:len(timelines)], timelines, log, row, started, status)
 
 if __name__ == "__main__":

@@ -49,7 +49,9 @@ DEFAULT_WARMUP_S = 20.0
 #: has cold caches (ZODB objects, templates), and a phase that began with them measured it, not
 #: the release. canary-bench of 28 Nov 2026: an A/A phase that began at the restart of the
 #: deploy before it had the canary's page Tr p50 up to 2.1× its comparison's, a floor under which
-#: a 50 ms slower release (1.70×) was promoted. 60 s is a first guess, not yet measured.
+#: a 50 ms slower release (1.70×) was promoted. With 60 s (canary-bench of 28 Nov 17:21, 10
+#: deploys) the page limits were 1.13-1.31× in 9 and 2.67× in one (load average 4-6): enough
+#: mostly, not always (docs/explanation/canary.md#sensitivity).
 DEFAULT_SETTLE_S = 60.0
 #: Locust users: closed loop, enough to keep both pyruvate clients' 2 threads busy on 2 cores.
 DEFAULT_USERS = 6
