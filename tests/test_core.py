@@ -13,6 +13,7 @@ import pytest
 
 from loadtests.core import (cli as core_cli, haproxy_stats, procs as core_procs, reports as core_reports,
                             stack as core_stack, stats as core_stats, wrk as core_wrk)
+from http_stub import answering_server
 
 SUMMARY = {"requests": 120, "duration_us": 2_000_000, "bytes": 4096,
            "errors": {"connect": 0, "read": 1, "write": 0, "status": 2, "timeout": 0},
@@ -162,6 +163,18 @@ def test_a_locust_run_gives_its_row_or_says_why_not(tmp_path):
     assert len(str(err.value)) == len("Locust against http://h exited with status 2: ") + 2000
     row = locustrun._row_after("http://h", 1, str(out), str(output))
     assert (row["requests"], row["rps"], row["mib_s"], row["errors"], row["p50_ms"]) == (10, 5.0, 1.0, 1, 12)
+
+
+def test_a_site_without_the_editors_is_refused_with_the_command_that_makes_them(monkeypatch):
+    """editors_refused, the headline's and the matrix's check before they build: a site whose
+    login form is not there is refused with the reason and PLONEDEPLOY_EDITORS=on make site."""
+    from loadtests.core import locustrun
+
+    monkeypatch.setenv("PLONEDEPLOY_EDITOR_PASSWORD", "any")
+    with answering_server(lambda request: (404, {}, b"not here")) as url:
+        assert locustrun.editors_refused(url) == (
+            f"the editors cannot log in at {url} ({url}/Plone/login answered 404); the site needs them: "
+            "PLONEDEPLOY_EDITORS=on make site")
 
 
 def _stack_config(tmp_path, storage):

@@ -193,7 +193,7 @@ def test_the_ab_judges_the_logged_in_class_only_when_it_ran():
 
 def test_headline_plans_the_logged_in_class_on_every_target_but_the_variants():
     assert {p for _, _, p in headline.plan(1, with_off=True)} == set(PATHS)
-    todo = headline.plan(2, with_off=True, variant_names=("copy",), logged_in=True)
+    todo = headline.plan(2, with_off=True, variant_names=("copy",), paths=(*PATHS, loggedin.LOGGED_IN))
     assert {t for _, t, p in todo if p == "logged-in"} == set(headline.TARGETS + headline.OFF)
     assert len([1 for n, _, p in todo if p == "logged-in" and n == 2]) == len(headline.TARGETS + headline.OFF)
 

@@ -142,6 +142,14 @@ def login_problem(url, index=0, timeout=60):
     return not_logged_in(answer.text, user_id)
 
 
+def editors_refused(url):
+    """None when the shape's editors can log in at ``url`` (:func:`login_problem`), else the
+    sentence a tool prints before it exits 2: why not, and the command that makes them."""
+    problem = login_problem(url)
+    return problem and (f"the editors cannot log in at {url} ({problem}); the site needs them: "
+                        "PLONEDEPLOY_EDITORS=on make site")
+
+
 class BackgroundLocust:
     """The locustfile's shapes against ``url`` in a Locust process of their own while the caller
     does something else (the canary's deploys): :meth:`start`, then :meth:`stop` (SIGTERM:

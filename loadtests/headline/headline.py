@@ -84,7 +84,7 @@ from loadtests.core.balancers import BalancerError
 from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments, add_stack_arguments,
                                 exits_2_when_not_ready, name_list, new_parser)
 from loadtests.core.reports import finish_report, markdown_table, new_figure, report_folder, save_figure, spread_bars
-from loadtests.core.locustrun import login_problem, run_locust_shape
+from loadtests.core.locustrun import editors_refused, run_locust_shape
 from loadtests.core.stack import (BLOB_SIZE, PATHS, ROOT, check_servers_up, client_urls, default_buildout_config,
                                   editor_password_missing, load_stack)
 from loadtests.core.stats import format_spread, spread
@@ -217,13 +217,13 @@ def spliced_bytes(metrics_url):
     return int(float(found.group(1)))
 
 
-def plan(rounds, with_off, variant_names=(), logged_in=False, paths=tuple(PATHS)):
+def plan(rounds, with_off, variant_names=(), paths=tuple(PATHS)):
     """The runs in order: ``[(round, target, path label)]`` on each of ``paths`` (labels of
-    ALL_PATHS), with the off clients on every path if ``with_off``, each of ``variant_names``
-    (:data:`variants.VARIANTS`) on the blob, and the path class ``logged-in`` on every other
-    target if ``logged_in``; the order of the (target, path) pairs rotates by one per round so
-    no pair always runs first or after the same one."""
-    paths = _paths(list(paths) + ([LOGGED_IN] if logged_in else []))
+    ALL_PATHS, the path class ``logged-in`` among them; the HAProxy variants never get it),
+    with the off clients on every path if ``with_off``, each of ``variant_names``
+    (:data:`variants.VARIANTS`) on the blob; the order of the (target, path) pairs rotates by
+    one per round so no pair always runs first or after the same one."""
+    paths = _paths(paths)
     cells = [(t, p) for p in paths for t in TARGETS + (OFF if with_off else ())]
     cells += [(variants.target(name), "blob") for name in variant_names]
     runs = []
@@ -377,9 +377,8 @@ def main(argv=None):
     except LookupError as exc:
         print(f"headline: {exc}", file=sys.stderr)
         return 2
-    if args.logged_in and (problem := login_problem(urls["haproxy"])):
-        print(f"headline: --logged-in: the editors cannot log in at {urls['haproxy']} ({problem}); the site "
-              "needs them: PLONEDEPLOY_EDITORS=on make site", file=sys.stderr)
+    if args.logged_in and (refused := editors_refused(urls["haproxy"])):
+        print(f"headline: --logged-in: {refused}", file=sys.stderr)
         return 2
     from plonedeploy.stack.errors import StackError
 

@@ -95,7 +95,7 @@ import psutil
 
 from loadtests.core.cli import (add_counts_argument, add_run_arguments, add_stack_arguments, exits_2_when_not_ready,
                                 name_list, new_parser, parse_counts)
-from loadtests.core.locustrun import login_problem
+from loadtests.core.locustrun import editors_refused
 from loadtests.core.procs import raise_fd_limit
 from loadtests.core.stack import ROOT, editor_password_missing, load_stack, running_zeo_server, stack_pids
 from loadtests.core.wrk import require_wrk
@@ -311,9 +311,8 @@ def main(argv=None, preset=None):
     if todo and LOGGED_IN in args.paths:
         # Before anything is built: the matrix's clients share the stack's database and users.
         url = config["frontend_url"].rstrip("/")
-        if problem := login_problem(url):
-            print(f"matrix: --paths {LOGGED_IN}: the editors cannot log in at {url} ({problem}); the site "
-                  "needs them: PLONEDEPLOY_EDITORS=on make site", file=sys.stderr)
+        if refused := editors_refused(url):
+            print(f"matrix: --paths {LOGGED_IN}: {refused}", file=sys.stderr)
             return 2
     stack = stack_pids(config)
     ports = matrix_servers.assign_ports(pairs, args.base_port)
