@@ -189,3 +189,20 @@ def test_client_script_run_by_root_drops_and_writes_blobs_as_the_service_user(st
     assert facts["uids"] == [user.pw_uid] * 3 and facts["gids"] == [user.pw_gid] * 3, facts
     assert facts["blob_owner"] == user.pw_uid, facts
     assert facts["blob"].startswith(stack.config["blob_storage"]), facts
+
+
+def test_make_missing_leaves_a_file_made_meanwhile_but_not_a_link(tmp_path, monkeypatch):
+    """access.make_missing: a regular file another process of the part made between the look
+    and the create is left alone (the matrix's two processes of one part started at once); a
+    link made there is refused (FileExistsError), never followed."""
+    from plonedeploy.runtime import access
+
+    made, link = tmp_path / "made.log", tmp_path / "link.log"
+    made.write_text("kept")
+    link.symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setattr(access.os.path, "lexists", lambda path: False)  # the look came before them
+    access.make_missing([str(made)], 0o640)
+    assert made.read_text() == "kept"
+    with pytest.raises(FileExistsError):
+        access.make_missing([str(link)], 0o640)
+    assert not (tmp_path / "elsewhere").exists()

@@ -208,10 +208,17 @@ def make_missing(paths, mode):
     """Create each of ``paths`` as an empty file of ``mode`` (before the umask) where it is
     missing and its directory exists: a file a service user must write in a directory root
     keeps, which the user could not create itself. Never through a link, and never over a
-    file made meanwhile (``O_NOFOLLOW | O_EXCL``: OSError then). Leaves existing files alone."""
+    file made meanwhile (``O_NOFOLLOW | O_EXCL``). Leaves existing files alone, a regular file
+    made meanwhile too: a process of the same part started at the same moment (the matrix's
+    client and its hello server, 28 Nov 2026: FileExistsError on the part's log). Raises
+    FileExistsError when what appeared meanwhile is not a regular file (a link)."""
     for path in paths:
         if not os.path.lexists(path) and os.path.isdir(os.path.dirname(path)):
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode))
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode))
+            except FileExistsError:
+                if os.path.islink(path) or not os.path.isfile(path):
+                    raise
 
 
 def become(user, layout):
