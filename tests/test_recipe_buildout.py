@@ -17,6 +17,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 
 import pytest
 
@@ -32,6 +33,10 @@ pytestmark = pytest.mark.buildout
 # The [buildout] section is loadtests.core.extrabuild.checkout_header's, as the load tools' own
 # builds have it, with the session's develop eggs (conftest.develop_eggs); the rest is
 # str.format'ed with root=ROOT and develop_eggs.
+#: The astlock filter the recipe puts before the app on Python < 3.12 (plonedeploy.runtime.astlock);
+#: the buildout's Python is made by the Makefile's $(PYTHON), as the tests' own.
+AST_LOCK = ["astlock"] if sys.version_info < (3, 12) else []
+
 BASE = checkout_header(os.path.join(ROOT, "versions.cfg"),
                        ["zeoserver", "instance", "client2", "uploads", "haproxy", "stack"],
                        develop_eggs="{develop_eggs}") + """
@@ -120,8 +125,10 @@ def test_blob_filter_on_by_default(built, part):
     directory, _ = built
     ini = _ini(directory / "parts" / part / "etc" / "wsgi.ini")
     assert ini["pipeline:main"]["pipeline"].split() == [
-        "blobsendfile", "translogger", "egg:Zope#httpexceptions", "zope"]
+        "blobsendfile", "translogger", "egg:Zope#httpexceptions", *AST_LOCK, "zope"]
     assert ini["filter:blobsendfile"]["use"] == "egg:plonedeploy.runtime#blobsendfile"
+    if AST_LOCK:
+        assert ini["filter:astlock"]["use"] == "egg:plonedeploy.runtime#astlock"
     # the filter's distribution is on the client's path (egg:plonedeploy.runtime#...), the
     # recipe's own (zc.buildout, Jinja2, psutil) is not
     script = (directory / "bin" / part).read_text()
@@ -134,9 +141,12 @@ def test_blob_filter_off(tmp_path):
     result = buildout(tmp_path, "[instance]\nblob-sendfile = off\n")
     assert result.returncode == 0, result.stdout + result.stderr
     ini = _ini(tmp_path / "parts" / "instance" / "etc" / "wsgi.ini")
-    assert ini["pipeline:main"]["pipeline"].split() == ["translogger", "egg:Zope#httpexceptions", "zope"]
+    assert ini["pipeline:main"]["pipeline"].split() == ["translogger", "egg:Zope#httpexceptions", *AST_LOCK, "zope"]
     assert "filter:blobsendfile" not in ini
-    assert "plonedeploy." not in (tmp_path / "bin" / "instance").read_text()
+    # the runtime's distribution is on the client's path only for the astlock filter
+    script = (tmp_path / "bin" / "instance").read_text()
+    assert ("plonedeploy.runtime" in script) == bool(AST_LOCK)
+    assert "plonedeploy.recipe" not in script
     # client2 (<= instance) inherits it, as any other option of the macro
     assert "blobsendfile" not in _ini(tmp_path / "parts" / "client2" / "etc" / "wsgi.ini")["pipeline:main"]["pipeline"]
 
@@ -795,6 +805,19 @@ def test_own_template_without_the_filter_section(tmp_path, template_without_filt
     assert result.returncode != 0
     assert (f"Error: [instance] blob-sendfile = on but {template_without_filter}/pyruvate.ini.in "
             "defines no [filter:blobsendfile]") in output, output
+    assert not (tmp_path / "parts" / "instance").exists()
+
+
+@pytest.mark.skipif(not AST_LOCK, reason="the astlock filter is for Python < 3.12")
+def test_own_template_without_the_astlock_section(tmp_path, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("templates")
+    (directory / "pyruvate.ini.in").write_text(
+        "[server:main]\nuse = egg:pyruvate#main\n[filter:blobsendfile]\n[filter:metrics]\n")
+    result = buildout(tmp_path, f"[instance]\ntemplates-directory = {directory}\n")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert (f"Error: [instance] Python {sys.version_info[0]}.{sys.version_info[1]} needs the astlock filter but "
+            f"{directory}/pyruvate.ini.in defines no [filter:astlock]") in output, output
     assert not (tmp_path / "parts" / "instance").exists()
 
 

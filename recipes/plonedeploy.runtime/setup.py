@@ -21,6 +21,8 @@ PasteDeploy filters (``paste.filter_factory``):
   ``sendfile(2)``); first in the pipeline unless the part says ``blob-sendfile = off``.
 - ``explicittx`` (``plonedeploy.runtime.explicittx``): the transaction package's explicit
   mode per request (``transaction-mode = explicit``).
+- ``astlock`` (``plonedeploy.runtime.astlock``): on CPython before 3.12, one thread at a time
+  builds an AST, so that threads compiling page templates at once do not fail.
 - ``delay`` (``plonedeploy.runtime.delay``): a testing aid, page requests made slower by
   ``added-delay`` ms (the canary's tests and benchmark); never in a default.
 - ``metrics`` (``plonedeploy.runtime.metrics``): Prometheus metrics of the client
@@ -76,6 +78,8 @@ setup(
             "metrics = plonedeploy.runtime.metrics:filter_factory",
             # transaction-mode = explicit: use = egg:plonedeploy.runtime#explicittx
             "explicittx = plonedeploy.runtime.explicittx:filter_factory",
+            # Python < 3.12 (always put there by the recipe): use = egg:plonedeploy.runtime#astlock
+            "astlock = plonedeploy.runtime.astlock:filter_factory",
             # added-delay = <ms> (a testing aid): use = egg:plonedeploy.runtime#delay
             "delay = plonedeploy.runtime.delay:filter_factory",
         ],

@@ -28,6 +28,10 @@ each; docs/reference/recipe.md's table is generated from it). The reasons behind
   filter (plonedeploy.runtime.explicittx) last before the Zope app in the pipeline, so each
   request's thread uses the transaction package's explicit mode: one storage poll per
   request instead of three (docs/how-to/relstorage.md#tuning).
+- The ``astlock`` filter (plonedeploy.runtime.astlock), no option: put in the pipeline when the
+  Python that runs buildout, and so the server, is older than 3.12, whose AST constructor
+  breaks when two threads parse at once (a page template's first compile could fail with
+  ``SystemError`` in a multi-threaded server).
 - ``added-delay`` (``clientoptions.added_delay``): a testing aid, never in a default: the
   ``delay`` filter (plonedeploy.runtime.delay) before the Zope app makes page requests that
   many ms slower, so the canary's tests and benchmark can build a release known to be slower
@@ -75,6 +79,7 @@ Errors: ``zc.buildout.UserError`` naming part, option, value and allowed values.
 """
 import logging
 import os
+import sys
 
 import zc.buildout
 from plone.recipe.zope2instance import make
@@ -85,6 +90,7 @@ from plonedeploy.recipe.edge import default_body_cap
 from plonedeploy.recipe.optiontables import INSTANCE, DeclaredOptions
 from plonedeploy.recipe.service import check_service_user, client_layout
 from plonedeploy.recipe.options import (
+    AST_LOCK_FILTER,
     BLOB_FILTER,
     DELAY_FILTER,
     EXPLICIT_TX_FILTER,
@@ -195,6 +201,10 @@ class Recipe(Zope2InstanceRecipe):
                 f"[{name}] pipeline names {DELAY_FILTER} but added-delay = 0; "
                 f"remove it from pipeline or set added-delay = <milliseconds>")
 
+        # CPython before 3.12 breaks when two threads parse at once (plonedeploy.runtime.astlock);
+        # the part's server runs on the Python that runs buildout.
+        self.ast_lock = sys.version_info < (3, 12)
+
         if "wsgi-ini-template" in opts:
             raise zc.buildout.UserError(
                 f"[{name}] wsgi-ini-template is set by plonedeploy.recipe from "
@@ -226,6 +236,12 @@ class Recipe(Zope2InstanceRecipe):
                 "(see templates/_common.ini.in); add it or set added-delay = 0"
             )
 
+        if self.ast_lock and f"[filter:{AST_LOCK_FILTER}]" not in render_template(self.template, self.context()):
+            raise zc.buildout.UserError(
+                f"[{name}] Python {sys.version_info[0]}.{sys.version_info[1]} needs the {AST_LOCK_FILTER} filter "
+                f"but {self.template} defines no [filter:{AST_LOCK_FILTER}] (see templates/_common.ini.in); "
+                "add it")
+
         if self.hello_address and HELLO_APP not in render_template(self.template, self.hello_context()):
             raise zc.buildout.UserError(
                 f"[{name}] hello-address is set but {self.template} renders no {HELLO_APP} app when "
@@ -247,7 +263,7 @@ class Recipe(Zope2InstanceRecipe):
         eggs += [egg for egg in SERVERS[self.server] if egg not in eggs]
         # egg:plonedeploy.runtime#blobsendfile, #hello; plonedeploy.runtime.access.become
         if (self.blob_sendfile or self.hello_address or self.service_user or self.explicit_tx
-                or self.added_delay) and RUNTIME_EGG not in eggs:
+                or self.added_delay or self.ast_lock) and RUNTIME_EGG not in eggs:
             eggs.append(RUNTIME_EGG)
         if self.metrics_address:
             # egg:plonedeploy.runtime#metrics, which imports prometheus_client
@@ -275,8 +291,12 @@ class Recipe(Zope2InstanceRecipe):
             # the server process it execs or starts (the allocator is chosen when a process starts).
             options["initialization"] = (clientoptions.malloc_initialization(self.malloc_environment)
                                          + options["initialization"])
+        # After the stock __init__, which sets the default pipeline.
+        if self.ast_lock:
+            # First inserted, so the filters below still end up in their places; it only
+            # patches the process when the pipeline is loaded, its place does not matter.
+            options["pipeline"] = insert_pipeline_filter_before_app(opts["pipeline"], AST_LOCK_FILTER)
         if self.blob_sendfile:
-            # After the stock __init__, which sets the default pipeline.
             options["pipeline"] = add_pipeline_filter(opts["pipeline"])
         if self.metrics_address:
             # After blobsendfile, which must stay outermost; the metrics filter never wraps
@@ -316,6 +336,7 @@ class Recipe(Zope2InstanceRecipe):
             "blob_sendfile": self.blob_sendfile,
             "metrics_address": self.metrics_address,
             "explicit_tx": self.explicit_tx,
+            "ast_lock": self.ast_lock,
             "added_delay": self.added_delay,
             **self.probes,
             "hello_app": False,

@@ -43,6 +43,9 @@ DEFAULT_TRANSACTION_MODE = "implicit"
 #: Name of the testing aid that slows page requests (``[filter:delay]``, ``added-delay``;
 #: plonedeploy.runtime.delay).
 DELAY_FILTER = "delay"
+#: Name of the filter that serialises AST construction on CPython < 3.12 (``[filter:astlock]``;
+#: plonedeploy.runtime.astlock): put in every Zope pipeline whose Python needs it.
+AST_LOCK_FILTER = "astlock"
 
 # The shared templates and their renderer (one copy, with bin/stack's; plonedeploy.stack.templates).
 from plonedeploy.stack.templates import HAPROXY_TEMPLATE, TEMPLATES_DIRECTORY, render_template  # noqa: E402,F401
