@@ -18,6 +18,10 @@ nothing):
   ``/Plone/blob-5mb/@@download/file``); a file of another size is replaced;
 - "plone.restapi: Use REST API" for Anonymous on the site, so the JSON API answers
   anonymous load-test requests;
+- the settings of every portlet assignment of the site (``IPortletAssignmentSettings``, the
+  portlet's "visible" flag), so that no page view writes: plone.portlets creates them in the
+  assignment's annotations the first time a page shows the portlet (the navigation portlet:
+  the site's first page view, in every ZEO client at once, wrote and conflicted);
 - an empty "Unthemed host names" list (``IThemeSettings.hostnameBlacklist``), so that
   direct requests to a client on 127.0.0.1 get the same themed page as requests through
   HAProxy and both cost the same;
@@ -190,6 +194,45 @@ def ensure_blob(site):
     api.content.create(container=site, type="File", id=BLOB_ID, title="5 MiB blob", file=blob)
     print(f"created /{SITE_ID}/{BLOB_ID} ({BLOB_SIZE} bytes, ZODB blob)")
     return True
+
+
+def portlet_assignments(site):
+    """Every portlet assignment a page of the site may show (a list): the site's own, which
+    every page under it inherits, and the group, content-type and user categories of each
+    portlet manager (plone.portlets keeps those in the manager)."""
+    from plone.portlets.constants import CONTEXT_CATEGORY
+    from plone.portlets.interfaces import IPortletAssignmentMapping, IPortletManager
+    from zope.component import getUtilitiesFor, queryMultiAdapter
+
+    found = []
+    for _name, manager in getUtilitiesFor(IPortletManager, context=site):
+        mapping = queryMultiAdapter((site, manager), IPortletAssignmentMapping)
+        if mapping is not None:
+            found.extend(mapping.values())
+        for category, mappings in manager.items():
+            if category != CONTEXT_CATEGORY:
+                for mapping in mappings.values():
+                    found.extend(mapping.values())
+    return found
+
+
+def ensure_portlet_settings(site):
+    """Create the settings of each of :func:`portlet_assignments` that has none; return True
+    if any was created. Why: plone.portlets' settings adapter
+    (``plone.portlets.settings.portletAssignmentSettingsFactory``) stores new settings, and
+    the assignment's annotations, on first use, which is the first page that shows it."""
+    from plone.portlets.constants import ASSIGNMENT_SETTINGS_KEY
+    from plone.portlets.interfaces import IPortletAssignmentSettings
+    from zope.annotation import IAnnotations
+
+    created = 0
+    for assignment in portlet_assignments(site):
+        if ASSIGNMENT_SETTINGS_KEY not in IAnnotations(assignment):
+            IPortletAssignmentSettings(assignment)
+            created += 1
+    if created:
+        print(f"created the settings of {created} portlet assignments (no page view writes them)")
+    return bool(created)
 
 
 def ensure_theming_blacklist(site):
@@ -390,6 +433,8 @@ def main(app):
         changed = _commit_if(ensure_editing_content(site), "editing content") or changed
         changed = _commit_if(ensure_editors(site, editor_password()), "editors") or changed
     changed = _commit_if(ensure_creators(site), "creators") or changed
+    # Last: the editors' dashboards (made with their accounts) have portlets too.
+    changed = _commit_if(ensure_portlet_settings(site), "portlet settings") or changed
     print("site ready: committed" if changed else "site ready: unchanged")
 
 

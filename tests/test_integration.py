@@ -124,6 +124,53 @@ def test_site_script_is_idempotent(stack):
     assert oct(os.stat(os.path.join(ROOT, "var", "admin-password")).st_mode & 0o777) == "0o600"
 
 
+# On the stack's site, in one transaction that is aborted: strip every portlet assignment's
+# settings (a site no page has shown yet), let each portlet manager's retriever find the
+# site's portlets as a page view does, strip again, then run create_site's step.
+PORTLET_SETTINGS = r'''
+import json, sys, transaction
+sys.path.insert(0, "scripts")
+import create_site
+from plone.portlets.constants import ASSIGNMENT_SETTINGS_KEY
+from plone.portlets.interfaces import IPortletManager, IPortletRetriever
+from zope.annotation import IAnnotations
+from zope.component import getMultiAdapter, getUtilitiesFor
+from zope.component.hooks import setSite
+
+site = app[create_site.SITE_ID]
+setSite(site)
+assignments = create_site.portlet_assignments(site)
+def strip():
+    for assignment in assignments:
+        IAnnotations(assignment).pop(ASSIGNMENT_SETTINGS_KEY, None)
+def present():
+    return [ASSIGNMENT_SETTINGS_KEY in IAnnotations(assignment) for assignment in assignments]
+strip()
+for _name, manager in getUtilitiesFor(IPortletManager, context=site):
+    getMultiAdapter((site, manager), IPortletRetriever).getPortlets()
+by_page_view = present()
+strip()
+created = create_site.ensure_portlet_settings(site)
+by_create_site = present()
+transaction.abort()
+print(json.dumps({"types": sorted({type(a).__module__ for a in assignments}), "by_page_view": by_page_view,
+                  "created": created, "by_create_site": by_create_site}))
+'''
+
+
+def test_the_site_script_makes_what_a_first_page_view_would_write(stack, tmp_path):
+    script = tmp_path / "portlet_settings.py"
+    script.write_text(PORTLET_SETTINGS)
+    result = run([os.path.join(ROOT, "bin", "instance"), "run", str(script)], timeout=300)
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    # the classic site shows the navigation portlet on every page
+    assert "plone.app.portlets.portlets.navigation" in found["types"], found
+    # a page view creates settings for the portlets it shows (the write create_site now makes) ...
+    assert any(found["by_page_view"]), found
+    # ... and create_site's step makes them for every assignment
+    assert found["created"] is True and all(found["by_create_site"]), found
+
+
 def test_ab_report(stack, tmp_path):
     users = 6
     result = run([sys.executable, "-m", "loadtests", "ab", "--deployed", "--warmup", "4", "--duration", "12",
