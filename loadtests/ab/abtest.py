@@ -30,9 +30,10 @@ per-mode ``report.md``, ``report.json`` and ``modes.png`` (``loadtests.ab.modes_
 Without ``--balance``, or with only the deployed mode, the run is the plain one above
 through the deployed HAProxy, with unchanged output.
 
-The rounds (the default) run each slot's client within an equal CPU budget
-(``--cpu-budget equal``, ``--slot-cpus`` cores each: ``loadtests.ab.budget``), which needs
-root and the cgroup v1 ``cpu`` controller; ``--cpu-budget off`` runs them without.
+The rounds (the default mode) run each slot's client without a CPU budget
+(``--cpu-budget off``, the default); ``--cpu-budget equal`` holds each to the same quota
+(``--slot-cpus`` cores each: ``loadtests.ab.budget``), which needs root and the cgroup v1
+``cpu`` controller and, with 8 rounds, detects a 10 % difference (docs/results.md, 28 Nov).
 
 Exit status: 0 when every request passed its check, 1 when some failed (the report is
 written all the same), 2 when the stack is not ready, an option is invalid (e.g. a

@@ -38,8 +38,9 @@ def add_arguments(parser):
                         help="equal: each slot's client in a cgroup v1 cpu group of its own with the same "
                         "quota (--slot-cpus), Locust and HAProxy outside (needs root and "
                         f"{cpubudget.CGROUP_CPU}); off: no budgets, the slots share the machine with "
-                        "Locust and HAProxy. Default: off (equal did not yet detect --calibrate 10 "
-                        "on this kit's 2-core machines: docs/explanation/ab-method.md); --deployed "
+                        "Locust and HAProxy. Default: off (equal needs root, holds each slot to "
+                        "--slot-cpus, and detects --calibrate 10 with --rounds 8, not 4: "
+                        "docs/explanation/ab-method.md); --deployed "
                         "and --balance always run without (they use the deployed clients)")
     parser.add_argument("--slot-cpus", type=float, default=DEFAULT_SLOT_CPUS, metavar="CORES",
                         help="with --cpu-budget equal: CPU quota of each slot's client in cores (CPU "
@@ -49,8 +50,8 @@ def add_arguments(parser):
 
 def resolve(args, error):
     """Check the budget options of the parsed ``args`` (``--cpu-budget`` defaults to off:
-    equal has not yet shown the sensitivity it is for, docs/explanation/ab-method.md; equal
-    is refused with ``--deployed`` or ``--balance``). ``error``:
+    equal needs root and shows the sensitivity it is for with 8 rounds, not the default 4,
+    docs/explanation/ab-method.md; equal is refused with ``--deployed`` or ``--balance``). ``error``:
     the parser's ``error`` (exits 2 with the message). Checks the options only: whether
     this machine can make groups is :func:`SlotBudgets`' to say, before the run builds
     anything."""
