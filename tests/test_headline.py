@@ -16,7 +16,7 @@ from http_stub import answering_server
 from loadtests.core.balancers import BalancerError
 from loadtests.core.stack import PATHS, load_stack, stack_pids
 from loadtests.headline import headline, variants
-from plonedeploy.recipe import edge, options, tls
+from stack_like import stack_like
 
 requires_haproxy = pytest.mark.skipif(not shutil.which("haproxy"), reason="no haproxy binary")
 
@@ -155,29 +155,12 @@ def test_variant_ratios_against_the_unchanged_config_in_the_same_round():
     assert "| haproxy-nbthread-1/haproxy-same blob | 0.80 (0.50–1.10) |" in text
 
 
-def _stack_like(tmp_path, port):
-    """A stack.json dict of the shape TemporaryBalancer renders: the project's template with
-    the variables the recipe gives it (one pyruvate client on 127.0.0.1:``port``, its health
-    check there too; TLS, cache tier and user drop off), so a variant's config is the
-    template's, without a build."""
-    server = {"name": "instance", "host": "127.0.0.1", "port": port, "maxconn": 2, "wsgi_server": "pyruvate",
-              "check_addr": "127.0.0.1", "check_port": port, "max_body": 1024}
-    return {"haproxy_binary": shutil.which("haproxy"), "haproxy_template": options.HAPROXY_TEMPLATE,
-            "backend": "zeoclients", "servers": ["instance"], "haproxy_context": dict(
-                part="haproxy", servers=[server], bind="127.0.0.1:1", stats_bind="127.0.0.1:2",
-                balance="leastconn", health_check="/readyz", timeout_queue=5, max_body_size=1024, maxconn=100,
-                fd_limit=1000, manage_networks=["127.0.0.1/32"], write_lane=False,
-                run_directory=str(tmp_path), user="", group="", chroot="", cache_server="", cache_fill_bind="",
-                cache_health_path="/_varnish/ok", **edge.template_context(["127.0.0.1"]),
-                **tls.template_context("", "", False, 0))}
-
-
 @requires_haproxy
 @pytest.mark.parametrize("name", list(variants.VARIANTS))
 def test_every_variant_config_passes_haproxy_check(name, tmp_path):
     """haproxy -c accepts the template's config with the variant's extra.cfg as a second -f
     (its global lines merged into the template's global section)."""
-    balancer = variants.balancer(name, _stack_like(tmp_path, 1), str(tmp_path))
+    balancer = variants.balancer(name, stack_like(tmp_path, [1]), str(tmp_path))
     with balancer:
         balancer.write_config()  # haproxy -c, else BalancerError
         extra, lines = tmp_path / f"haproxy-{name}" / "extra.cfg", variants.VARIANTS[name].globals
@@ -194,8 +177,8 @@ def test_refused_variant_names_itself(tmp_path, monkeypatch):
     monkeypatch.setitem(variants.VARIANTS, "bogus", variants.Variant((), ("tune.bogus 1",)))
     with pytest.raises(BalancerError, match=r"(?s)HAProxy variant bogus \(global tune.bogus 1\): haproxy -c rejected "
                        r".*haproxy-bogus/haproxy.cfg \+ .*haproxy-bogus/extra.cfg:.*unknown keyword 'tune.bogus'"):
-        variants.start("bogus", _stack_like(tmp_path, 1), str(tmp_path))
-    balancer = variants.balancer("bogus", _stack_like(tmp_path, 1), str(tmp_path))
+        variants.start("bogus", stack_like(tmp_path, [1]), str(tmp_path))
+    balancer = variants.balancer("bogus", stack_like(tmp_path, [1]), str(tmp_path))
     with pytest.raises(BalancerError, match="unknown keyword 'tune.bogus'"):
         balancer.start("zeoclients", ["instance"])
     assert balancer.run_directory and not os.path.exists(balancer.run_directory)  # not left in /tmp
@@ -212,7 +195,7 @@ def test_variant_global_lines_take_effect(tmp_path):
     one thread, where the template alone lets HAProxy run one per core: the second file's
     global section is in effect. Stopped at the end."""
     with answering_server(_ok) as client:
-        balancer = variants.start("nbthread-1", _stack_like(tmp_path, urlsplit(client).port), str(tmp_path))
+        balancer = variants.start("nbthread-1", stack_like(tmp_path, [urlsplit(client).port]), str(tmp_path))
         with balancer:
             metrics = requests.get(balancer.metrics_url, timeout=5).text
             assert "\nhaproxy_process_nbthread 1\n" in metrics
@@ -223,7 +206,7 @@ def test_variant_global_lines_take_effect(tmp_path):
 def test_a_variant_with_one_server_alone_renders_only_that_client(tmp_path):
     """pyruvate-alone's HAProxy has the pool's pyruvate client as its only server (waitress
     left out), waits for that one alone, and a pool without pyruvate is refused by name."""
-    config = _stack_like(tmp_path, 1)
+    config = stack_like(tmp_path, [1])
     waitress = dict(config["haproxy_context"]["servers"][0], name="client2", port=2, wsgi_server="waitress")
     config["haproxy_context"]["servers"].append(waitress)
     config["servers"].append("client2")
