@@ -277,15 +277,21 @@ def test_haproxy_template_is_valid_for_recipe_and_ansible(tmp_path, trim_blocks,
     assert ("\n    server a 127.0.0.1:18081 maxconn 1 track zeoclients/a" in text) == write_lane
     assert ("\n    server b 127.0.0.1:18082 maxconn 1 backup track zeoclients/b" in text) == write_lane
     assert ("backend writes" in text) == write_lane
-    # read your own writes, with the write lane: the writes backend names its server's position
-    # in a cookie (Secure over TLS), the pool sends the next read there and clears the cookie
+    # read your own writes: a write's answer names its server's position in a cookie (Secure over
+    # TLS), set by the writes backend or, without the write lane, by the pool for writing methods;
+    # the pool sends the next read there, and a read's answer clears the cookie
     pinned = re.findall(r"^    use-server (\S+) if \{ req.cook\(lb_wrote\) -m str (\d) \}(?:\s+#.*)?$", text, re.M)
-    assert pinned == [("a", "1"), ("b", "2")] * write_lane
+    assert pinned == [("a", "1"), ("b", "2")]
     cookies = [text.count(f'"lb_wrote={i}; Max-Age=10; Path=/; HttpOnly; SameSite=Lax') for i in (1, 2)]
-    assert cookies == [2 * write_lane] * 2
+    assert cookies == [2, 2]
     assert text.count(" if { srv_name b } { ssl_fc }\n") == text.count(" if { srv_name b } !{ ssl_fc }\n") == write_lane
+    by_pool = " if { var(txn.writing) -m bool } { srv_name b } { ssl_fc }\n"
+    assert text.count(by_pool) == (not write_lane)
+    assert ("\n    http-request set-var(txn.writing) bool(true) if { method POST PUT PATCH DELETE }\n" in text) == (
+        not write_lane)
     cleared = '"lb_wrote=; Max-Age=0; Path=/; HttpOnly; SameSite=Lax" if { var(txn.wrote) -m found }'
-    assert (cleared in text) == write_lane
+    assert text.count(cleared) == 1
+    assert (cleared + " !{ var(txn.writing) -m bool }\n" in text) == (not write_lane)
 
 
 @pytest.mark.parametrize("value, expected", [
