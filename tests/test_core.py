@@ -497,3 +497,20 @@ def test_exits_2_passes_keyword_arguments_through():
 
     assert main(["-x"], prog="alias") == (["-x"], "alias")
 
+
+
+def test_editor_password_missing_agrees_with_editor_password(tmp_path, monkeypatch):
+    """The headline's, the matrix's and the A/B's check before they build refuses what the
+    load test could not log in with: no variable and no file, or an empty file (bin/stack
+    hands a service user an empty one to fill)."""
+    path = tmp_path / "editor-password"
+    monkeypatch.setattr(core_stack, "EDITOR_PASSWORD_FILE", str(path))
+    monkeypatch.delenv(core_stack.EDITOR_PASSWORD_ENV, raising=False)
+    assert core_stack.editor_password() is None and "neither is there" in core_stack.editor_password_missing()
+    path.write_text("\n")
+    assert core_stack.editor_password() is None and "the file is empty" in core_stack.editor_password_missing()
+    path.write_text("s3cret\n")
+    assert (core_stack.editor_password(), core_stack.editor_password_missing()) == ("s3cret", None)
+    path.unlink()
+    monkeypatch.setenv(core_stack.EDITOR_PASSWORD_ENV, "from-env")
+    assert (core_stack.editor_password(), core_stack.editor_password_missing()) == ("from-env", None)

@@ -123,7 +123,7 @@ def login_problem(url, index=0, timeout=60):
     user_id, _ = assignment(index)
     password = editor_password()
     if not password:
-        return editor_password_missing() or f"{EDITOR_PASSWORD_FILE} is empty"
+        return editor_password_missing()
     session = requests.Session()
     try:
         page = session.get(url + LOGIN_FORM, timeout=timeout)

@@ -49,12 +49,13 @@ def editor_password():
 
 
 def editor_password_missing():
-    """None when the logged-in shape can log in (``$PLONEDEPLOY_EDITOR_PASSWORD`` set or
-    EDITOR_PASSWORD_FILE present), else why not (a str naming both and ``make site``)."""
-    if os.environ.get(EDITOR_PASSWORD_ENV) or os.path.exists(EDITOR_PASSWORD_FILE):
+    """None when the logged-in shape has a password to log in with (:func:`editor_password`),
+    else why not (a str naming both sources and ``make site``)."""
+    if editor_password() is not None:
         return None
     return (f"the logged-in shape needs the editors' password, ${EDITOR_PASSWORD_ENV} or {EDITOR_PASSWORD_FILE}, "
-            "and neither is there (run scripts/create_site.py with its editors: PLONEDEPLOY_EDITORS=on make site)")
+            "and neither is there or the file is empty (run scripts/create_site.py with its editors: "
+            "PLONEDEPLOY_EDITORS=on make site)")
 
 
 # ----------------------------------------------------------------------------- the stack
