@@ -60,6 +60,24 @@ def test_plan_runs_every_cell_once_per_round_variants_adjacent_and_rotated():
     assert len({todo[i][1:3] for i in (0, 18, 36)}) == 3
 
 
+@pytest.mark.parametrize("variants, labels, counts", [
+    (["zeo", "relstorage", "rs-explicit"], ["/", "/Plone", "@json"], [10]),
+    (["zeo", "relstorage", "rs-explicit", "rs-pg-tuned", "rs-tuned"], ["/", "/Plone", "@json", "blob"], [10]),
+    (["zeo", "relstorage"], ["/", "blob", "write"], [1, 10, 100]),
+])
+def test_plan_puts_each_variant_in_each_place_of_each_group_once_per_cycle(variants, labels, counts):
+    # The storage run of 28 Nov 2026 (3 rounds, 4 groups, 5 variants) ran every group in the
+    # same variant order in each round: the round's group shift cancelled the variants' rotation.
+    todo = storagebench.plan(len(variants), labels, counts, variants)
+    places = {}
+    for r, label, n, v in todo:
+        order = places.setdefault((label, n), {}).setdefault(r, [])
+        order.append(v)
+    for group, orders in places.items():
+        for place in range(len(variants)):
+            assert sorted(order[place] for order in orders.values()) == sorted(variants), (group, orders)
+
+
 def test_ports_give_each_variant_its_own_block_and_move_every_port():
     first, second = storagebench.ports(9700, 0), storagebench.ports(9700, 1)
     assert first["zeoserver"] == first["postgresql"] == 9700 and first["instance"] == 9701
