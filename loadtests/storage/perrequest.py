@@ -1,8 +1,8 @@
 """What one request costs each variant of the storage benchmark, counted rather than timed
 (``python -m loadtests storage --per-request N``; docs/how-to/relstorage.md#tuning).
 
-Throughput on a shared 2-core machine moves by ±25 % between runs; counts per request do
-not. Per round, path and variant (in :func:`loadtests.storage.plan.plan`'s order), ``N``
+Throughput on a shared 2-core machine moves by ±25 % between runs; statements and loads per
+request do not, and CPU per request moves less. Per round, path and variant (in :func:`loadtests.storage.plan.plan`'s order), ``N``
 requests one after the other (each on a new connection: pyruvate closes every one) after
 :data:`WARMUP` uncounted ones, and per request:
 
@@ -11,7 +11,8 @@ requests one after the other (each on a new connection: pyruvate closes every on
   the superuser's socket for the run and reset after it; 0 on ``zeo``), and ``top``: the same
   per statement text (whitespace folded, cut at 90 characters);
 - ``client_cpu_ms`` / ``database_cpu_ms``: CPU milliseconds of the client's process tree and
-  of the database's (:func:`loadtests.core.procs.tree_cpu_seconds`);
+  of the database's (:func:`loadtests.core.procs.tree_cpu_seconds`; the kernel counts in
+  10 ms ticks, so N = 100 resolves 0.1 ms);
 - ``loads``: objects the client loaded from its storage (``zodb_loads_total`` of its metrics
   filter: ZODB object-cache misses);
 - ``ms``: wall milliseconds per request, the client's latency plus this process's.
