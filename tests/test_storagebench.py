@@ -1,8 +1,9 @@
 """loadtests.storage.storagebench (``python -m loadtests storage``): options, plan, ports, the
 variants' configs, summary, ratios and report without measuring; then one short run on real
-stacks (a ZEO server and a PostgreSQL 15 of its own, ports 9750-9779), which is optional:
-about 3-4 minutes on 2 cores, most of it two builds, two sites and two Zope start-ups, so it
-runs only with PLONEDEPLOY_STORAGEBENCH=1 (CI is near its time limit)."""
+stacks (a ZEO server and a PostgreSQL 15 of its own, ports 9750-9779) and one ``--per-request``
+run on three (ports 9780-9824), which are optional: 3-5 minutes each on 2 cores, most of it
+the builds, sites and Zope start-ups, so they run only with PLONEDEPLOY_STORAGEBENCH=1 (CI is
+near its time limit)."""
 import json
 import os
 import shutil
@@ -58,6 +59,24 @@ def test_plan_runs_every_cell_once_per_round_variants_adjacent_and_rotated():
     # ... none always first, and the groups start elsewhere from round to round
     assert {todo[start][3] for start in range(0, len(todo), 3)} == set(variants)
     assert len({todo[i][1:3] for i in (0, 18, 36)}) == 3
+
+
+@pytest.mark.parametrize("variants, labels, counts", [
+    (["zeo", "relstorage", "rs-explicit"], ["/", "/Plone", "@json"], [10]),
+    (["zeo", "relstorage", "rs-explicit", "rs-pg-tuned", "rs-tuned"], ["/", "/Plone", "@json", "blob"], [10]),
+    (["zeo", "relstorage"], ["/", "blob", "write"], [1, 10, 100]),
+])
+def test_plan_puts_each_variant_in_each_place_of_each_group_once_per_cycle(variants, labels, counts):
+    # The storage run of 28 Nov 2026 (3 rounds, 4 groups, 5 variants) ran every group in the
+    # same variant order in each round: the round's group shift cancelled the variants' rotation.
+    todo = storagebench.plan(len(variants), labels, counts, variants)
+    places = {}
+    for r, label, n, v in todo:
+        order = places.setdefault((label, n), {}).setdefault(r, [])
+        order.append(v)
+    for group, orders in places.items():
+        for place in range(len(variants)):
+            assert sorted(order[place] for order in orders.values()) == sorted(variants), (group, orders)
 
 
 def test_ports_give_each_variant_its_own_block_and_move_every_port():
@@ -204,3 +223,88 @@ def test_one_short_round_on_real_stacks(tmp_path):
     assert data["meta"]["leftovers"] == []
     assert not [p.info for p in psutil.process_iter(["cmdline"]) if work in " ".join(p.info["cmdline"] or [])]
     shutil.rmtree(work)  # two builds and databases, ~250 MB; kept above when something failed
+
+
+# PostgreSQL 15's lines with log_min_duration_statement = 0, as a RelStorage client's request makes them
+# (the relstorage variant's log, 28 Nov 2026), and one line that is no statement.
+PG_LOG = """\
+2026-11-28 20:38:52.256 UTC [27657] LOG:  duration: 0.120 ms  statement: BEGIN ISOLATION LEVEL REPEATABLE READ \
+READ ONLY NOT DEFERRABLE
+2026-11-28 20:38:52.256 UTC [27657] LOG:  duration: 0.370 ms  statement: EXECUTE \
+rs_prep_stmt__poll_inv_query_4_2230914710576010350(291981313742483712)
+2026-11-28 20:38:52.256 UTC [27657] LOG:  duration: 0.028 ms  statement: ROLLBACK
+2026-11-28 20:38:52.300 UTC [27657] LOG:  duration: 0.051 ms  execute rs_load: SELECT state, tid FROM object_state \
+WHERE zoid = $1
+2026-11-28 20:38:53.001 UTC [27601] LOG:  checkpoint starting: time
+2026-11-28 20:38:53.256 UTC [27657] LOG:  duration: 0.030 ms  statement: ROLLBACK
+"""
+
+
+def test_per_request_statements_counts_simple_and_prepared_statements():
+    from loadtests.storage.perrequest import statements
+    found = statements(PG_LOG.splitlines())
+    assert sum(found.values()) == 5
+    assert found["ROLLBACK"] == 2
+    assert found["SELECT state, tid FROM object_state WHERE zoid = $1"] == 1
+    assert found["EXECUTE rs_prep_stmt__poll_inv_query_4_2230914710576010350(291981313742483712)"] == 1
+
+
+def test_per_request_metric_total_adds_every_series_and_names_a_missing_one():
+    from loadtests.storage.perrequest import metric_total
+    text = ('# HELP zodb_loads_total Objects loaded\n# TYPE zodb_loads_total counter\n'
+            'zodb_loads_total{database="main"} 12.0\nzodb_loads_total{database="temp"} 3.0\n'
+            'zodb_loads_created{database="main"} 1.7e9\nzodb_stores_total{database="main"} 4.0\n')
+    assert metric_total(text, "zodb_loads_total") == 15.0
+    with pytest.raises(LookupError, match="no zope_http_requests_total"):
+        metric_total(text, "zope_http_requests_total")
+
+
+def test_per_request_summary_medians_ranges_and_markdown():
+    from loadtests.storage import perrequest
+    rows = [{"round": r, "variant": v, "path": "@json", "requests": 50, "ms": ms, "client_cpu_ms": cpu,
+             "database_cpu_ms": 0.5, "loads": 0.0, "statements": st, "top": {"ROLLBACK": st / 3}, "load1": 1.0}
+            for r, v, ms, cpu, st in [(1, "relstorage", 20.0, 8.0, 9.0), (2, "relstorage", 30.0, 7.0, 9.02),
+                                      (3, "relstorage", 25.0, 9.5, 9.0), (1, "rs-explicit", 18.0, 7.5, 3.0),
+                                      (2, "rs-explicit", 19.0, 6.5, 3.0), (3, "rs-explicit", 40.0, 6.0, 3.04)]]
+    cells = perrequest.summarize(rows)
+    assert [(c["variant"], c["rounds"]) for c in cells] == [("relstorage", 3), ("rs-explicit", 3)]
+    assert cells[0]["client_cpu_ms"] == 8.0 and cells[0]["client_cpu_ms_range"] == [7.0, 9.5]
+    assert cells[1]["statements"] == 3.0 and cells[1]["ms_range"] == [18.0, 40.0]
+    meta = {"started": "2026-11-28 21:00 UTC", "command": "python -m loadtests storage --per-request 50",
+            "load_before": [1.0], "load_after": [2.0], "requests": 50, "rounds": 3}
+    text = perrequest.to_markdown(meta, cells, rows)
+    assert "| @json | rs-explicit | 3.0 (3.0–3.04) | 0.0 (0.0–0.0) | 6.5 (6.0–7.5) |" in text
+    assert "- @json relstorage: 3.0 × `ROLLBACK`" in text
+
+
+def test_per_request_refuses_the_write_path_and_a_negative_count(capsys):
+    for argv in (["--per-request", "-1"], ["--per-request", "20", "--paths", "/,write"]):
+        with pytest.raises(SystemExit) as stop:
+            storagebench.parse_args(argv)
+        assert stop.value.code == 2
+        assert "--per-request: expected a count >= 0 of requests on read paths only" in capsys.readouterr().err
+    assert storagebench.parse_args(["--per-request", "20", "--paths", "@json"]).per_request == 20
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.environ.get("PLONEDEPLOY_STORAGEBENCH") != "1",
+                    reason="optional (4-5 min): set PLONEDEPLOY_STORAGEBENCH=1")
+def test_per_request_counts_on_real_stacks(tmp_path):
+    """zeo, relstorage and rs-explicit on ports 9780-9824, 20 requests of @json counted per
+    request: ZEO sends PostgreSQL nothing; implicit RelStorage polls three times per request
+    (BEGIN, the poll, ROLLBACK each), explicit once; warm caches load no object."""
+    work = os.path.join(ROOT, "var", "storagebench-perrequest-test")
+    result = run([sys.executable, "-m", "loadtests", "storage", "--variants", "zeo,relstorage,rs-explicit",
+                  "--paths", "@json", "--per-request", "20", "--rounds", "1", "--base-port", "9780",
+                  "--work-dir", work, "--out", str(tmp_path)], timeout=900, check=False)
+    print(result.stdout[-4000:], result.stderr[-2000:])
+    (folder,) = list(tmp_path.iterdir())
+    data = json.loads((folder / "report.json").read_text())
+    assert data["meta"]["problems"] == [] and result.returncode == 0
+    cells = {c["variant"]: c for c in data["cells"]}
+    assert cells["zeo"]["statements"] == 0
+    # a health check's statements may fall into a count: not exactly 9 and 3
+    assert 9 <= cells["relstorage"]["statements"] < 10 and 3 <= cells["rs-explicit"]["statements"] < 4
+    assert all(c["loads"] < 1 for c in cells.values())
+    assert data["meta"]["leftovers"] == []
+    shutil.rmtree(work)

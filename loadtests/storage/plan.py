@@ -68,13 +68,17 @@ def plan(rounds, labels, counts, variants):
 
     Groups are the (label, connections) pairs; each round runs every group once, the group
     order shifted by one per round; within a group every variant runs once, right after each
-    other (so a round's ratio compares runs seconds apart), starting with a different variant
-    from group to group and round to round."""
+    other (so a round's ratio compares runs seconds apart), in ``variants``' order rotated by
+    the group's number plus the round's: over ``len(variants)`` rounds each variant runs in
+    each place of each group once. (Rotating by the group's place in the round instead, as
+    until 28 Nov 2026, cancelled the group shift: every group kept its order in every round,
+    and the storage run of 28 Nov had ``rs-explicit`` first on ``@json`` in all three.)"""
     groups = [(label, n) for n in counts for label in labels]
+    numbered = list(enumerate(groups))
     runs = []
     for number in range(1, rounds + 1):
         shift = (number - 1) % len(groups)
-        for position, (label, n) in enumerate(groups[shift:] + groups[:shift]):
-            start = (number - 1 + position) % len(variants)
+        for index, (label, n) in numbered[shift:] + numbered[:shift]:
+            start = (number - 1 + index) % len(variants)
             runs += [(number, label, n, v) for v in variants[start:] + variants[:start]]
     return runs

@@ -4,6 +4,7 @@ docs/results.md#zeo-vs-relstorage-under-load).
     python -m loadtests storage [--variants zeo,relstorage,relstorage-shared,rs-explicit,...]
         [--paths /,/Plone,@json,blob,write] [--connections 1,10,100] [--server pyruvate]
         [--duration 5] [--warmup 2] [--rounds 3] [--base-port 9700] [--work-dir var/storagebench]
+        [--per-request N]
 
 Needs no running stack: it builds and starts its own, one per variant, each a buildout of
 its own in ``<work-dir>/<variant>`` (made afresh every run: an empty database) on ports of
@@ -71,6 +72,12 @@ one still queued when wrk stopped, which no run counted), or a step failed (the 
 has what was measured); 2 when wrk or PostgreSQL 15 is missing, a port is taken, or an option
 is invalid.
 
+With ``--per-request N`` the same stacks get no wrk runs: per round, read path and variant
+(the same order), N requests one after the other, and per request the SQL statements
+PostgreSQL ran, the objects the client loaded from its storage, the CPU ms of client and
+database and the wall ms (``loadtests.storage.perrequest``; ``--connections``, ``--duration``
+and ``--warmup`` do not apply). Counts do not move with the machine's load as req/s do.
+
 The default run (3 variants, 5 paths, 3 connection counts, 3 rounds: 135 runs of 2 + 5 s)
 took 53 minutes on 2 cores shared with other work (25 Nov 2026): 10 the builds, starts and
 sites, and at 100 connections the waits (up to 60 s) until a client finished the POSTs wrk
@@ -79,8 +86,8 @@ POSTs/s): measure them with longer runs.
 
 The parts are in loadtests.storage: ``plan`` (variants, ports, the order of the runs),
 ``variant`` (building, starting and stopping one variant's stack), ``measure`` (one wrk run
-against it), ``summary`` (cells, ratios, report.md and the plot); ``conflicts`` is the
-conflict report. This module holds the options and ``main``.
+against it), ``summary`` (cells, ratios, report.md and the plot), ``perrequest`` (the
+``--per-request`` counts); ``conflicts`` is the conflict report. This module holds the options and ``main``.
 """
 import os
 import signal
@@ -98,8 +105,9 @@ from loadtests.core.reports import finish_report, report_folder
 from loadtests.core.stack import NotReady
 from loadtests.core.wrk import require_wrk
 from loadtests.storage.measure import measure
+from loadtests.storage import perrequest
 from loadtests.storage.plan import (BASELINE, DEFAULT_VARIANTS, DEFAULT_WORK_DIR, LABELS, PG_BIN, PORT_STRIDE, VARIANTS,
-                                   plan, ports)
+                                   WRITE, plan, ports)
 from loadtests.storage.summary import plot, summarize, to_markdown
 from loadtests.storage.variant import Variant, build, leftovers, port_taken
 from plonedeploy.stack.errors import StackError
@@ -121,6 +129,10 @@ def parse_args(argv):
                         help="the ZEO client's WSGI server, the same for every variant (default pyruvate)")
     add_run_arguments(parser, duration=5, warmup=2, rounds=3,
                       rounds_help="rounds of every (path, connections, variant) run, the orders rotated")
+    parser.add_argument("--per-request", type=int, default=0, metavar="N",
+                        help="instead of wrk runs: N sequential requests per round, path and variant, counted "
+                        "per request (SQL statements, ZODB loads, CPU ms; loadtests.storage.perrequest); "
+                        "read paths only (default 0: wrk runs)")
     parser.add_argument("--base-port", type=int, default=9700,
                         help=f"first port; each variant takes {PORT_STRIDE} from there on (default 9700)")
     parser.add_argument("--work-dir", default=DEFAULT_WORK_DIR,
@@ -132,6 +144,9 @@ def parse_args(argv):
         parser.error(f"--variants: expected {BASELINE} and at least one of "
                      f"{', '.join(v for v in VARIANTS if v != BASELINE)}, got {','.join(args.variants)}")
     args.paths = _choose(parser, "--paths", args.paths, LABELS)
+    if args.per_request < 0 or (args.per_request and WRITE in args.paths):
+        parser.error(f"--per-request: expected a count >= 0 of requests on read paths only, got "
+                     f"{args.per_request} with --paths {','.join(args.paths)}")
     if args.duration < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--duration and --rounds must be >= 1, --warmup >= 0")
     if not 1024 <= args.base_port <= 65535 - PORT_STRIDE * len(args.variants):
@@ -187,24 +202,28 @@ def main(argv=None):
             setup = variants[name].prepare()
             meta["setup"][name] = {"build_s": round(took, 1), **setup}
             print(f"{name}: built in {took:.0f} s, ready: {setup}", flush=True)
-        todo = plan(args.rounds, args.paths, args.connections, args.variants)
-        print(f"{len(todo)} wrk runs of {args.warmup} + {args.duration} s (about "
-              f"{len(todo) * (args.warmup + args.duration + 1.5) / 60:.0f} min)", flush=True)
-        for done, (number, label, n, name) in enumerate(todo, 1):
-            row = measure(variants[name], label, n, args.duration, args.warmup, number)
-            runs.append(row)
-            if done == len(todo) // 2:
-                meta["load_during"] = [round(x, 2) for x in os.getloadavg()]
-            print(f"[{done}/{len(todo)}] round {number} {label:6} {n:4} conns {name:17} {row['rps']:8.1f} req/s "
-                  f"p50 {row['p50_ms']} p99 {row['p99_ms']} ms, cpu/req client {row['client_cpu_ms']} "
-                  f"db {row['database_cpu_ms']} ms, errors {row['errors']}, other cores {row['other_cores']}",
-                  flush=True)
-            if row["errors"] or row.get("short_bytes") or not row["requests"]:
-                problems.append(f"round {number} {name} {label} {n}: {row['requests']} requests, "
-                                f"errors {row['error_kinds']}"
-                                + (", short blob bodies" if row.get("short_bytes") else ""))
-        for name, variant in variants.items():
-            sizes[name] = {"documents": variant.documents(), **variant.sizes()}
+        if args.per_request:
+            perrequest.run(list(variants.values()), args.rounds, args.paths, args.per_request, runs)
+        else:
+            todo = plan(args.rounds, args.paths, args.connections, args.variants)
+            print(f"{len(todo)} wrk runs of {args.warmup} + {args.duration} s (about "
+                  f"{len(todo) * (args.warmup + args.duration + 1.5) / 60:.0f} min)", flush=True)
+            for done, (number, label, n, name) in enumerate(todo, 1):
+                row = measure(variants[name], label, n, args.duration, args.warmup, number)
+                runs.append(row)
+                if done == len(todo) // 2:
+                    meta["load_during"] = [round(x, 2) for x in os.getloadavg()]
+                print(f"[{done}/{len(todo)}] round {number} {label:6} {n:4} conns {name:17} "
+                      f"{row['rps']:8.1f} req/s "
+                      f"p50 {row['p50_ms']} p99 {row['p99_ms']} ms, cpu/req client {row['client_cpu_ms']} "
+                      f"db {row['database_cpu_ms']} ms, errors {row['errors']}, other cores {row['other_cores']}",
+                      flush=True)
+                if row["errors"] or row.get("short_bytes") or not row["requests"]:
+                    problems.append(f"round {number} {name} {label} {n}: {row['requests']} requests, "
+                                    f"errors {row['error_kinds']}"
+                                    + (", short blob bodies" if row.get("short_bytes") else ""))
+            for name, variant in variants.items():
+                sizes[name] = {"documents": variant.documents(), **variant.sizes()}
     except (RuntimeError, OSError, subprocess.SubprocessError, requests.RequestException, StackError,
             KeyboardInterrupt) as exc:
         problems.append(f"stopped: {exc!r}")
@@ -234,8 +253,13 @@ def main(argv=None):
     meta["load_after"] = [round(x, 2) for x in os.getloadavg()]
     meta["minutes"] = round((time.monotonic() - clock) / 60, 1)
     meta["problems"] = problems
-    cells, ratios = summarize(runs, args.variants)
     folder = report_folder(args.out, "storage")
+    if args.per_request:
+        meta.update(requests=args.per_request)
+        cells = perrequest.summarize(runs)
+        return finish_report(folder, {"meta": meta, "cells": cells, "conflicts": found, "runs": runs},
+                             perrequest.to_markdown(meta, cells, runs), [], problems)
+    cells, ratios = summarize(runs, args.variants)
     text = to_markdown(meta, cells, ratios, sizes, found)
     return finish_report(folder, {"meta": meta, "cells": cells, "ratios": ratios, "sizes": sizes,
                                   "conflicts": found, "runs": runs},
