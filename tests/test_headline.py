@@ -14,6 +14,7 @@ import requests
 from conftest import ROOT, run
 from http_stub import answering_server
 from loadtests.core.balancers import BalancerError
+from loadtests.core.procs import CpuUse
 from loadtests.core.stack import PATHS, load_stack, stack_pids
 from loadtests.headline import headline, variants
 from plonedeploy.recipe import edge, options, tls
@@ -155,6 +156,30 @@ def test_variant_ratios_against_the_unchanged_config_in_the_same_round():
     assert "| haproxy-nbthread-1/haproxy-same blob | 0.80 (0.50–1.10) |" in text
 
 
+def test_cpu_per_request_of_each_run_and_its_table():
+    """cpu_figures: each process' CPU ms per request, wrk's, the other processes', the rest of
+    the machine's busy time and all of it, the busy cores; a Locust run has no wrk figure;
+    the summary's medians per cell and the report's table of them."""
+    used = CpuUse({"requests": 100}, {"haproxy": 0.2, "instance": 0.5}, 0.1, 1.2, 2.0)
+    assert headline.cpu_figures(100, used, wrk_cpu=0.3) == {
+        "cpu_ms": {"haproxy": 2.0, "instance": 5.0, "wrk": 3.0, "others": 1.0, "rest": 1.0, "machine": 12.0},
+        "busy_cores": 0.6}
+    locust = headline.cpu_figures(0, CpuUse({}, {"haproxy": 0.1}, 0.5, 0.4, 1.0))
+    assert locust == {"cpu_ms": {"haproxy": None, "others": None, "rest": None, "machine": None}, "busy_cores": 0.4}
+    runs = [dict(_row(n, "haproxy", "blob", 100), **headline.cpu_figures(
+        100, CpuUse({}, {"haproxy": 0.1 * n, "instance": 0.5}, 0.0, 1.6, 1.0), wrk_cpu=0.2)) for n in (1, 2, 3)]
+    cells, ratios = headline.summarize(runs + [_row(1, "pyruvate", "blob", 150)])
+    assert cells["haproxy blob"]["cpu_ms"] == {"haproxy": 2.0, "instance": 5.0, "wrk": 2.0, "others": 0.0,
+                                               "rest": 7.0, "machine": 16.0}
+    assert cells["haproxy blob"]["busy_cores"] == 1.6 and "cpu_ms" not in cells["pyruvate blob"]
+    text = headline.to_markdown({"started": "s", "command": "c", "rounds": 3, "duration_s": 8, "connections": 4,
+                                 "cores": 2, "load_before": [0.1], "load_after": [0.2], "minutes": 1.0,
+                                 "clients": {"pyruvate": "instance", "waitress": "client2"}}, cells, ratios)
+    assert ("| target path | haproxy | instance | wrk | others | rest | machine | busy cores |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|\n"
+            "| haproxy blob | 2.00 | 5.00 | 2.00 | 0.00 | 7.00 | 16.00 | 1.6 |") in text
+
+
 def _stack_like(tmp_path, port):
     """A stack.json dict of the shape TemporaryBalancer renders: the project's template with
     the variables the recipe gives it (one pyruvate client on 127.0.0.1:``port``, its health
@@ -273,6 +298,17 @@ def test_one_short_round_on_the_stack(stack, tmp_path):
     assert all(name in after and after[name].pid != pid for name, pid in before.items()), (before, after)
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in data["runs"]), data["runs"]
     assert not any(r.get("short_bytes") for r in data["runs"])
+    # CPU per request of every run: the HAProxy that served it and the client behind it burned
+    # some, and the machine at least what the named processes did.
+    for r in data["runs"]:
+        cpu = r["cpu_ms"]
+        assert {"haproxy", "haproxy-nbthread-1", *clients.values(), "zeoserver", "wrk", "machine"} <= set(cpu), r
+        assert cpu["machine"] >= sum(v for n, v in cpu.items() if n not in ("machine", "rest")) - 0.5, r
+        if r["target"] in ("haproxy", "haproxy-nbthread-1"):
+            assert cpu[r["target"]] > 0, r
+        if r["target"] in headline.SERVERS:
+            assert cpu[clients[r["target"]]] > 0, r
+    assert "CPU milliseconds per request" in (folder / "report.md").read_text()
     assert {f"{s} kit/stock {p}" for s in headline.SERVERS for p in PATHS} | {
             "pyruvate/waitress /", "haproxy blob splice/copy", "haproxy-same/haproxy blob",
             "haproxy-nbthread-1/haproxy-same blob",

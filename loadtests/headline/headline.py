@@ -53,6 +53,17 @@ Zope's stock pipeline; the stack's waitress client has 2 threads and no tuning b
 pipeline). The run-to-run spread of the same cell is the noise a
 difference has to beat (about 25 % on these shared machines).
 
+CPU per request, per run (``cpu_ms`` of each row of report.json, medians per target and path in
+report.md): the user + system CPU milliseconds per request (psutil, over the counted run) of
+the stack's HAProxy (``haproxy``), each variant's HAProxy (its target name), the stack's ZEO
+clients of the pool (their part names), the off clients (``<server>-off``), the ZEO server,
+wrk (its reaped CPU), ``others`` (every other process that ran throughout the run: other
+users, the stack's other parts, this process, kernel threads), ``rest`` (busy time none of
+these account for: processes that began or ended within the run) and ``machine`` (every
+core's busy time); ``busy_cores``:
+the machine's busy cores over the run (0 .. cores). A process idle in a run (a direct client
+HAProxy only health-checks, the other client) shows its few idle milliseconds.
+
 ``spliced_mib`` in the report: the MiB each HAProxy sent through kernel pipes during the run
 (``haproxy_process_spliced_bytes_out_total`` of its Prometheus exporter): above 0 for
 ``haproxy`` when the template's splicing is in effect (and for the variants without ``-dS``),
@@ -85,8 +96,9 @@ from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments,
                                 exits_2_when_not_ready, name_list, new_parser)
 from loadtests.core.reports import finish_report, markdown_table, new_figure, report_folder, save_figure, spread_bars
 from loadtests.core.locustrun import editors_refused, run_locust_shape
+from loadtests.core.procs import cpu_during, cpu_ms_per_request
 from loadtests.core.stack import (BLOB_SIZE, PATHS, ROOT, check_servers_up, client_urls, default_buildout_config,
-                                  editor_password_missing, load_stack)
+                                  editor_password_missing, load_stack, stack_pids)
 from loadtests.core.stats import format_spread, spread
 from loadtests.core.wrk import require_wrk, run_wrk
 from loadtests.headline import offclients, variants
@@ -178,8 +190,8 @@ def targets(config):
 def start_off_clients(config, clients, urls, buildout_config=None, restart=True):
     """Build and start the ``-off`` clients (Zope's stock pipeline, :mod:`loadtests.headline.offclients`)
     beside the stack's two compared clients ``clients`` (``{server: part}``), and add their
-    URLs to ``urls`` as ``<server>-off``. Returns their extra stack config (for
-    :func:`loadtests.core.extrabuild.stop`).
+    URLs to ``urls`` as ``<server>-off``. Returns ``(off_config, processes)``: their extra stack
+    config (for :func:`loadtests.core.extrabuild.stop`) and ``{"<server>-off": psutil.Process}``.
 
     With ``restart`` (the default; ``--no-restart``) the stack's two clients are first restarted
     one at a time, drained in HAProxy (``bin/stack restart``'s steps,
@@ -200,10 +212,42 @@ def start_off_clients(config, clients, urls, buildout_config=None, restart=True)
     offclients.build(WORK_DIR, buildout_config or default_buildout_config(), names, ports,
                      tool="loadtests.headline")
     off_config = offclients.stack_config(WORK_DIR, names, ports)
-    extrabuild.start(off_config)
+    started = extrabuild.start(off_config)
     for server in SERVERS:
         urls[f"{server}-off"] = f"http://127.0.0.1:{ports[clients[server]]}"
-    return off_config
+    return off_config, {f"{server}-off": started[clients[server]] for server in SERVERS}
+
+
+def measured_processes(config, off_processes=None, balancers=None):
+    """``{name: psutil.Process}`` whose CPU every run counts: the stack's HAProxy
+    (``haproxy``), each variant's (``balancers``: ``{target: TemporaryBalancer}``, by target),
+    the pool's ZEO clients (their part names), the off clients (``off_processes``, by target)
+    and the ZEO server (stack.json's ``zeoserver``); those not running are left out."""
+    running = stack_pids(config)
+    procs = {name: running[name] for name in ["haproxy"] if name in running}
+    procs.update({target: balancer.process for target, balancer in (balancers or {}).items()})
+    procs.update({name: running[name] for name in config["servers"] if name in running})
+    procs.update(off_processes or {})
+    zeo = config.get("zeoserver") or "zeoserver"
+    procs.update({zeo: running[zeo]} if zeo in running else {})
+    return procs
+
+
+def cpu_figures(requests, used, wrk_cpu=None):
+    """A run's CPU figures: ``{"cpu_ms": {name: CPU ms per request}, "busy_cores": float}``.
+
+    ``used``: the run's :data:`loadtests.core.procs.CpuUse` (``{name: CPU seconds}`` of the
+    measured processes, the other processes', the machine's busy seconds, the run's seconds);
+    ``wrk_cpu``: wrk's CPU seconds (None for a Locust run). ``cpu_ms`` adds ``wrk``,
+    ``others`` (every other process that ran throughout: other users, the stack's other parts,
+    this tool, kernel threads), ``rest`` (busy time none of these account for: processes
+    that started or ended within the run, steal; at least 0) and ``machine`` (all busy time)."""
+    cpu = dict(used.cpu, **({"wrk": wrk_cpu} if wrk_cpu is not None else {}))
+    cpu["others"] = used.others
+    cpu["rest"] = max(used.busy - sum(cpu.values()), 0.0)
+    cpu["machine"] = used.busy
+    return {"cpu_ms": cpu_ms_per_request(cpu, requests),
+            "busy_cores": round(used.busy / used.wall, 2) if used.wall > 0 else None}
 
 
 def spliced_bytes(metrics_url):
@@ -236,8 +280,9 @@ def plan(rounds, with_off, variant_names=(), paths=tuple(PATHS)):
 def measure(url, label, connections, duration):
     """One wrk run of ``label`` (a key of ``loadtests.core.stack.PATHS``) against ``url``, or for
     ``logged-in`` one Locust run (:func:`run_locust_shape`, ``connections`` editors); a row
-    dict: requests, rps (requests/s), mib_s (MiB/s of bodies), p50_ms, p99_ms, errors and,
-    for the blob, short_bytes (fewer bytes than requests x 5 MiB)."""
+    dict: requests, rps (requests/s), mib_s (MiB/s of bodies), p50_ms, p99_ms, errors, wrk_cpu_s
+    (wrk's CPU seconds; not for logged-in) and, for the blob, short_bytes (fewer bytes than
+    requests x 5 MiB)."""
     if label == LOGGED_IN:
         return run_locust_shape(url, f"{LOGGED_IN}=1", connections, duration)
     path, accept = PATHS[label]
@@ -246,7 +291,7 @@ def measure(url, label, connections, duration):
     row = {"requests": out["requests"], "rps": round(out["requests"] / seconds, 1),
            "mib_s": round(out["bytes"] / seconds / 2**20, 1),
            "p50_ms": round(out["latency_us"]["p50"] / 1000, 1), "p99_ms": round(out["latency_us"]["p99"] / 1000, 1),
-           "errors": sum(out["errors"].values())}
+           "errors": sum(out["errors"].values()), "wrk_cpu_s": out["cpu_s"]}
     if label == "blob":
         row["short_bytes"] = out["bytes"] < out["requests"] * BLOB_SIZE
     return row
@@ -273,6 +318,9 @@ def summarize(runs):
             "p50_ms": round(float(np.median([r["p50_ms"] for r in rows])), 1),
             "p99_ms": round(float(np.median([r["p99_ms"] for r in rows])), 1),
             "errors": sum(r["errors"] for r in rows), "runs": len(rows)}
+        if any("cpu_ms" in r for r in rows):
+            cells[f"{target} {path}"]["cpu_ms"] = _median_cpu([r.get("cpu_ms", {}) for r in rows])
+            cells[f"{target} {path}"]["busy_cores"] = _median([r.get("busy_cores") for r in rows], 2)
 
     def ratio(a, b):
         first, second = by.get(a, {}), by.get(b, {})
@@ -297,6 +345,31 @@ def summarize(runs):
         pool[n]["rps"] / best for n in pool
         if (best := max((rows[n]["rps"] for rows in direct if n in rows), default=0)) > 0])
     return cells, {name: value for name, value in ratios.items() if value}
+
+
+def _median(values, digits):
+    """Median of the values that are not None, rounded; None when there is none."""
+    values = [v for v in values if v is not None]
+    return round(float(np.median(values)), digits) if values else None
+
+
+def _median_cpu(per_run):
+    """``{name: median CPU ms per request}`` over runs' ``cpu_ms`` dicts, names in first-seen order."""
+    names = dict.fromkeys(name for cpu in per_run for name in cpu)
+    return {name: _median([cpu.get(name) for cpu in per_run], 2) for name in names}
+
+
+def cpu_table(cells):
+    """report.md's table of CPU ms per request: one row per target and path with CPU figures,
+    one column per process (first-seen order; ``wrk``, ``others``, ``rest``, ``machine`` last) and the
+    machine's busy cores."""
+    rows = {name: cell for name, cell in cells.items() if cell.get("cpu_ms")}
+    names = list(dict.fromkeys(n for cell in rows.values() for n in cell["cpu_ms"]))
+    names = [n for n in names if n not in ("wrk", "others", "rest", "machine")] + [
+        n for n in ("wrk", "others", "rest", "machine") if n in names]
+    return markdown_table(["target path"] + names + ["busy cores"], [
+        [name] + ["-" if cell["cpu_ms"].get(n) is None else f"{cell['cpu_ms'][n]:.2f}" for n in names]
+        + [cell.get("busy_cores")] for name, cell in rows.items()])
 
 
 def _columns(cells):
@@ -345,6 +418,14 @@ def to_markdown(meta, cells, ratios):
         "![req/s per path and target](headline.png)",
         "",
     ]
+    if any(cell.get("cpu_ms") for cell in cells.values()):
+        lines[-2:-2] = [
+            "CPU milliseconds per request (user + system over the counted run, median over the rounds) of "
+            "each HAProxy, ZEO client (pool clients by part name) and the ZEO server, wrk, `others` (every "
+            "other process that ran throughout: other users, the stack's other parts, this tool, kernel "
+            "threads), `rest` (busy time none of these account for: processes that began or ended within "
+            "the run) and `machine` (all busy time); busy cores: the machine's, of " + f"{meta['cores']}:",
+            "", cpu_table(cells), ""]
     if LOGGED_IN in paths:
         lines[4:4] = [f"{LOGGED_IN}: Locust's logged-in shape ({meta['connections']} editors: front page as a Member, "
                       "folder contents, edit form, save; every body checked), not wrk; its req/s counts those "
@@ -384,13 +465,14 @@ def main(argv=None):
 
     started, clock = datetime.now(timezone.utc), time.monotonic()
     load_before = [round(x, 2) for x in os.getloadavg()]
-    off_config = None
+    off_config, off_processes = None, {}
     balancers = {}  # {target: TemporaryBalancer} of the variants started, each stopped at the end
     spliced = {}
     runs, problems = [], []
     try:
         if not args.no_off:
-            off_config = start_off_clients(config, clients, urls, args.buildout_config, not args.no_restart)
+            off_config, off_processes = start_off_clients(config, clients, urls, args.buildout_config,
+                                                          not args.no_restart)
         # All variants run from here to the end; between their runs they only health-check the
         # clients (every 2 s), as the stack's HAProxy does.
         for name in args.variants:
@@ -399,6 +481,8 @@ def main(argv=None):
         metrics = {"haproxy": config["haproxy_metrics_url"],
                    **{target: balancer.metrics_url for target, balancer in balancers.items()}}
         spliced_before = {name: spliced_bytes(url) for name, url in metrics.items()}
+        # After the restart of the stack's clients (new PIDs) and the variants' starts.
+        processes = measured_processes(config, off_processes, balancers)
         todo = plan(args.rounds, not args.no_off, args.variants, paths=args.paths)
         for target, label in sorted({(t, p) for _, t, p in todo}):  # warm-up, not counted
             if label == LOGGED_IN:
@@ -412,11 +496,14 @@ def main(argv=None):
         print(f"{len(todo)} runs of {args.duration} s at {args.connections} connections "
               f"(about {seconds / 60:.0f} min)", flush=True)
         for done, (number, target, label) in enumerate(todo, 1):
-            row = {"round": number, "target": target, "path": label,
-                   **measure(urls[target], label, args.connections, args.duration)}
+            used = cpu_during(processes, lambda: measure(urls[target], label, args.connections, args.duration))
+            wrk_cpu = used.result.pop("wrk_cpu_s", None)
+            row = {"round": number, "target": target, "path": label, **used.result,
+                   **cpu_figures(used.result["requests"], used, wrk_cpu)}
             runs.append(row)
             print(f"[{done}/{len(todo)}] round {number} {target:22} {label:7} {row['rps']:8.1f} req/s "
-                  f"p50 {row['p50_ms']} ms p99 {row['p99_ms']} ms errors {row['errors']}", flush=True)
+                  f"p50 {row['p50_ms']} ms p99 {row['p99_ms']} ms errors {row['errors']}; CPU ms/req "
+                  + " ".join(f"{n} {v}" for n, v in row["cpu_ms"].items() if v), flush=True)
             if row["errors"] or row.get("short_bytes"):
                 problems.append(f"round {number} {target} {label}: {row['errors']} errors"
                                 + (", short blob bodies" if row.get("short_bytes") else ""))
