@@ -59,7 +59,8 @@ def test_variants_chosen_in_the_table_order(argv, chosen):
 @pytest.mark.parametrize("argv, message", [
     (["--variant", "pipesize-2m"], "--variant 'pipesize-2m' is unknown: expected one of copy, same, pipesize-512k, "
                                    "pipesize-1m, bufs-1m, bufs-4m, nbthread-1, nbthread-1-copy, pyruvate-alone, "
-                                   "or all"),
+                                   "pyruvate-alone-nbthread-1, pyruvate-alone-cpu1, maxconn-4, "
+                                   "pyruvate-alone-maxconn-4, or all"),
     (["--variant", "copy", "--no-copy"], "--variant copy and --no-copy contradict each other"),
 ])
 def test_bad_variant_is_refused(argv, message, capsys):
@@ -258,6 +259,15 @@ def test_a_variant_with_one_server_alone_renders_only_that_client(tmp_path):
     assert "server instance 127.0.0.1:1" in text and "server client2" not in text
     assert variants.legend("pyruvate-alone") == (
         "haproxy-pyruvate-alone = the stack's HAProxy config with `only its pyruvate client as server`")
+    # maxconn-4: every server of the pool (or the one alone) takes 4 requests, the pool's entries unchanged
+    assert [(s["name"], s["maxconn"]) for s in variants.servers("maxconn-4", config)] == [
+        ("instance", 4), ("client2", 4)]
+    assert [(s["name"], s["maxconn"]) for s in variants.servers("pyruvate-alone-maxconn-4", config)] == [
+        ("instance", 4)]
+    assert [s["maxconn"] for s in config["haproxy_context"]["servers"]] != [4, 4]
+    text = variants.balancer("maxconn-4", config, str(tmp_path)).config_text()
+    assert "server instance 127.0.0.1:1 maxconn 4 " in text and "server client2 127.0.0.1:2 maxconn 4 " in text
+    assert variants.describe("pyruvate-alone-maxconn-4") == "only its pyruvate client as server + server maxconn 4"
     config["haproxy_context"]["servers"] = [waitress]
     with pytest.raises(BalancerError, match="pyruvate-alone: the stack's pool has no pyruvate client"):
         variants.servers("pyruvate-alone", config)
