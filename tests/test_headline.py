@@ -83,10 +83,34 @@ def test_paths_choose_what_runs(monkeypatch, capsys):
     assert headline.parse_args([]).paths == list(PATHS)
     for argv, message in [(["--paths", "/x"], "--paths: /x not allowed; allowed: /, /Plone, @json, blob, logged-in"),
                           (["--paths", "/", "--variant", "bufs-1m"], "--variant: the HAProxy variants run on the "
-                                                                     "blob only, and --paths / leaves it out")]:
+                                                                     "blob only, and --paths / leaves it out"),
+                          (["--paths", "/Plone", "--cache"], "--cache: the cache tier is measured on the blob only, "
+                                                             "and --paths /Plone leaves it out")]:
         with pytest.raises(SystemExit) as exit_:
             headline.parse_args(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_cache_tier_on_the_blob_against_the_best_client_directly():
+    """--cache adds varnish and the HTTPS frontend on the blob in every round, each compared
+    with the faster client directly in its round, and named in the report's legend."""
+    todo = headline.plan(2, False, (), paths=["/", "blob"], with_cache=True)
+    assert sorted((n, t) for n, t, p in todo if t in headline.CACHE_TARGETS) == [
+        (n, t) for n in (1, 2) for t in sorted(headline.CACHE_TARGETS)]
+    assert {p for _, t, p in todo if t in headline.CACHE_TARGETS} == {"blob"}
+    assert not any(t in headline.CACHE_TARGETS for _, t, _ in headline.plan(1, False, (), paths=["/"], with_cache=True))
+    runs = [_row(1, "pyruvate", "blob", 200), _row(1, "waitress", "blob", 100), _row(1, "varnish", "blob", 500),
+            _row(1, "haproxy-tls", "blob", 150), _row(2, "pyruvate", "blob", 100), _row(2, "waitress", "blob", 120),
+            _row(2, "varnish", "blob", 360), _row(2, "haproxy-tls", "blob", 240)]
+    cells, ratios = headline.summarize(runs)
+    assert ratios["varnish/best direct blob"] == {"median": 2.75, "min": 2.5, "max": 3.0}
+    assert ratios["haproxy-tls/best direct blob"] == {"median": 1.38, "min": 0.75, "max": 2.0}
+    assert "haproxy/best direct blob" not in ratios  # the pool not measured
+    text = headline.to_markdown({"started": "s", "command": "c", "rounds": 2, "duration_s": 8, "connections": 4,
+                                 "cores": 2, "load_before": [0.1], "load_after": [0.2], "minutes": 1.0,
+                                 "clients": {"pyruvate": "instance", "waitress": "client2"}}, cells, ratios)
+    assert "| path | pyruvate | waitress | varnish | haproxy-tls |" in text
+    assert "varnish = the stack's varnish directly (plain HTTP), haproxy-tls = the stack's HTTPS frontend" in text
 
 
 def _row(number, target, path, rps, errors=0):
@@ -298,11 +322,11 @@ def test_one_short_round_on_the_stack(stack, tmp_path):
     _, clients = headline.targets(config)
     before = {name: proc.pid for name, proc in stack_pids(config).items() if name in clients.values()}
     result = run([sys.executable, "-m", "loadtests", "headline", "--duration", "1", "--rounds", "1",
-                  "--connections", "2", "--variant", "nbthread-1", "--out", str(tmp_path)], timeout=600)
+                  "--connections", "2", "--variant", "nbthread-1", "--cache", "--out", str(tmp_path)], timeout=600)
     print(result.stdout[-3000:])
     (folder,) = list(tmp_path.iterdir())
     data = json.loads((folder / "report.json").read_text())
-    assert len(data["runs"]) == 5 * len(PATHS) + 3  # + copy, same, nbthread-1 on the blob
+    assert len(data["runs"]) == 5 * len(PATHS) + 5  # + copy, same, nbthread-1, varnish, haproxy-tls on the blob
     assert sorted(data["meta"]["restarted_clients"]) == sorted(before) == sorted(clients.values())
     after = stack_pids(config)
     assert all(name in after and after[name].pid != pid for name, pid in before.items()), (before, after)
@@ -312,16 +336,19 @@ def test_one_short_round_on_the_stack(stack, tmp_path):
     # some, and the machine at least what the named processes did.
     for r in data["runs"]:
         cpu = r["cpu_ms"]
-        assert {"haproxy", "haproxy-nbthread-1", *clients.values(), "zeoserver", "wrk", "machine"} <= set(cpu), r
+        assert {"haproxy", "haproxy-nbthread-1", "varnish", *clients.values(), "zeoserver", "wrk",
+                "machine"} <= set(cpu), r
         assert cpu["machine"] >= sum(v for n, v in cpu.items() if n not in ("machine", "rest")) - 0.5, r
-        if r["target"] in ("haproxy", "haproxy-nbthread-1"):
+        if r["target"] in ("haproxy", "haproxy-nbthread-1", "varnish"):
             assert cpu[r["target"]] > 0, r
+        if r["target"] == "haproxy-tls":  # TLS in HAProxy, the body from varnish's cache
+            assert cpu["haproxy"] > 0 and cpu["varnish"] > 0, r
         if r["target"] in headline.SERVERS:
             assert cpu[clients[r["target"]]] > 0, r
     assert "CPU milliseconds per request" in (folder / "report.md").read_text()
     assert {f"{s} kit/stock {p}" for s in headline.SERVERS for p in PATHS} | {
             "pyruvate/waitress /", "haproxy blob splice/copy", "haproxy-same/haproxy blob",
-            "haproxy-nbthread-1/haproxy-same blob",
+            "haproxy-nbthread-1/haproxy-same blob", "varnish/best direct blob", "haproxy-tls/best direct blob",
             "haproxy/best direct blob"} <= set(data["ratios"])
     # The bodies of the blob runs through the stack's HAProxy (5 MiB each; the first kilobytes
     # of each, read with the headers, are copied: 90 %) went through kernel pipes, besides

@@ -1,7 +1,7 @@
 """The kit's headline figures, re-measured side by side in one run, with their spread.
 
     python -m loadtests headline [--connections 4] [--duration 8] [--rounds 3] [--no-off] [--no-copy]
-                                 [--variant NAME ...] [--logged-in] [--paths /,/Plone,@json,blob]
+                                 [--variant NAME ...] [--cache] [--logged-in] [--paths /,/Plone,@json,blob]
 
 Against the running stack (``make start``): in every round, in an order rotated from round
 to round, one wrk run of ``--duration`` seconds with ``--connections`` connections on
@@ -26,6 +26,11 @@ NAME`` (repeatable; ``all``) adds others: ``pipesize-512k``, ``pipesize-1m``, ``
 ``bufs-4m``, ``nbthread-1``, ``nbthread-1-copy``, each with ``haproxy-same``, the unchanged
 config in a temporary HAProxy, their baseline; ``pyruvate-alone``, the config with only the
 pool's pyruvate client as server, against that client directly (the balancer's own cost).
+With ``--cache``, on the blob also ``varnish`` (the stack's varnish directly, plain HTTP) and
+``haproxy-tls`` (the stack's HTTPS frontend, which sends GET and HEAD to varnish: the cache
+tier); plone.app.caching lets varnish keep the blob (``plone.content.file``, moderateCaching,
+``s-maxage=86400``), so after the warm-up they serve hits. Ratios ``varnish/best direct blob``
+and ``haproxy-tls/best direct blob``.
 Every target and path first gets 2 s of uncounted load (caches, ZODB connections); the
 logged-in class 4 s of 2 editors after their logins.
 
@@ -108,6 +113,9 @@ WORK_DIR = os.path.join(ROOT, "var", "headline")
 #: The servers compared directly; the recipe's A/B pair.
 SERVERS = ("pyruvate", "waitress")
 TARGETS = SERVERS + ("haproxy",)
+#: ``--cache``'s targets on the blob: the stack's varnish directly (plain HTTP), and the stack's
+#: HTTPS frontend, which sends GET and HEAD to varnish (haproxy.cfg.j2's ``to_cache``).
+CACHE_TARGETS = ("varnish", "haproxy-tls")
 OFF = tuple(f"{s}-off" for s in SERVERS)
 #: The stack's HAProxy config run with ``-dS`` (no kernel splicing), on the blob path: the default variant.
 COPY = variants.target("copy")
@@ -141,6 +149,10 @@ def parse_args(argv):
                         help="also measure the blob through this HAProxy variant, haproxy-NAME (repeatable): "
                         + "; ".join(f"{name} = {variants.describe(name)}" for name in variants.VARIANTS)
                         + f"; {variants.ALL} = every one. copy is measured unless --no-copy")
+    parser.add_argument("--cache", action="store_true",
+                        help="also measure the blob through the stack's cache tier: varnish directly (plain HTTP, "
+                        "target varnish) and the stack's HTTPS frontend, which sends GETs to varnish (haproxy-tls); "
+                        "ratios against the faster client directly (needs a stack with varnish)")
     parser.add_argument("--logged-in", action="store_true",
                         help="also measure the path class logged-in on every target but the variants: "
                         "--connections editors (Locust's logged-in shape: front page as a Member, folder "
@@ -158,6 +170,9 @@ def parse_args(argv):
     args.logged_in = LOGGED_IN in args.paths
     if args.logged_in and (missing := editor_password_missing()):
         parser.error(f"--logged-in: {missing}")
+    if args.cache and "blob" not in args.paths:
+        parser.error(f"--cache: the cache tier is measured on the blob only, and --paths {','.join(args.paths)} "
+                     "leaves it out")
     if args.variant and "blob" not in args.paths:
         parser.error(f"--variant: the HAProxy variants run on the blob only, and --paths {','.join(args.paths)} "
                      "leaves it out")
@@ -221,13 +236,17 @@ def start_off_clients(config, clients, urls, buildout_config=None, restart=True)
 def measured_processes(config, off_processes=None, balancers=None):
     """``{name: psutil.Process}`` whose CPU every run counts: the stack's HAProxy
     (``haproxy``), each variant's (``balancers``: ``{target: TemporaryBalancer}``, by target),
-    the pool's ZEO clients (their part names), the off clients (``off_processes``, by target)
-    and the ZEO server (stack.json's ``zeoserver``); those not running are left out."""
+    the pool's ZEO clients (their part names), the off clients (``off_processes``, by target),
+    varnish's serving child (``varnish``) and the ZEO server (stack.json's ``zeoserver``); those
+    not running are left out."""
     running = stack_pids(config)
     procs = {name: running[name] for name in ["haproxy"] if name in running}
     procs.update({target: balancer.process for target, balancer in (balancers or {}).items()})
     procs.update({name: running[name] for name in config["servers"] if name in running})
     procs.update(off_processes or {})
+    # varnishd's manager only forks and watches the child that serves (its cache process).
+    workers = running["varnish"].children() if "varnish" in running else []
+    procs.update({"varnish": workers[0]} if workers else {})
     zeo = config.get("zeoserver") or "zeoserver"
     procs.update({zeo: running[zeo]} if zeo in running else {})
     return procs
@@ -261,15 +280,16 @@ def spliced_bytes(metrics_url):
     return int(float(found.group(1)))
 
 
-def plan(rounds, with_off, variant_names=(), paths=tuple(PATHS)):
+def plan(rounds, with_off, variant_names=(), paths=tuple(PATHS), with_cache=False):
     """The runs in order: ``[(round, target, path label)]`` on each of ``paths`` (labels of
     ALL_PATHS, the path class ``logged-in`` among them; the HAProxy variants never get it),
     with the off clients on every path if ``with_off``, each of ``variant_names``
-    (:data:`variants.VARIANTS`) on the blob; the order of the (target, path) pairs rotates by
+    (:data:`variants.VARIANTS`) on the blob, with ``with_cache`` the CACHE_TARGETS on the blob; the order of the (target, path) pairs rotates by
     one per round so no pair always runs first or after the same one."""
     paths = _paths(paths)
     cells = [(t, p) for p in paths for t in TARGETS + (OFF if with_off else ())]
     cells += [(variants.target(name), "blob") for name in variant_names]
+    cells += [(t, "blob") for t in CACHE_TARGETS if with_cache and "blob" in paths]
     runs = []
     for number in range(1, rounds + 1):
         shift = (number - 1) % len(cells)
@@ -340,10 +360,13 @@ def summarize(runs):
         if (variants.target(name), "blob") in by:
             label, (first, second) = variants.ratio(name)
             ratios[label] = ratio((first, "blob"), (second, "blob"))
-    pool, direct = by.get(("haproxy", "blob"), {}), [by.get((s, "blob"), {}) for s in SERVERS]
-    ratios["haproxy/best direct blob"] = spread([
-        pool[n]["rps"] / best for n in pool
-        if (best := max((rows[n]["rps"] for rows in direct if n in rows), default=0)) > 0])
+    direct = [by.get((s, "blob"), {}) for s in SERVERS]
+    for front in ("haproxy",) + CACHE_TARGETS:
+        if front == "haproxy" or (front, "blob") in by:
+            pool = by.get((front, "blob"), {})
+            ratios[f"{front}/best direct blob"] = spread([
+                pool[n]["rps"] / best for n in pool
+                if (best := max((rows[n]["rps"] for rows in direct if n in rows), default=0)) > 0])
     return cells, {name: value for name, value in ratios.items() if value}
 
 
@@ -374,7 +397,8 @@ def cpu_table(cells):
 
 def _columns(cells):
     """The targets measured, in table order (keys of ``cells`` are ``"<target> <path>"``)."""
-    return [t for t in TARGETS + OFF + variants.targets() if any(c.startswith(t + " ") for c in cells)]
+    return [t for t in TARGETS + OFF + variants.targets() + CACHE_TARGETS
+            if any(c.startswith(t + " ") for c in cells)]
 
 
 def to_markdown(meta, cells, ratios):
@@ -392,6 +416,8 @@ def to_markdown(meta, cells, ratios):
         "(no blobsendfile, no metrics filter); kit/hand-built = pyruvate against waitress-off (the backend "
         "image's waitress, 2 threads, Zope's stock pipeline)"
         + "".join(f"; {variants.legend(name)}" for name in variants.VARIANTS if variants.target(name) in columns)
+        + ("; varnish = the stack's varnish directly (plain HTTP), haproxy-tls = the stack's HTTPS frontend, "
+           "which sends GETs to varnish (the cache tier)" if "varnish" in columns else "")
         + "."
         + (" MiB sent through kernel pipes (splice) during the runs: "
            + ", ".join(f"{name} {mib:,.1f}" for name, mib in meta["spliced_mib"].items()) + "."
@@ -458,6 +484,12 @@ def main(argv=None):
     except LookupError as exc:
         print(f"headline: {exc}", file=sys.stderr)
         return 2
+    if args.cache:
+        if not config.get("cache") or not config.get("tls_url"):
+            print("headline: --cache: the stack has no cache tier (no varnish or no HTTPS frontend in stack.json)",
+                  file=sys.stderr)
+            return 2
+        urls.update({"varnish": config["cache"]["url"].rstrip("/"), "haproxy-tls": config["tls_url"].rstrip("/")})
     if args.logged_in and (refused := editors_refused(urls["haproxy"])):
         print(f"headline: --logged-in: {refused}", file=sys.stderr)
         return 2
@@ -483,7 +515,7 @@ def main(argv=None):
         spliced_before = {name: spliced_bytes(url) for name, url in metrics.items()}
         # After the restart of the stack's clients (new PIDs) and the variants' starts.
         processes = measured_processes(config, off_processes, balancers)
-        todo = plan(args.rounds, not args.no_off, args.variants, paths=args.paths)
+        todo = plan(args.rounds, not args.no_off, args.variants, paths=args.paths, with_cache=args.cache)
         for target, label in sorted({(t, p) for _, t, p in todo}):  # warm-up, not counted
             if label == LOGGED_IN:
                 # Its own 3 s warm-up holds only the logins: a client's first edit forms and
@@ -523,7 +555,7 @@ def main(argv=None):
                 ["python -m loadtests headline", *(argv if argv is not None else sys.argv[1:])]),
             "connections": args.connections, "logged_in": args.logged_in, "paths": args.paths,
             "restarted_clients": [] if args.no_off or args.no_restart else [clients[s] for s in SERVERS],
-            "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(),
+            "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(), "cache": args.cache,
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
             "minutes": round((time.monotonic() - clock) / 60, 1), "clients": clients, "urls": urls,
             "variants": {variants.target(name): variants.describe(name) for name in args.variants},
