@@ -172,6 +172,7 @@ def test_cpu_during_counts_what_each_process_burned():
     assert used.result == "answer" and set(used.cpu) == {"burner", "idler"}
     assert 0.55 <= used.cpu["burner"] <= 0.8 and used.cpu["idler"] < 0.05
     assert 0.35 <= used.others  # the outsider's, with whatever else the machine ran
+    assert 0 <= used.kernel < used.busy
     assert used.busy >= used.cpu["burner"] + 0.35 and used.wall >= 0.55
     per_request = core_procs.cpu_ms_per_request(used.cpu, 6)
     assert 92 <= per_request["burner"] <= 134 and per_request["idler"] < 9

@@ -111,6 +111,8 @@ def test_the_cache_tier_on_the_blob_against_the_best_client_directly():
                                  "clients": {"pyruvate": "instance", "waitress": "client2"}}, cells, ratios)
     assert "| path | pyruvate | waitress | varnish | haproxy-tls |" in text
     assert "varnish = the stack's varnish directly (plain HTTP), haproxy-tls = the stack's HTTPS frontend" in text
+    _, ratios = headline.summarize(runs + [_row(1, "haproxy-maxconn-4", "blob", 300)])
+    assert ratios["haproxy-maxconn-4/best direct blob"] == {"median": 1.5, "min": 1.5, "max": 1.5}
 
 
 def _row(number, target, path, rps, errors=0):
@@ -185,24 +187,25 @@ def test_cpu_per_request_of_each_run_and_its_table():
     """cpu_figures: each process' CPU ms per request, wrk's, the other processes', the rest of
     the machine's busy time and all of it, the busy cores; a Locust run has no wrk figure;
     the summary's medians per cell and the report's table of them."""
-    used = CpuUse({"requests": 100}, {"haproxy": 0.2, "instance": 0.5}, 0.1, 1.2, 2.0)
+    used = CpuUse({"requests": 100}, {"haproxy": 0.2, "instance": 0.5}, 0.1, 0.05, 1.25, 2.0)
     assert headline.cpu_figures(100, used, wrk_cpu=0.3) == {
-        "cpu_ms": {"haproxy": 2.0, "instance": 5.0, "wrk": 3.0, "others": 1.0, "rest": 1.0, "machine": 12.0},
-        "busy_cores": 0.6}
-    locust = headline.cpu_figures(0, CpuUse({}, {"haproxy": 0.1}, 0.5, 0.4, 1.0))
-    assert locust == {"cpu_ms": {"haproxy": None, "others": None, "rest": None, "machine": None}, "busy_cores": 0.4}
+        "cpu_ms": {"haproxy": 2.0, "instance": 5.0, "wrk": 3.0, "kernel": 0.5, "others": 1.0, "rest": 1.0,
+                   "machine": 12.5}, "busy_cores": 0.62}
+    locust = headline.cpu_figures(0, CpuUse({}, {"haproxy": 0.1}, 0.5, 0.0, 0.4, 1.0))
+    assert locust == {"cpu_ms": {"haproxy": None, "kernel": None, "others": None, "rest": None, "machine": None},
+                      "busy_cores": 0.4}
     runs = [dict(_row(n, "haproxy", "blob", 100), **headline.cpu_figures(
-        100, CpuUse({}, {"haproxy": 0.1 * n, "instance": 0.5}, 0.0, 1.6, 1.0), wrk_cpu=0.2)) for n in (1, 2, 3)]
+        100, CpuUse({}, {"haproxy": 0.1 * n, "instance": 0.5}, 0.0, 0.1, 1.6, 1.0), wrk_cpu=0.2)) for n in (1, 2, 3)]
     cells, ratios = headline.summarize(runs + [_row(1, "pyruvate", "blob", 150)])
-    assert cells["haproxy blob"]["cpu_ms"] == {"haproxy": 2.0, "instance": 5.0, "wrk": 2.0, "others": 0.0,
-                                               "rest": 7.0, "machine": 16.0}
+    assert cells["haproxy blob"]["cpu_ms"] == {"haproxy": 2.0, "instance": 5.0, "wrk": 2.0, "kernel": 1.0,
+                                               "others": 0.0, "rest": 6.0, "machine": 16.0}
     assert cells["haproxy blob"]["busy_cores"] == 1.6 and "cpu_ms" not in cells["pyruvate blob"]
     text = headline.to_markdown({"started": "s", "command": "c", "rounds": 3, "duration_s": 8, "connections": 4,
                                  "cores": 2, "load_before": [0.1], "load_after": [0.2], "minutes": 1.0,
                                  "clients": {"pyruvate": "instance", "waitress": "client2"}}, cells, ratios)
-    assert ("| target path | haproxy | instance | wrk | others | rest | machine | busy cores |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|\n"
-            "| haproxy blob | 2.00 | 5.00 | 2.00 | 0.00 | 7.00 | 16.00 | 1.6 |") in text
+    assert ("| target path | haproxy | instance | wrk | kernel | others | rest | machine | busy cores |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            "| haproxy blob | 2.00 | 5.00 | 2.00 | 1.00 | 0.00 | 6.00 | 16.00 | 1.6 |") in text
 
 
 def _stack_like(tmp_path, port):

@@ -39,16 +39,17 @@ def cpu_ms_per_request(cpu, requests):
 
 #: What :func:`cpu_during` counted: ``result`` (what the call returned), ``cpu`` (``{name: CPU
 #: seconds}`` of the processes asked for), ``others`` (CPU seconds of every other process that
-#: ran at both ends, kernel threads and this one included), ``busy`` (the machine's busy CPU
-#: seconds, all cores summed), ``wall`` (seconds).
-CpuUse = namedtuple("CpuUse", "result cpu others busy wall")
+#: ran at both ends, this one included, kernel threads not), ``kernel`` (CPU seconds of the
+#: kernel's threads, children of kthreadd: ksoftirqd's network work among them), ``busy`` (the
+#: machine's busy CPU seconds, all cores summed), ``wall`` (seconds).
+CpuUse = namedtuple("CpuUse", "result cpu others kernel busy wall")
 
 
 def cpu_during(processes, call):
     """Run ``call()`` and count the CPU used meanwhile (user + system); returns a
     :data:`CpuUse`. ``processes``: ``{name: psutil.Process}``, counted as :func:`cpu_seconds`
     (reaped children included; one gone before the end is left out). The busy time neither
-    they nor ``others`` account for: processes that started or ended during the call (a
+    they nor ``others`` nor ``kernel`` account for: processes that started or ended during the call (a
     reaped child such as wrk among them) and, where the kernel charges it to no process,
     interrupt time. Exceptions of ``call`` pass through."""
     mine = {p.pid for p in processes.values()}
@@ -57,18 +58,29 @@ def cpu_during(processes, call):
     result = call()
     wall, busy = time.monotonic() - started, machine_busy_seconds() - busy_before
     after, everyone_after = cpu_seconds(processes), _own_cpu_seconds_by_pid()
-    others = sum(v - everyone[pid] for pid, v in everyone_after.items() if pid in everyone and pid not in mine)
-    return CpuUse(result, {name: after[name] - before[name] for name in before if name in after}, others, busy, wall)
+    others = kernel = 0.0
+    for pid, (seconds, kernel_thread) in everyone_after.items():
+        if pid in everyone and pid not in mine:
+            if kernel_thread:
+                kernel += seconds - everyone[pid][0]
+            else:
+                others += seconds - everyone[pid][0]
+    cpu = {name: after[name] - before[name] for name in before if name in after}
+    return CpuUse(result, cpu, others, kernel, busy, wall)
+
+
+#: The PID of kthreadd, parent of the kernel's threads (Linux).
+KTHREADD = 2
 
 
 def _own_cpu_seconds_by_pid():
-    """``{pid: user + system CPU seconds}`` of every process running now, without its reaped
-    children (:func:`cpu_during`'s others)."""
+    """``{pid: (user + system CPU seconds, whether a kernel thread)}`` of every process running
+    now, without its reaped children (:func:`cpu_during`'s others and kernel)."""
     out = {}
-    for proc in psutil.process_iter(["cpu_times"]):
+    for proc in psutil.process_iter(["cpu_times", "ppid"]):
         times = proc.info["cpu_times"]
         if times is not None:
-            out[proc.pid] = times.user + times.system
+            out[proc.pid] = (times.user + times.system, KTHREADD in (proc.pid, proc.info["ppid"]))
     return out
 
 

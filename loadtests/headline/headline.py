@@ -51,7 +51,8 @@ blob splice/copy``), each other variant against the unchanged config's temporary
 (``haproxy-<variant>/haproxy-same blob``) and that one against the pool (``haproxy-same/haproxy blob``),
 HAProxy over pyruvate alone against pyruvate directly (``haproxy-pyruvate-alone/pyruvate blob``)
 and the pool against the faster client's direct figure of the same round
-(``haproxy/best direct blob``), and with the off clients ``kit/hand-built <path>``: the kit's
+(``haproxy/best direct blob``; also ``haproxy-maxconn-4`` and, with ``--cache``, the cache
+tier), and with the off clients ``kit/hand-built <path>``: the kit's
 default client (pyruvate, the kit's pipeline) against ``waitress-off``, the nearest the kit
 builds to a hand-built default client (the backend image's waitress with ``threads = 2``,
 Zope's stock pipeline; the stack's waitress client has 2 threads and no tuning beyond the
@@ -62,8 +63,9 @@ CPU per request, per run (``cpu_ms`` of each row of report.json, medians per tar
 report.md): the user + system CPU milliseconds per request (psutil, over the counted run) of
 the stack's HAProxy (``haproxy``), each variant's HAProxy (its target name), the stack's ZEO
 clients of the pool (their part names), the off clients (``<server>-off``), the ZEO server,
-wrk (its reaped CPU), ``others`` (every other process that ran throughout the run: other
-users, the stack's other parts, this process, kernel threads), ``rest`` (busy time none of
+wrk (its reaped CPU), ``kernel`` (the kernel's threads, ksoftirqd's network work among them),
+``others`` (every other process that ran throughout the run: other users, the stack's other
+parts, this process), ``rest`` (busy time none of
 these account for: processes that began or ended within the run) and ``machine`` (every
 core's busy time); ``busy_cores``:
 the machine's busy cores over the run (0 .. cores). A process idle in a run (a direct client
@@ -116,6 +118,9 @@ TARGETS = SERVERS + ("haproxy",)
 #: ``--cache``'s targets on the blob: the stack's varnish directly (plain HTTP), and the stack's
 #: HTTPS frontend, which sends GET and HEAD to varnish (haproxy.cfg.j2's ``to_cache``).
 CACHE_TARGETS = ("varnish", "haproxy-tls")
+#: The fronts of both clients compared with the faster client directly on the blob (``<front>/best
+#: direct blob``, issue 32's goal): the stack's pool, the pool with 4 requests per server, the cache tier.
+BEST_DIRECT_FRONTS = ("haproxy", variants.target("maxconn-4")) + CACHE_TARGETS
 OFF = tuple(f"{s}-off" for s in SERVERS)
 #: The stack's HAProxy config run with ``-dS`` (no kernel splicing), on the blob path: the default variant.
 COPY = variants.target("copy")
@@ -257,11 +262,13 @@ def cpu_figures(requests, used, wrk_cpu=None):
 
     ``used``: the run's :data:`loadtests.core.procs.CpuUse` (``{name: CPU seconds}`` of the
     measured processes, the other processes', the machine's busy seconds, the run's seconds);
-    ``wrk_cpu``: wrk's CPU seconds (None for a Locust run). ``cpu_ms`` adds ``wrk``,
-    ``others`` (every other process that ran throughout: other users, the stack's other parts,
-    this tool, kernel threads), ``rest`` (busy time none of these account for: processes
-    that started or ended within the run, steal; at least 0) and ``machine`` (all busy time)."""
+    ``wrk_cpu``: wrk's CPU seconds (None for a Locust run). ``cpu_ms`` adds ``wrk``, ``kernel``
+    (the kernel's threads: ksoftirqd's share of the loopback traffic among them), ``others``
+    (every other process that ran throughout: other users, the stack's other parts, this
+    tool), ``rest`` (busy time none of these account for: processes that started or ended
+    within the run, steal; at least 0) and ``machine`` (all busy time)."""
     cpu = dict(used.cpu, **({"wrk": wrk_cpu} if wrk_cpu is not None else {}))
+    cpu["kernel"] = used.kernel
     cpu["others"] = used.others
     cpu["rest"] = max(used.busy - sum(cpu.values()), 0.0)
     cpu["machine"] = used.busy
@@ -284,8 +291,9 @@ def plan(rounds, with_off, variant_names=(), paths=tuple(PATHS), with_cache=Fals
     """The runs in order: ``[(round, target, path label)]`` on each of ``paths`` (labels of
     ALL_PATHS, the path class ``logged-in`` among them; the HAProxy variants never get it),
     with the off clients on every path if ``with_off``, each of ``variant_names``
-    (:data:`variants.VARIANTS`) on the blob, with ``with_cache`` the CACHE_TARGETS on the blob; the order of the (target, path) pairs rotates by
-    one per round so no pair always runs first or after the same one."""
+    (:data:`variants.VARIANTS`) on the blob, with ``with_cache`` the CACHE_TARGETS on the blob;
+    the order of the (target, path) pairs rotates by one per round so no pair always runs first
+    or after the same one."""
     paths = _paths(paths)
     cells = [(t, p) for p in paths for t in TARGETS + (OFF if with_off else ())]
     cells += [(variants.target(name), "blob") for name in variant_names]
@@ -361,7 +369,7 @@ def summarize(runs):
             label, (first, second) = variants.ratio(name)
             ratios[label] = ratio((first, "blob"), (second, "blob"))
     direct = [by.get((s, "blob"), {}) for s in SERVERS]
-    for front in ("haproxy",) + CACHE_TARGETS:
+    for front in BEST_DIRECT_FRONTS:
         if front == "haproxy" or (front, "blob") in by:
             pool = by.get((front, "blob"), {})
             ratios[f"{front}/best direct blob"] = spread([
@@ -384,12 +392,12 @@ def _median_cpu(per_run):
 
 def cpu_table(cells):
     """report.md's table of CPU ms per request: one row per target and path with CPU figures,
-    one column per process (first-seen order; ``wrk``, ``others``, ``rest``, ``machine`` last) and the
+    one column per process (first-seen order; ``wrk``, ``kernel``, ``others``, ``rest``, ``machine`` last) and the
     machine's busy cores."""
     rows = {name: cell for name, cell in cells.items() if cell.get("cpu_ms")}
     names = list(dict.fromkeys(n for cell in rows.values() for n in cell["cpu_ms"]))
-    names = [n for n in names if n not in ("wrk", "others", "rest", "machine")] + [
-        n for n in ("wrk", "others", "rest", "machine") if n in names]
+    names = [n for n in names if n not in ("wrk", "kernel", "others", "rest", "machine")] + [
+        n for n in ("wrk", "kernel", "others", "rest", "machine") if n in names]
     return markdown_table(["target path"] + names + ["busy cores"], [
         [name] + ["-" if cell["cpu_ms"].get(n) is None else f"{cell['cpu_ms'][n]:.2f}" for n in names]
         + [cell.get("busy_cores")] for name, cell in rows.items()])
@@ -447,9 +455,10 @@ def to_markdown(meta, cells, ratios):
     if any(cell.get("cpu_ms") for cell in cells.values()):
         lines[-2:-2] = [
             "CPU milliseconds per request (user + system over the counted run, median over the rounds) of "
-            "each HAProxy, ZEO client (pool clients by part name) and the ZEO server, wrk, `others` (every "
-            "other process that ran throughout: other users, the stack's other parts, this tool, kernel "
-            "threads), `rest` (busy time none of these account for: processes that began or ended within "
+            "each HAProxy, ZEO client (pool clients by part name) and the ZEO server, wrk, `kernel` (the "
+            "kernel's threads: ksoftirqd's network work among them), `others` (every other process that ran "
+            "throughout: other users, the stack's other parts, this tool), `rest` (busy time none of these "
+            "account for: processes that began or ended within "
             "the run) and `machine` (all busy time); busy cores: the machine's, of " + f"{meta['cores']}:",
             "", cpu_table(cells), ""]
     if LOGGED_IN in paths:
