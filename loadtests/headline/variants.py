@@ -40,8 +40,8 @@ Variant = namedtuple("Variant", "options globals alone maxconn", defaults=(None,
 #: cores, not its work, costs the blob (docs/results.md, 28 Nov 2026, "Where the blob's CPU goes").
 #: ``maxconn-4``, ``pyruvate-alone-maxconn-4``: 4 requests in flight per server (headline's
 #: default --connections) instead of its threads: directly, wrk has 4 requests in pyruvate at
-#: once; through HAProxy only 2, and a pyruvate worker is free once it has handed the blob to its
-#: sender, while HAProxy counts the slot taken until the last byte has gone.
+#: once; through HAProxy only 2, and HAProxy counts a slot taken until the blob's last byte has
+#: gone, whatever the client's worker does meanwhile.
 VARIANTS = {
     "copy": Variant(("-dS",), ()),
     "same": Variant((), ()),
