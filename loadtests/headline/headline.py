@@ -63,13 +63,13 @@ CPU per request, per run (``cpu_ms`` of each row of report.json, medians per tar
 report.md): the user + system CPU milliseconds per request (psutil, over the counted run) of
 the stack's HAProxy (``haproxy``), each variant's HAProxy (its target name), the stack's ZEO
 clients of the pool (their part names), the off clients (``<server>-off``), the ZEO server,
-wrk (its reaped CPU), ``kernel`` (the kernel's threads, ksoftirqd's network work among them),
-``others`` (every other process that ran throughout the run: other users, the stack's other
-parts, this process), ``rest`` (busy time none of
-these account for: processes that began or ended within the run) and ``machine`` (every
-core's busy time); ``busy_cores``:
-the machine's busy cores over the run (0 .. cores). A process idle in a run (a direct client
-HAProxy only health-checks, the other client) shows its few idle milliseconds.
+varnish's serving child, wrk (its reaped CPU), ``kernel`` (the kernel's threads, ksoftirqd's
+network work among them), ``others`` (every other process that ran throughout the run: other
+users, the stack's other parts, this process), ``rest`` (busy time none of these account for:
+processes that began or ended within the run) and ``machine`` (every core's busy time);
+``busy_cores``: the machine's busy cores over the run (0 .. cores). A process idle in a run
+(a direct client HAProxy only health-checks, the other client) shows its few idle
+milliseconds.
 
 ``spliced_mib`` in the report: the MiB each HAProxy sent through kernel pipes during the run
 (``haproxy_process_spliced_bytes_out_total`` of its Prometheus exporter): above 0 for
@@ -121,6 +121,8 @@ CACHE_TARGETS = ("varnish", "haproxy-tls")
 #: The fronts of both clients compared with the faster client directly on the blob (``<front>/best
 #: direct blob``, issue 32's goal): the stack's pool, the pool with 4 requests per server, the cache tier.
 BEST_DIRECT_FRONTS = ("haproxy", variants.target("maxconn-4")) + CACHE_TARGETS
+#: The CPU figures of a run beside its processes' (:func:`cpu_figures`), the CPU table's last columns.
+CPU_TOTALS = ("wrk", "kernel", "others", "rest", "machine")
 OFF = tuple(f"{s}-off" for s in SERVERS)
 #: The stack's HAProxy config run with ``-dS`` (no kernel splicing), on the blob path: the default variant.
 COPY = variants.target("copy")
@@ -392,12 +394,11 @@ def _median_cpu(per_run):
 
 def cpu_table(cells):
     """report.md's table of CPU ms per request: one row per target and path with CPU figures,
-    one column per process (first-seen order; ``wrk``, ``kernel``, ``others``, ``rest``, ``machine`` last) and the
-    machine's busy cores."""
+    one column per process (first-seen order, then those of CPU_TOTALS) and the machine's busy
+    cores."""
     rows = {name: cell for name, cell in cells.items() if cell.get("cpu_ms")}
     names = list(dict.fromkeys(n for cell in rows.values() for n in cell["cpu_ms"]))
-    names = [n for n in names if n not in ("wrk", "kernel", "others", "rest", "machine")] + [
-        n for n in ("wrk", "kernel", "others", "rest", "machine") if n in names]
+    names = [n for n in names if n not in CPU_TOTALS] + [n for n in CPU_TOTALS if n in names]
     return markdown_table(["target path"] + names + ["busy cores"], [
         [name] + ["-" if cell["cpu_ms"].get(n) is None else f"{cell['cpu_ms'][n]:.2f}" for n in names]
         + [cell.get("busy_cores")] for name, cell in rows.items()])
@@ -458,8 +459,8 @@ def to_markdown(meta, cells, ratios):
             "each HAProxy, ZEO client (pool clients by part name) and the ZEO server, wrk, `kernel` (the "
             "kernel's threads: ksoftirqd's network work among them), `others` (every other process that ran "
             "throughout: other users, the stack's other parts, this tool), `rest` (busy time none of these "
-            "account for: processes that began or ended within "
-            "the run) and `machine` (all busy time); busy cores: the machine's, of " + f"{meta['cores']}:",
+            "account for: processes that began or ended within the run) and `machine` (all busy time); "
+            f"busy cores: the machine's, of {meta['cores']}:",
             "", cpu_table(cells), ""]
     if LOGGED_IN in paths:
         lines[4:4] = [f"{LOGGED_IN}: Locust's logged-in shape ({meta['connections']} editors: front page as a Member, "
