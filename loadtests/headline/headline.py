@@ -237,7 +237,8 @@ def start_off_clients(config, clients, urls, buildout_config=None, restart=True)
     started = extrabuild.start(off_config)
     for server in SERVERS:
         urls[f"{server}-off"] = f"http://127.0.0.1:{ports[clients[server]]}"
-    return off_config, {f"{server}-off": started[clients[server]] for server in SERVERS}
+    # offclients names each part's copy "<part>-off".
+    return off_config, {f"{server}-off": started[f"{clients[server]}-off"] for server in SERVERS}
 
 
 def measured_processes(config, off_processes=None, balancers=None):
