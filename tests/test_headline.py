@@ -60,7 +60,7 @@ def test_variants_chosen_in_the_table_order(argv, chosen):
     (["--variant", "pipesize-2m"], "--variant 'pipesize-2m' is unknown: expected one of copy, same, pipesize-512k, "
                                    "pipesize-1m, bufs-1m, bufs-4m, nbthread-1, nbthread-1-copy, pyruvate-alone, "
                                    "pyruvate-alone-nbthread-1, pyruvate-alone-cpu1, maxconn-4, "
-                                   "pyruvate-alone-maxconn-4, or all"),
+                                   "pyruvate-alone-maxconn-4, nbthread-1-maxconn-4, or all"),
     (["--variant", "copy", "--no-copy"], "--variant copy and --no-copy contradict each other"),
 ])
 def test_bad_variant_is_refused(argv, message, capsys):
@@ -111,8 +111,10 @@ def test_the_cache_tier_on_the_blob_against_the_best_client_directly():
                                  "clients": {"pyruvate": "instance", "waitress": "client2"}}, cells, ratios)
     assert "| path | pyruvate | waitress | varnish | haproxy-tls |" in text
     assert "varnish = the stack's varnish directly (plain HTTP), haproxy-tls = the stack's HTTPS frontend" in text
-    _, ratios = headline.summarize(runs + [_row(1, "haproxy-maxconn-4", "blob", 300)])
+    _, ratios = headline.summarize(runs + [_row(1, "haproxy-maxconn-4", "blob", 300),
+                                           _row(2, "haproxy-nbthread-1-maxconn-4", "blob", 60)])
     assert ratios["haproxy-maxconn-4/best direct blob"] == {"median": 1.5, "min": 1.5, "max": 1.5}
+    assert ratios["haproxy-nbthread-1-maxconn-4/best direct blob"] == {"median": 0.5, "min": 0.5, "max": 0.5}
 
 
 def _row(number, target, path, rps, errors=0):

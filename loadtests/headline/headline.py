@@ -51,8 +51,8 @@ blob splice/copy``), each other variant against the unchanged config's temporary
 (``haproxy-<variant>/haproxy-same blob``) and that one against the pool (``haproxy-same/haproxy blob``),
 HAProxy over pyruvate alone against pyruvate directly (``haproxy-pyruvate-alone/pyruvate blob``)
 and the pool against the faster client's direct figure of the same round
-(``haproxy/best direct blob``; also ``haproxy-maxconn-4`` and, with ``--cache``, the cache
-tier), and with the off clients ``kit/hand-built <path>``: the kit's
+(``haproxy/best direct blob``; also ``haproxy-maxconn-4``, ``haproxy-nbthread-1-maxconn-4``
+and, with ``--cache``, the cache tier), and with the off clients ``kit/hand-built <path>``: the kit's
 default client (pyruvate, the kit's pipeline) against ``waitress-off``, the nearest the kit
 builds to a hand-built default client (the backend image's waitress with ``threads = 2``,
 Zope's stock pipeline; the stack's waitress client has 2 threads and no tuning beyond the
@@ -119,8 +119,9 @@ TARGETS = SERVERS + ("haproxy",)
 #: HTTPS frontend, which sends GET and HEAD to varnish (haproxy.cfg.j2's ``to_cache``).
 CACHE_TARGETS = ("varnish", "haproxy-tls")
 #: The fronts of both clients compared with the faster client directly on the blob (``<front>/best
-#: direct blob``, issue 32's goal): the stack's pool, the pool with 4 requests per server, the cache tier.
-BEST_DIRECT_FRONTS = ("haproxy", variants.target("maxconn-4")) + CACHE_TARGETS
+#: direct blob``, issue 32's goal): the stack's pool, the pool with 4 requests per server (and one
+#: HAProxy thread), the cache tier.
+BEST_DIRECT_FRONTS = ("haproxy", variants.target("maxconn-4"), variants.target("nbthread-1-maxconn-4")) + CACHE_TARGETS
 #: The CPU figures of a run beside its processes' (:func:`cpu_figures`), the CPU table's last columns.
 CPU_TOTALS = ("wrk", "kernel", "others", "rest", "machine")
 OFF = tuple(f"{s}-off" for s in SERVERS)

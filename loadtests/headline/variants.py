@@ -41,7 +41,8 @@ Variant = namedtuple("Variant", "options globals alone maxconn", defaults=(None,
 #: ``maxconn-4``, ``pyruvate-alone-maxconn-4``: 4 requests in flight per server (headline's
 #: default --connections) instead of its threads: directly, wrk has 4 requests in pyruvate at
 #: once; through HAProxy only 2, and HAProxy counts a slot taken until the blob's last byte has
-#: gone, whatever the client's worker does meanwhile.
+#: gone, whatever the client's worker does meanwhile. ``nbthread-1-maxconn-4``: both changes
+#: that lowered the CPU per blob request on 28 Nov 2026 (docs/results.md), on the pool.
 VARIANTS = {
     "copy": Variant(("-dS",), ()),
     "same": Variant((), ()),
@@ -56,6 +57,7 @@ VARIANTS = {
     "pyruvate-alone-cpu1": Variant((), ("nbthread 1", "cpu-map 1/1 1"), "pyruvate"),
     "maxconn-4": Variant((), (), None, 4),
     "pyruvate-alone-maxconn-4": Variant((), (), "pyruvate", 4),
+    "nbthread-1-maxconn-4": Variant((), ("nbthread 1",), None, 4),
 }
 #: ``--variant all``: every variant of VARIANTS.
 ALL = "all"
