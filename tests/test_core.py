@@ -130,6 +130,55 @@ def test_stack_pids_and_cpu_seconds(tmp_path, monkeypatch):
     assert core_procs.machine_busy_seconds() > 0 and core_procs.own_cpu_seconds() > 0
 
 
+#: A process that burns the CPU seconds given as its argument when it reads a line, says
+#: "done" and waits for the end of its stdin; with "exit" as second argument it ends instead.
+BURNER = """
+import sys, time
+sys.stdin.readline()
+start = time.process_time()
+while time.process_time() - start < float(sys.argv[1]):
+    pass
+print("done", flush=True)
+if sys.argv[2:] != ["exit"]:
+    sys.stdin.read()
+"""
+
+
+def test_cpu_during_counts_what_each_process_burned():
+    """cpu_during around real processes that burn known CPU: each named process' seconds,
+    the burner outside them in others, the machine's busy time at least all of it, one
+    process ended before the end left out; cpu_ms_per_request divides by the requests."""
+    seconds = {"burner": 0.6, "idler": 0.0, "outsider": 0.4, "gone": 0.0}
+    children = {name: subprocess.Popen([sys.executable, "-c", BURNER, str(s)] + (["exit"] if name == "gone" else []),
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                for name, s in seconds.items()}
+    try:
+        time.sleep(0.5)  # the interpreters' start-up is not counted
+        named = {name: psutil.Process(children[name].pid) for name in ("burner", "idler", "gone")}
+
+        def go():
+            for child in children.values():
+                child.stdin.write("go\n")
+                child.stdin.flush()
+            assert all(child.stdout.readline() == "done\n" for child in children.values())
+            children["gone"].wait(30)
+            return "answer"
+
+        used = core_procs.cpu_during(named, go)
+    finally:
+        for child in children.values():
+            child.stdin.close()
+            child.wait(30)
+    assert used.result == "answer" and set(used.cpu) == {"burner", "idler"}
+    assert 0.55 <= used.cpu["burner"] <= 0.8 and used.cpu["idler"] < 0.05
+    assert 0.35 <= used.others  # the outsider's, with whatever else the machine ran
+    assert 0 <= used.kernel < used.busy
+    assert used.busy >= used.cpu["burner"] + 0.35 and used.wall >= 0.55
+    per_request = core_procs.cpu_ms_per_request(used.cpu, 6)
+    assert 92 <= per_request["burner"] <= 134 and per_request["idler"] < 9
+    assert core_procs.cpu_ms_per_request({"burner": 0.6}, 0) == {"burner": None}
+
+
 def test_free_local_port_is_below_the_ephemeral_range_and_bindable(monkeypatch):
     """free_local_port draws from LOCAL_PORTS, below Linux's ephemeral ports (outgoing
     connections' source ports cannot take it), returns a port one can bind, and says so when

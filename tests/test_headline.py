@@ -14,6 +14,7 @@ import requests
 from conftest import ROOT, run
 from http_stub import answering_server
 from loadtests.core.balancers import BalancerError
+from loadtests.core.procs import CpuUse
 from loadtests.core.stack import PATHS, load_stack, stack_pids
 from loadtests.headline import headline, variants
 from stack_like import stack_like
@@ -58,7 +59,8 @@ def test_variants_chosen_in_the_table_order(argv, chosen):
 @pytest.mark.parametrize("argv, message", [
     (["--variant", "pipesize-2m"], "--variant 'pipesize-2m' is unknown: expected one of copy, same, pipesize-512k, "
                                    "pipesize-1m, bufs-1m, bufs-4m, nbthread-1, nbthread-1-copy, pyruvate-alone, "
-                                   "or all"),
+                                   "pyruvate-alone-nbthread-1, pyruvate-alone-cpu1, maxconn-4, "
+                                   "pyruvate-alone-maxconn-4, nbthread-1-maxconn-4, or all"),
     (["--variant", "copy", "--no-copy"], "--variant copy and --no-copy contradict each other"),
 ])
 def test_bad_variant_is_refused(argv, message, capsys):
@@ -81,10 +83,38 @@ def test_paths_choose_what_runs(monkeypatch, capsys):
     assert headline.parse_args([]).paths == list(PATHS)
     for argv, message in [(["--paths", "/x"], "--paths: /x not allowed; allowed: /, /Plone, @json, blob, logged-in"),
                           (["--paths", "/", "--variant", "bufs-1m"], "--variant: the HAProxy variants run on the "
-                                                                     "blob only, and --paths / leaves it out")]:
+                                                                     "blob only, and --paths / leaves it out"),
+                          (["--paths", "/Plone", "--cache"], "--cache: the cache tier is measured on the blob only, "
+                                                             "and --paths /Plone leaves it out")]:
         with pytest.raises(SystemExit) as exit_:
             headline.parse_args(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_cache_tier_on_the_blob_against_the_best_client_directly():
+    """--cache adds varnish and the HTTPS frontend on the blob in every round, each compared
+    with the faster client directly in its round, and named in the report's legend."""
+    todo = headline.plan(2, False, (), paths=["/", "blob"], with_cache=True)
+    assert sorted((n, t) for n, t, p in todo if t in headline.CACHE_TARGETS) == [
+        (n, t) for n in (1, 2) for t in sorted(headline.CACHE_TARGETS)]
+    assert {p for _, t, p in todo if t in headline.CACHE_TARGETS} == {"blob"}
+    assert not any(t in headline.CACHE_TARGETS for _, t, _ in headline.plan(1, False, (), paths=["/"], with_cache=True))
+    runs = [_row(1, "pyruvate", "blob", 200), _row(1, "waitress", "blob", 100), _row(1, "varnish", "blob", 500),
+            _row(1, "haproxy-tls", "blob", 150), _row(2, "pyruvate", "blob", 100), _row(2, "waitress", "blob", 120),
+            _row(2, "varnish", "blob", 360), _row(2, "haproxy-tls", "blob", 240)]
+    cells, ratios = headline.summarize(runs)
+    assert ratios["varnish/best direct blob"] == {"median": 2.75, "min": 2.5, "max": 3.0}
+    assert ratios["haproxy-tls/best direct blob"] == {"median": 1.38, "min": 0.75, "max": 2.0}
+    assert "haproxy/best direct blob" not in ratios  # the pool not measured
+    text = headline.to_markdown({"started": "s", "command": "c", "rounds": 2, "duration_s": 8, "connections": 4,
+                                 "cores": 2, "load_before": [0.1], "load_after": [0.2], "minutes": 1.0,
+                                 "clients": {"pyruvate": "instance", "waitress": "client2"}}, cells, ratios)
+    assert "| path | pyruvate | waitress | varnish | haproxy-tls |" in text
+    assert "varnish = the stack's varnish directly (plain HTTP), haproxy-tls = the stack's HTTPS frontend" in text
+    _, ratios = headline.summarize(runs + [_row(1, "haproxy-maxconn-4", "blob", 300),
+                                           _row(2, "haproxy-nbthread-1-maxconn-4", "blob", 60)])
+    assert ratios["haproxy-maxconn-4/best direct blob"] == {"median": 1.5, "min": 1.5, "max": 1.5}
+    assert ratios["haproxy-nbthread-1-maxconn-4/best direct blob"] == {"median": 0.5, "min": 0.5, "max": 0.5}
 
 
 def _row(number, target, path, rps, errors=0):
@@ -155,6 +185,31 @@ def test_variant_ratios_against_the_unchanged_config_in_the_same_round():
     assert "| haproxy-nbthread-1/haproxy-same blob | 0.80 (0.50–1.10) |" in text
 
 
+def test_cpu_per_request_of_each_run_and_its_table():
+    """cpu_figures: each process' CPU ms per request, wrk's, the other processes', the rest of
+    the machine's busy time and all of it, the busy cores; a Locust run has no wrk figure;
+    the summary's medians per cell and the report's table of them."""
+    used = CpuUse({"requests": 100}, {"haproxy": 0.2, "instance": 0.5}, 0.1, 0.05, 1.25, 2.0)
+    assert headline.cpu_figures(100, used, wrk_cpu=0.3) == {
+        "cpu_ms": {"haproxy": 2.0, "instance": 5.0, "wrk": 3.0, "kernel": 0.5, "others": 1.0, "rest": 1.0,
+                   "machine": 12.5}, "busy_cores": 0.62}
+    locust = headline.cpu_figures(0, CpuUse({}, {"haproxy": 0.1}, 0.5, 0.0, 0.4, 1.0))
+    assert locust == {"cpu_ms": {"haproxy": None, "kernel": None, "others": None, "rest": None, "machine": None},
+                      "busy_cores": 0.4}
+    runs = [dict(_row(n, "haproxy", "blob", 100), **headline.cpu_figures(
+        100, CpuUse({}, {"haproxy": 0.1 * n, "instance": 0.5}, 0.0, 0.1, 1.6, 1.0), wrk_cpu=0.2)) for n in (1, 2, 3)]
+    cells, ratios = headline.summarize(runs + [_row(1, "pyruvate", "blob", 150)])
+    assert cells["haproxy blob"]["cpu_ms"] == {"haproxy": 2.0, "instance": 5.0, "wrk": 2.0, "kernel": 1.0,
+                                               "others": 0.0, "rest": 6.0, "machine": 16.0}
+    assert cells["haproxy blob"]["busy_cores"] == 1.6 and "cpu_ms" not in cells["pyruvate blob"]
+    text = headline.to_markdown({"started": "s", "command": "c", "rounds": 3, "duration_s": 8, "connections": 4,
+                                 "cores": 2, "load_before": [0.1], "load_after": [0.2], "minutes": 1.0,
+                                 "clients": {"pyruvate": "instance", "waitress": "client2"}}, cells, ratios)
+    assert ("| target path | haproxy | instance | wrk | kernel | others | rest | machine | busy cores |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            "| haproxy blob | 2.00 | 5.00 | 2.00 | 1.00 | 0.00 | 6.00 | 16.00 | 1.6 |") in text
+
+
 @requires_haproxy
 @pytest.mark.parametrize("name", list(variants.VARIANTS))
 def test_every_variant_config_passes_haproxy_check(name, tmp_path):
@@ -216,6 +271,15 @@ def test_a_variant_with_one_server_alone_renders_only_that_client(tmp_path):
     assert "server instance 127.0.0.1:1" in text and "server client2" not in text
     assert variants.legend("pyruvate-alone") == (
         "haproxy-pyruvate-alone = the stack's HAProxy config with `only its pyruvate client as server`")
+    # maxconn-4: every server of the pool (or the one alone) takes 4 requests, the pool's entries unchanged
+    assert [(s["name"], s["maxconn"]) for s in variants.servers("maxconn-4", config)] == [
+        ("instance", 4), ("client2", 4)]
+    assert [(s["name"], s["maxconn"]) for s in variants.servers("pyruvate-alone-maxconn-4", config)] == [
+        ("instance", 4)]
+    assert [s["maxconn"] for s in config["haproxy_context"]["servers"]] != [4, 4]
+    text = variants.balancer("maxconn-4", config, str(tmp_path)).config_text()
+    assert "server instance 127.0.0.1:1 maxconn 4 " in text and "server client2 127.0.0.1:2 maxconn 4 " in text
+    assert variants.describe("pyruvate-alone-maxconn-4") == "only its pyruvate client as server + server maxconn 4"
     config["haproxy_context"]["servers"] = [waitress]
     with pytest.raises(BalancerError, match="pyruvate-alone: the stack's pool has no pyruvate client"):
         variants.servers("pyruvate-alone", config)
@@ -246,19 +310,33 @@ def test_one_short_round_on_the_stack(stack, tmp_path):
     _, clients = headline.targets(config)
     before = {name: proc.pid for name, proc in stack_pids(config).items() if name in clients.values()}
     result = run([sys.executable, "-m", "loadtests", "headline", "--duration", "1", "--rounds", "1",
-                  "--connections", "2", "--variant", "nbthread-1", "--out", str(tmp_path)], timeout=600)
+                  "--connections", "2", "--variant", "nbthread-1", "--cache", "--out", str(tmp_path)], timeout=600)
     print(result.stdout[-3000:])
     (folder,) = list(tmp_path.iterdir())
     data = json.loads((folder / "report.json").read_text())
-    assert len(data["runs"]) == 5 * len(PATHS) + 3  # + copy, same, nbthread-1 on the blob
+    assert len(data["runs"]) == 5 * len(PATHS) + 5  # + copy, same, nbthread-1, varnish, haproxy-tls on the blob
     assert sorted(data["meta"]["restarted_clients"]) == sorted(before) == sorted(clients.values())
     after = stack_pids(config)
     assert all(name in after and after[name].pid != pid for name, pid in before.items()), (before, after)
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in data["runs"]), data["runs"]
     assert not any(r.get("short_bytes") for r in data["runs"])
+    # CPU per request of every run: the HAProxy that served it and the client behind it burned
+    # some, and the machine at least what the named processes did.
+    for r in data["runs"]:
+        cpu = r["cpu_ms"]
+        assert {"haproxy", "haproxy-nbthread-1", "varnish", *clients.values(), "zeoserver", "wrk",
+                "machine"} <= set(cpu), r
+        assert cpu["machine"] >= sum(v for n, v in cpu.items() if n not in ("machine", "rest")) - 0.5, r
+        if r["target"] in ("haproxy", "haproxy-nbthread-1", "varnish"):
+            assert cpu[r["target"]] > 0, r
+        if r["target"] == "haproxy-tls":  # TLS in HAProxy, the body from varnish's cache
+            assert cpu["haproxy"] > 0 and cpu["varnish"] > 0, r
+        if r["target"] in headline.SERVERS:
+            assert cpu[clients[r["target"]]] > 0, r
+    assert "CPU milliseconds per request" in (folder / "report.md").read_text()
     assert {f"{s} kit/stock {p}" for s in headline.SERVERS for p in PATHS} | {
             "pyruvate/waitress /", "haproxy blob splice/copy", "haproxy-same/haproxy blob",
-            "haproxy-nbthread-1/haproxy-same blob",
+            "haproxy-nbthread-1/haproxy-same blob", "varnish/best direct blob", "haproxy-tls/best direct blob",
             "haproxy/best direct blob"} <= set(data["ratios"])
     # The bodies of the blob runs through the stack's HAProxy (5 MiB each; the first kilobytes
     # of each, read with the headers, are copied: 90 %) went through kernel pipes, besides

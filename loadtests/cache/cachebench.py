@@ -39,7 +39,7 @@ import psutil
 
 from loadtests.core.cli import (add_counts_argument, add_run_arguments, add_stack_arguments, exits_2_when_not_ready,
                                 new_parser)
-from loadtests.core.procs import machine_busy_seconds, tree_cpu_seconds
+from loadtests.core.procs import cpu_ms_per_request, machine_busy_seconds, tree_cpu_seconds
 from loadtests.core.reports import markdown_table, new_figure, report_folder, save_figure, write_report
 from loadtests.core.stack import NotReady, load_stack, stack_pids
 from loadtests.core.wrk import require_wrk, run_wrk
@@ -119,7 +119,7 @@ def measure(args, config, wrk, on, connections):
         "errors": errors,
         "hit_ratio": round(counters["MAIN.cache_hit"] / looked_up, 4) if looked_up else None,
         "varnish_counters": counters,
-        "cpu_ms_per_request": {name: round(1000 * s / max(requests, 1), 3) for name, s in cpu.items()},
+        "cpu_ms_per_request": cpu_ms_per_request(cpu, requests),
         # wrk and everything else on the machine: what the stack did not use of the busy time.
         "other_cpu_ms_per_request": round(1000 * max(busy - stack_cpu, 0) / max(requests, 1), 3),
     }

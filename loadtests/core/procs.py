@@ -1,6 +1,7 @@
 """Process, CPU and RSS accounting, and waiting for quiet: CPU seconds of processes, of this
 process and its children, of a process tree and of the whole machine; RSS of a process tree
-(``tree_rss``) and its peak (``RssSampler``); free ports, the descriptor limit, the kernel's
+(``tree_rss``) and its peak (``RssSampler``); CPU over a call (``cpu_during``) and per request
+(``cpu_ms_per_request``); free ports, the descriptor limit, the kernel's
 accept-queue drops; ``wait_for_quiet``, ``wait_tree_idle``. Units: seconds for times and CPU,
 bytes for sizes.
 """
@@ -9,6 +10,7 @@ import resource
 import socket
 import threading
 import time
+from collections import namedtuple
 
 import psutil
 
@@ -25,6 +27,60 @@ def cpu_seconds(processes):
             out[name] = t.user + t.system + t.children_user + t.children_system
         except psutil.Error:
             pass
+    return out
+
+
+def cpu_ms_per_request(cpu, requests):
+    """``{name: CPU milliseconds per request}`` (rounded to the microsecond) of ``cpu``
+    (``{name: CPU seconds}``) spent on ``requests`` requests; every value None when no
+    request was served."""
+    return {name: round(1000 * seconds / requests, 3) if requests else None for name, seconds in cpu.items()}
+
+
+#: What :func:`cpu_during` counted: ``result`` (what the call returned), ``cpu`` (``{name: CPU
+#: seconds}`` of the processes asked for), ``others`` (CPU seconds of every other process that
+#: ran at both ends, this one included, kernel threads not), ``kernel`` (CPU seconds of the
+#: kernel's threads, children of kthreadd: ksoftirqd's network work among them), ``busy`` (the
+#: machine's busy CPU seconds, all cores summed), ``wall`` (seconds).
+CpuUse = namedtuple("CpuUse", "result cpu others kernel busy wall")
+
+
+def cpu_during(processes, call):
+    """Run ``call()`` and count the CPU used meanwhile (user + system); returns a
+    :data:`CpuUse`. ``processes``: ``{name: psutil.Process}``, counted as :func:`cpu_seconds`
+    (reaped children included; one gone before the end is left out). The busy time neither
+    they nor ``others`` nor ``kernel`` account for: processes that started or ended during the call (a
+    reaped child such as wrk among them) and, where the kernel charges it to no process,
+    interrupt time. Exceptions of ``call`` pass through."""
+    mine = {p.pid for p in processes.values()}
+    before, everyone = cpu_seconds(processes), _own_cpu_seconds_by_pid()
+    busy_before, started = machine_busy_seconds(), time.monotonic()
+    result = call()
+    wall, busy = time.monotonic() - started, machine_busy_seconds() - busy_before
+    after, everyone_after = cpu_seconds(processes), _own_cpu_seconds_by_pid()
+    others = kernel = 0.0
+    for pid, (seconds, kernel_thread) in everyone_after.items():
+        if pid in everyone and pid not in mine:
+            if kernel_thread:
+                kernel += seconds - everyone[pid][0]
+            else:
+                others += seconds - everyone[pid][0]
+    cpu = {name: after[name] - before[name] for name in before if name in after}
+    return CpuUse(result, cpu, others, kernel, busy, wall)
+
+
+#: The PID of kthreadd, parent of the kernel's threads (Linux).
+KTHREADD = 2
+
+
+def _own_cpu_seconds_by_pid():
+    """``{pid: (user + system CPU seconds, whether a kernel thread)}`` of every process running
+    now, without its reaped children (:func:`cpu_during`'s others and kernel)."""
+    out = {}
+    for proc in psutil.process_iter(["cpu_times", "ppid"]):
+        times = proc.info["cpu_times"]
+        if times is not None:
+            out[proc.pid] = (times.user + times.system, KTHREADD in (proc.pid, proc.info["ppid"]))
     return out
 
 

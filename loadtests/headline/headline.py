@@ -1,7 +1,7 @@
 """The kit's headline figures, re-measured side by side in one run, with their spread.
 
     python -m loadtests headline [--connections 4] [--duration 8] [--rounds 3] [--no-off] [--no-copy]
-                                 [--variant NAME ...] [--logged-in] [--paths /,/Plone,@json,blob]
+                                 [--variant NAME ...] [--cache] [--logged-in] [--paths /,/Plone,@json,blob]
 
 Against the running stack (``make start``): in every round, in an order rotated from round
 to round, one wrk run of ``--duration`` seconds with ``--connections`` connections on
@@ -26,6 +26,11 @@ NAME`` (repeatable; ``all``) adds others: ``pipesize-512k``, ``pipesize-1m``, ``
 ``bufs-4m``, ``nbthread-1``, ``nbthread-1-copy``, each with ``haproxy-same``, the unchanged
 config in a temporary HAProxy, their baseline; ``pyruvate-alone``, the config with only the
 pool's pyruvate client as server, against that client directly (the balancer's own cost).
+With ``--cache``, on the blob also ``varnish`` (the stack's varnish directly, plain HTTP) and
+``haproxy-tls`` (the stack's HTTPS frontend, which sends GET and HEAD to varnish: the cache
+tier); plone.app.caching lets varnish keep the blob (``plone.content.file``, moderateCaching,
+``s-maxage=86400``), so after the warm-up they serve hits. Ratios ``varnish/best direct blob``
+and ``haproxy-tls/best direct blob``.
 Every target and path first gets 2 s of uncounted load (caches, ZODB connections); the
 logged-in class 4 s of 2 editors after their logins.
 
@@ -46,12 +51,25 @@ blob splice/copy``), each other variant against the unchanged config's temporary
 (``haproxy-<variant>/haproxy-same blob``) and that one against the pool (``haproxy-same/haproxy blob``),
 HAProxy over pyruvate alone against pyruvate directly (``haproxy-pyruvate-alone/pyruvate blob``)
 and the pool against the faster client's direct figure of the same round
-(``haproxy/best direct blob``), and with the off clients ``kit/hand-built <path>``: the kit's
+(``haproxy/best direct blob``; also ``haproxy-maxconn-4``, ``haproxy-nbthread-1-maxconn-4``
+and, with ``--cache``, the cache tier), and with the off clients ``kit/hand-built <path>``: the kit's
 default client (pyruvate, the kit's pipeline) against ``waitress-off``, the nearest the kit
 builds to a hand-built default client (the backend image's waitress with ``threads = 2``,
 Zope's stock pipeline; the stack's waitress client has 2 threads and no tuning beyond the
 pipeline). The run-to-run spread of the same cell is the noise a
 difference has to beat (about 25 % on these shared machines).
+
+CPU per request, per run (``cpu_ms`` of each row of report.json, medians per target and path in
+report.md): the user + system CPU milliseconds per request (psutil, over the counted run) of
+the stack's HAProxy (``haproxy``), each variant's HAProxy (its target name), the stack's ZEO
+clients of the pool (their part names), the off clients (``<server>-off``), the ZEO server,
+varnish's serving child, wrk (its reaped CPU), ``kernel`` (the kernel's threads, ksoftirqd's
+network work among them), ``others`` (every other process that ran throughout the run: other
+users, the stack's other parts, this process), ``rest`` (busy time none of these account for:
+processes that began or ended within the run) and ``machine`` (every core's busy time);
+``busy_cores``: the machine's busy cores over the run (0 .. cores). A process idle in a run
+(a direct client HAProxy only health-checks, the other client) shows its few idle
+milliseconds.
 
 ``spliced_mib`` in the report: the MiB each HAProxy sent through kernel pipes during the run
 (``haproxy_process_spliced_bytes_out_total`` of its Prometheus exporter): above 0 for
@@ -85,8 +103,9 @@ from loadtests.core.cli import (add_buildout_config_argument, add_run_arguments,
                                 exits_2_when_not_ready, name_list, new_parser)
 from loadtests.core.reports import finish_report, markdown_table, new_figure, report_folder, save_figure, spread_bars
 from loadtests.core.locustrun import editors_refused, run_locust_shape
+from loadtests.core.procs import cpu_during, cpu_ms_per_request
 from loadtests.core.stack import (BLOB_SIZE, PATHS, ROOT, check_servers_up, client_urls, default_buildout_config,
-                                  editor_password_missing, load_stack)
+                                  editor_password_missing, load_stack, stack_pids)
 from loadtests.core.stats import format_spread, spread
 from loadtests.core.wrk import require_wrk, run_wrk
 from loadtests.headline import offclients, variants
@@ -96,6 +115,15 @@ WORK_DIR = os.path.join(ROOT, "var", "headline")
 #: The servers compared directly; the recipe's A/B pair.
 SERVERS = ("pyruvate", "waitress")
 TARGETS = SERVERS + ("haproxy",)
+#: ``--cache``'s targets on the blob: the stack's varnish directly (plain HTTP), and the stack's
+#: HTTPS frontend, which sends GET and HEAD to varnish (haproxy.cfg.j2's ``to_cache``).
+CACHE_TARGETS = ("varnish", "haproxy-tls")
+#: The fronts of both clients compared with the faster client directly on the blob (``<front>/best
+#: direct blob``, issue 32's goal): the stack's pool, the pool with 4 requests per server (and one
+#: HAProxy thread), the cache tier.
+BEST_DIRECT_FRONTS = ("haproxy", variants.target("maxconn-4"), variants.target("nbthread-1-maxconn-4")) + CACHE_TARGETS
+#: The CPU figures of a run beside its processes' (:func:`cpu_figures`), the CPU table's last columns.
+CPU_TOTALS = ("wrk", "kernel", "others", "rest", "machine")
 OFF = tuple(f"{s}-off" for s in SERVERS)
 #: The stack's HAProxy config run with ``-dS`` (no kernel splicing), on the blob path: the default variant.
 COPY = variants.target("copy")
@@ -129,6 +157,10 @@ def parse_args(argv):
                         help="also measure the blob through this HAProxy variant, haproxy-NAME (repeatable): "
                         + "; ".join(f"{name} = {variants.describe(name)}" for name in variants.VARIANTS)
                         + f"; {variants.ALL} = every one. copy is measured unless --no-copy")
+    parser.add_argument("--cache", action="store_true",
+                        help="also measure the blob through the stack's cache tier: varnish directly (plain HTTP, "
+                        "target varnish) and the stack's HTTPS frontend, which sends GETs to varnish (haproxy-tls); "
+                        "ratios against the faster client directly (needs a stack with varnish)")
     parser.add_argument("--logged-in", action="store_true",
                         help="also measure the path class logged-in on every target but the variants: "
                         "--connections editors (Locust's logged-in shape: front page as a Member, folder "
@@ -146,6 +178,9 @@ def parse_args(argv):
     args.logged_in = LOGGED_IN in args.paths
     if args.logged_in and (missing := editor_password_missing()):
         parser.error(f"--logged-in: {missing}")
+    if args.cache and "blob" not in args.paths:
+        parser.error(f"--cache: the cache tier is measured on the blob only, and --paths {','.join(args.paths)} "
+                     "leaves it out")
     if args.variant and "blob" not in args.paths:
         parser.error(f"--variant: the HAProxy variants run on the blob only, and --paths {','.join(args.paths)} "
                      "leaves it out")
@@ -178,8 +213,8 @@ def targets(config):
 def start_off_clients(config, clients, urls, buildout_config=None, restart=True):
     """Build and start the ``-off`` clients (Zope's stock pipeline, :mod:`loadtests.headline.offclients`)
     beside the stack's two compared clients ``clients`` (``{server: part}``), and add their
-    URLs to ``urls`` as ``<server>-off``. Returns their extra stack config (for
-    :func:`loadtests.core.extrabuild.stop`).
+    URLs to ``urls`` as ``<server>-off``. Returns ``(off_config, processes)``: their extra stack
+    config (for :func:`loadtests.core.extrabuild.stop`) and ``{"<server>-off": psutil.Process}``.
 
     With ``restart`` (the default; ``--no-restart``) the stack's two clients are first restarted
     one at a time, drained in HAProxy (``bin/stack restart``'s steps,
@@ -200,10 +235,49 @@ def start_off_clients(config, clients, urls, buildout_config=None, restart=True)
     offclients.build(WORK_DIR, buildout_config or default_buildout_config(), names, ports,
                      tool="loadtests.headline")
     off_config = offclients.stack_config(WORK_DIR, names, ports)
-    extrabuild.start(off_config)
+    started = extrabuild.start(off_config)
     for server in SERVERS:
         urls[f"{server}-off"] = f"http://127.0.0.1:{ports[clients[server]]}"
-    return off_config
+    # offclients names each part's copy "<part>-off".
+    return off_config, {f"{server}-off": started[f"{clients[server]}-off"] for server in SERVERS}
+
+
+def measured_processes(config, off_processes=None, balancers=None):
+    """``{name: psutil.Process}`` whose CPU every run counts: the stack's HAProxy
+    (``haproxy``), each variant's (``balancers``: ``{target: TemporaryBalancer}``, by target),
+    the pool's ZEO clients (their part names), the off clients (``off_processes``, by target),
+    varnish's serving child (``varnish``) and the ZEO server (stack.json's ``zeoserver``); those
+    not running are left out."""
+    running = stack_pids(config)
+    procs = {name: running[name] for name in ["haproxy"] if name in running}
+    procs.update({target: balancer.process for target, balancer in (balancers or {}).items()})
+    procs.update({name: running[name] for name in config["servers"] if name in running})
+    procs.update(off_processes or {})
+    # varnishd's manager only forks and watches the child that serves (its cache process).
+    workers = running["varnish"].children() if "varnish" in running else []
+    procs.update({"varnish": workers[0]} if workers else {})
+    zeo = config.get("zeoserver") or "zeoserver"
+    procs.update({zeo: running[zeo]} if zeo in running else {})
+    return procs
+
+
+def cpu_figures(requests, used, wrk_cpu=None):
+    """A run's CPU figures: ``{"cpu_ms": {name: CPU ms per request}, "busy_cores": float}``.
+
+    ``used``: the run's :data:`loadtests.core.procs.CpuUse` (``{name: CPU seconds}`` of the
+    measured processes, the other processes', the machine's busy seconds, the run's seconds);
+    ``wrk_cpu``: wrk's CPU seconds (None for a Locust run). ``cpu_ms`` adds ``wrk``, ``kernel``
+    (the kernel's threads: ksoftirqd's share of the loopback traffic among them), ``others``
+    (every other process that ran throughout: other users, the stack's other parts, this
+    tool), ``rest`` (busy time none of these account for: processes that started or ended
+    within the run, steal; at least 0) and ``machine`` (all busy time)."""
+    cpu = dict(used.cpu, **({"wrk": wrk_cpu} if wrk_cpu is not None else {}))
+    cpu["kernel"] = used.kernel
+    cpu["others"] = used.others
+    cpu["rest"] = max(used.busy - sum(cpu.values()), 0.0)
+    cpu["machine"] = used.busy
+    return {"cpu_ms": cpu_ms_per_request(cpu, requests),
+            "busy_cores": round(used.busy / used.wall, 2) if used.wall > 0 else None}
 
 
 def spliced_bytes(metrics_url):
@@ -217,15 +291,17 @@ def spliced_bytes(metrics_url):
     return int(float(found.group(1)))
 
 
-def plan(rounds, with_off, variant_names=(), paths=tuple(PATHS)):
+def plan(rounds, with_off, variant_names=(), paths=tuple(PATHS), with_cache=False):
     """The runs in order: ``[(round, target, path label)]`` on each of ``paths`` (labels of
     ALL_PATHS, the path class ``logged-in`` among them; the HAProxy variants never get it),
     with the off clients on every path if ``with_off``, each of ``variant_names``
-    (:data:`variants.VARIANTS`) on the blob; the order of the (target, path) pairs rotates by
-    one per round so no pair always runs first or after the same one."""
+    (:data:`variants.VARIANTS`) on the blob, with ``with_cache`` the CACHE_TARGETS on the blob;
+    the order of the (target, path) pairs rotates by one per round so no pair always runs first
+    or after the same one."""
     paths = _paths(paths)
     cells = [(t, p) for p in paths for t in TARGETS + (OFF if with_off else ())]
     cells += [(variants.target(name), "blob") for name in variant_names]
+    cells += [(t, "blob") for t in CACHE_TARGETS if with_cache and "blob" in paths]
     runs = []
     for number in range(1, rounds + 1):
         shift = (number - 1) % len(cells)
@@ -236,8 +312,9 @@ def plan(rounds, with_off, variant_names=(), paths=tuple(PATHS)):
 def measure(url, label, connections, duration):
     """One wrk run of ``label`` (a key of ``loadtests.core.stack.PATHS``) against ``url``, or for
     ``logged-in`` one Locust run (:func:`run_locust_shape`, ``connections`` editors); a row
-    dict: requests, rps (requests/s), mib_s (MiB/s of bodies), p50_ms, p99_ms, errors and,
-    for the blob, short_bytes (fewer bytes than requests x 5 MiB)."""
+    dict: requests, rps (requests/s), mib_s (MiB/s of bodies), p50_ms, p99_ms, errors, wrk_cpu_s
+    (wrk's CPU seconds; not for logged-in) and, for the blob, short_bytes (fewer bytes than
+    requests x 5 MiB)."""
     if label == LOGGED_IN:
         return run_locust_shape(url, f"{LOGGED_IN}=1", connections, duration)
     path, accept = PATHS[label]
@@ -246,7 +323,7 @@ def measure(url, label, connections, duration):
     row = {"requests": out["requests"], "rps": round(out["requests"] / seconds, 1),
            "mib_s": round(out["bytes"] / seconds / 2**20, 1),
            "p50_ms": round(out["latency_us"]["p50"] / 1000, 1), "p99_ms": round(out["latency_us"]["p99"] / 1000, 1),
-           "errors": sum(out["errors"].values())}
+           "errors": sum(out["errors"].values()), "wrk_cpu_s": out["cpu_s"]}
     if label == "blob":
         row["short_bytes"] = out["bytes"] < out["requests"] * BLOB_SIZE
     return row
@@ -273,6 +350,9 @@ def summarize(runs):
             "p50_ms": round(float(np.median([r["p50_ms"] for r in rows])), 1),
             "p99_ms": round(float(np.median([r["p99_ms"] for r in rows])), 1),
             "errors": sum(r["errors"] for r in rows), "runs": len(rows)}
+        if any("cpu_ms" in r for r in rows):
+            cells[f"{target} {path}"]["cpu_ms"] = _median_cpu([r.get("cpu_ms", {}) for r in rows])
+            cells[f"{target} {path}"]["busy_cores"] = _median([r.get("busy_cores") for r in rows], 2)
 
     def ratio(a, b):
         first, second = by.get(a, {}), by.get(b, {})
@@ -292,16 +372,44 @@ def summarize(runs):
         if (variants.target(name), "blob") in by:
             label, (first, second) = variants.ratio(name)
             ratios[label] = ratio((first, "blob"), (second, "blob"))
-    pool, direct = by.get(("haproxy", "blob"), {}), [by.get((s, "blob"), {}) for s in SERVERS]
-    ratios["haproxy/best direct blob"] = spread([
-        pool[n]["rps"] / best for n in pool
-        if (best := max((rows[n]["rps"] for rows in direct if n in rows), default=0)) > 0])
+    direct = [by.get((s, "blob"), {}) for s in SERVERS]
+    for front in BEST_DIRECT_FRONTS:
+        if front == "haproxy" or (front, "blob") in by:
+            pool = by.get((front, "blob"), {})
+            ratios[f"{front}/best direct blob"] = spread([
+                pool[n]["rps"] / best for n in pool
+                if (best := max((rows[n]["rps"] for rows in direct if n in rows), default=0)) > 0])
     return cells, {name: value for name, value in ratios.items() if value}
+
+
+def _median(values, digits):
+    """Median of the values that are not None, rounded; None when there is none."""
+    values = [v for v in values if v is not None]
+    return round(float(np.median(values)), digits) if values else None
+
+
+def _median_cpu(per_run):
+    """``{name: median CPU ms per request}`` over runs' ``cpu_ms`` dicts, names in first-seen order."""
+    names = dict.fromkeys(name for cpu in per_run for name in cpu)
+    return {name: _median([cpu.get(name) for cpu in per_run], 2) for name in names}
+
+
+def cpu_table(cells):
+    """report.md's table of CPU ms per request: one row per target and path with CPU figures,
+    one column per process (first-seen order, then those of CPU_TOTALS) and the machine's busy
+    cores."""
+    rows = {name: cell for name, cell in cells.items() if cell.get("cpu_ms")}
+    names = list(dict.fromkeys(n for cell in rows.values() for n in cell["cpu_ms"]))
+    names = [n for n in names if n not in CPU_TOTALS] + [n for n in CPU_TOTALS if n in names]
+    return markdown_table(["target path"] + names + ["busy cores"], [
+        [name] + ["-" if cell["cpu_ms"].get(n) is None else f"{cell['cpu_ms'][n]:.2f}" for n in names]
+        + [cell.get("busy_cores")] for name, cell in rows.items()])
 
 
 def _columns(cells):
     """The targets measured, in table order (keys of ``cells`` are ``"<target> <path>"``)."""
-    return [t for t in TARGETS + OFF + variants.targets() if any(c.startswith(t + " ") for c in cells)]
+    return [t for t in TARGETS + OFF + variants.targets() + CACHE_TARGETS
+            if any(c.startswith(t + " ") for c in cells)]
 
 
 def to_markdown(meta, cells, ratios):
@@ -319,6 +427,8 @@ def to_markdown(meta, cells, ratios):
         "(no blobsendfile, no metrics filter); kit/hand-built = pyruvate against waitress-off (the backend "
         "image's waitress, 2 threads, Zope's stock pipeline)"
         + "".join(f"; {variants.legend(name)}" for name in variants.VARIANTS if variants.target(name) in columns)
+        + ("; varnish = the stack's varnish directly (plain HTTP), haproxy-tls = the stack's HTTPS frontend, "
+           "which sends GETs to varnish (the cache tier)" if "varnish" in columns else "")
         + "."
         + (" MiB sent through kernel pipes (splice) during the runs: "
            + ", ".join(f"{name} {mib:,.1f}" for name, mib in meta["spliced_mib"].items()) + "."
@@ -345,6 +455,15 @@ def to_markdown(meta, cells, ratios):
         "![req/s per path and target](headline.png)",
         "",
     ]
+    if any(cell.get("cpu_ms") for cell in cells.values()):
+        lines[-2:-2] = [
+            "CPU milliseconds per request (user + system over the counted run, median over the rounds) of "
+            "each HAProxy, ZEO client (pool clients by part name) and the ZEO server, wrk, `kernel` (the "
+            "kernel's threads: ksoftirqd's network work among them), `others` (every other process that ran "
+            "throughout: other users, the stack's other parts, this tool), `rest` (busy time none of these "
+            "account for: processes that began or ended within the run) and `machine` (all busy time); "
+            f"busy cores: the machine's, of {meta['cores']}:",
+            "", cpu_table(cells), ""]
     if LOGGED_IN in paths:
         lines[4:4] = [f"{LOGGED_IN}: Locust's logged-in shape ({meta['connections']} editors: front page as a Member, "
                       "folder contents, edit form, save; every body checked), not wrk; its req/s counts those "
@@ -377,6 +496,12 @@ def main(argv=None):
     except LookupError as exc:
         print(f"headline: {exc}", file=sys.stderr)
         return 2
+    if args.cache:
+        if not config.get("cache") or not config.get("tls_url"):
+            print("headline: --cache: the stack has no cache tier (no varnish or no HTTPS frontend in stack.json)",
+                  file=sys.stderr)
+            return 2
+        urls.update({"varnish": config["cache"]["url"].rstrip("/"), "haproxy-tls": config["tls_url"].rstrip("/")})
     if args.logged_in and (refused := editors_refused(urls["haproxy"])):
         print(f"headline: --logged-in: {refused}", file=sys.stderr)
         return 2
@@ -384,13 +509,14 @@ def main(argv=None):
 
     started, clock = datetime.now(timezone.utc), time.monotonic()
     load_before = [round(x, 2) for x in os.getloadavg()]
-    off_config = None
+    off_config, off_processes = None, {}
     balancers = {}  # {target: TemporaryBalancer} of the variants started, each stopped at the end
     spliced = {}
     runs, problems = [], []
     try:
         if not args.no_off:
-            off_config = start_off_clients(config, clients, urls, args.buildout_config, not args.no_restart)
+            off_config, off_processes = start_off_clients(config, clients, urls, args.buildout_config,
+                                                          not args.no_restart)
         # All variants run from here to the end; between their runs they only health-check the
         # clients (every 2 s), as the stack's HAProxy does.
         for name in args.variants:
@@ -399,7 +525,9 @@ def main(argv=None):
         metrics = {"haproxy": config["haproxy_metrics_url"],
                    **{target: balancer.metrics_url for target, balancer in balancers.items()}}
         spliced_before = {name: spliced_bytes(url) for name, url in metrics.items()}
-        todo = plan(args.rounds, not args.no_off, args.variants, paths=args.paths)
+        # After the restart of the stack's clients (new PIDs) and the variants' starts.
+        processes = measured_processes(config, off_processes, balancers)
+        todo = plan(args.rounds, not args.no_off, args.variants, paths=args.paths, with_cache=args.cache)
         for target, label in sorted({(t, p) for _, t, p in todo}):  # warm-up, not counted
             if label == LOGGED_IN:
                 # Its own 3 s warm-up holds only the logins: a client's first edit forms and
@@ -412,11 +540,14 @@ def main(argv=None):
         print(f"{len(todo)} runs of {args.duration} s at {args.connections} connections "
               f"(about {seconds / 60:.0f} min)", flush=True)
         for done, (number, target, label) in enumerate(todo, 1):
-            row = {"round": number, "target": target, "path": label,
-                   **measure(urls[target], label, args.connections, args.duration)}
+            used = cpu_during(processes, lambda: measure(urls[target], label, args.connections, args.duration))
+            wrk_cpu = used.result.pop("wrk_cpu_s", None)
+            row = {"round": number, "target": target, "path": label, **used.result,
+                   **cpu_figures(used.result["requests"], used, wrk_cpu)}
             runs.append(row)
             print(f"[{done}/{len(todo)}] round {number} {target:22} {label:7} {row['rps']:8.1f} req/s "
-                  f"p50 {row['p50_ms']} ms p99 {row['p99_ms']} ms errors {row['errors']}", flush=True)
+                  f"p50 {row['p50_ms']} ms p99 {row['p99_ms']} ms errors {row['errors']}; CPU ms/req "
+                  + " ".join(f"{n} {v}" for n, v in row["cpu_ms"].items() if v), flush=True)
             if row["errors"] or row.get("short_bytes"):
                 problems.append(f"round {number} {target} {label}: {row['errors']} errors"
                                 + (", short blob bodies" if row.get("short_bytes") else ""))
@@ -436,7 +567,7 @@ def main(argv=None):
                 ["python -m loadtests headline", *(argv if argv is not None else sys.argv[1:])]),
             "connections": args.connections, "logged_in": args.logged_in, "paths": args.paths,
             "restarted_clients": [] if args.no_off or args.no_restart else [clients[s] for s in SERVERS],
-            "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(),
+            "duration_s": args.duration, "rounds": args.rounds, "cores": psutil.cpu_count(), "cache": args.cache,
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
             "minutes": round((time.monotonic() - clock) / 60, 1), "clients": clients, "urls": urls,
             "variants": {variants.target(name): variants.describe(name) for name in args.variants},

@@ -22,8 +22,9 @@ from collections import namedtuple
 from loadtests.core.balancers import BalancerError, TemporaryBalancer, free_port_pair
 
 #: ``options``: haproxy command-line options; ``globals``: lines of an extra ``global`` section;
-#: ``alone``: None for the stack's pool, else a WSGI server whose first client is the only server.
-Variant = namedtuple("Variant", "options globals alone", defaults=(None,))
+#: ``alone``: None for the stack's pool, else a WSGI server whose first client is the only server;
+#: ``maxconn``: None for the pool's (the clients' threads), else every server's ``maxconn``.
+Variant = namedtuple("Variant", "options globals alone maxconn", defaults=(None, None))
 
 #: name -> Variant. ``copy``: kernel splicing off (``-dS``), what ``option splice-response`` is
 #: worth. The others are the settings docs/results.md ("Blobs through the balancer") tried
@@ -33,6 +34,15 @@ Variant = namedtuple("Variant", "options globals alone", defaults=(None,))
 #: ``pyruvate-alone``: the pool is pyruvate and waitress, which copies the blob through Python;
 #: on 2 cores the pool served the blob at 0.75-0.77 of pyruvate directly (docs/results.md, 28 Nov
 #: 2026, quiet machine): with pyruvate alone behind it, the ratio is the balancer's own cost.
+#: ``pyruvate-alone-cpu1``: the same with HAProxy's one thread pinned to CPU 1 (``cpu-map``;
+#: the clients, the ZEO server and wrk stay free to use both cores), against
+#: ``pyruvate-alone-nbthread-1``, one unpinned thread: whether the balancer's place on the
+#: cores, not its work, costs the blob (docs/results.md, 28 Nov 2026, "Where the blob's CPU goes").
+#: ``maxconn-4``, ``pyruvate-alone-maxconn-4``: 4 requests in flight per server (headline's
+#: default --connections) instead of its threads: directly, wrk has 4 requests in pyruvate at
+#: once; through HAProxy only 2, and HAProxy counts a slot taken until the blob's last byte has
+#: gone, whatever the client's worker does meanwhile. ``nbthread-1-maxconn-4``: both changes
+#: that lowered the CPU per blob request on 28 Nov 2026 (docs/results.md), on the pool.
 VARIANTS = {
     "copy": Variant(("-dS",), ()),
     "same": Variant((), ()),
@@ -43,6 +53,11 @@ VARIANTS = {
     "nbthread-1": Variant((), ("nbthread 1",)),
     "nbthread-1-copy": Variant(("-dS",), ("nbthread 1",)),
     "pyruvate-alone": Variant((), (), "pyruvate"),
+    "pyruvate-alone-nbthread-1": Variant((), ("nbthread 1",), "pyruvate"),
+    "pyruvate-alone-cpu1": Variant((), ("nbthread 1", "cpu-map 1/1 1"), "pyruvate"),
+    "maxconn-4": Variant((), (), None, 4),
+    "pyruvate-alone-maxconn-4": Variant((), (), "pyruvate", 4),
+    "nbthread-1-maxconn-4": Variant((), ("nbthread 1",), None, 4),
 }
 #: ``--variant all``: every variant of VARIANTS.
 ALL = "all"
@@ -85,6 +100,7 @@ def describe(name):
     parts = [f"haproxy {' '.join(variant.options)}"] if variant.options else []
     parts += [f"global {', '.join(variant.globals)}"] if variant.globals else []
     parts += [f"only its {variant.alone} client as server"] if variant.alone else []
+    parts += [f"server maxconn {variant.maxconn}"] if variant.maxconn else []
     return " + ".join(parts) or "the config unchanged"
 
 
@@ -93,7 +109,7 @@ def legend(name):
     config with `haproxy -dS` (no kernel splicing)``, ``haproxy-same = the stack's HAProxy
     config unchanged``."""
     variant = VARIANTS[name]
-    if not variant.options and not variant.globals and not variant.alone:
+    if not variant.options and not variant.globals and not variant.alone and not variant.maxconn:
         return f"{target(name)} = the stack's HAProxy config unchanged"
     return (f"{target(name)} = the stack's HAProxy config with `{describe(name)}`"
             + (" (no kernel splicing)" if "-dS" in variant.options and not variant.globals else ""))
@@ -124,22 +140,21 @@ def extra_config(name):
 
 def servers(name, config):
     """The server entries (the template's ``servers``, stack.json's ``haproxy_context``) of
-    variant ``name``: the stack's pool, or the first client of the variant's ``alone`` server.
-    Raises BalancerError when the pool has no client of that server."""
+    variant ``name``: the stack's pool, or the first client of the variant's ``alone`` server,
+    each with the variant's ``maxconn`` if it has one. Raises BalancerError when the pool has
+    no client of that server."""
     pool = config["haproxy_context"]["servers"]
-    alone = VARIANTS[name].alone
-    if not alone:
-        return pool
-    chosen = [s for s in pool if s.get("wsgi_server") == alone][:1]
+    variant = VARIANTS[name]
+    chosen = [s for s in pool if s.get("wsgi_server") == variant.alone][:1] if variant.alone else pool
     if not chosen:
-        raise BalancerError(f"HAProxy variant {name}: the stack's pool has no {alone} client")
-    return chosen
+        raise BalancerError(f"HAProxy variant {name}: the stack's pool has no {variant.alone} client")
+    return [dict(s, maxconn=variant.maxconn) for s in chosen] if variant.maxconn else chosen
 
 
 def balancer(name, config, work_dir):
     """A TemporaryBalancer (not started) of variant ``name`` of the stack described by
     ``config`` (stack.json's dict), in ``work_dir/haproxy-<name>``, on two free ports."""
-    changes = {"servers": servers(name, config)} if VARIANTS[name].alone else {}
+    changes = {"servers": servers(name, config)} if VARIANTS[name].alone or VARIANTS[name].maxconn else {}
     return TemporaryBalancer(config["haproxy_binary"], config, config["haproxy_context"]["balance"],
                              os.path.join(work_dir, target(name)), free_port_pair(),
                              haproxy_options=VARIANTS[name].options, extra_config=extra_config(name), **changes)
