@@ -297,7 +297,8 @@ def plan(rounds, with_off, variant_names=(), paths=tuple(PATHS), with_cache=Fals
     with the off clients on every path if ``with_off``, each of ``variant_names``
     (:data:`variants.VARIANTS`) on the blob, with ``with_cache`` the CACHE_TARGETS on the blob;
     the order of the (target, path) pairs rotates by one per round so no pair always runs first
-    or after the same one."""
+    (a rotation keeps each pair after the same one, except in the round it runs first: a
+    target disturbed by its predecessor stays so; the ratios are within a round)."""
     paths = _paths(paths)
     cells = [(t, p) for p in paths for t in TARGETS + (OFF if with_off else ())]
     cells += [(variants.target(name), "blob") for name in variant_names]
