@@ -21,12 +21,13 @@ INTERPRETER = os.environ.get("PLONEDEPLOY_INTERPRETER") or os.path.join(ROOT, "p
 # Four threads parse one module's source while cyclic garbage whose finalizers run Python code
 # is collected: a collection inside the AST constructor runs a finalizer, which may hand the
 # GIL to another parsing thread (CPython gh-106905). Unlocked: until the first SystemError
-# (at most ROUNDS parses a thread); then locked: exactly ROUNDS parses a thread.
+# (at most ROUNDS parses a thread); then locked: exactly ROUNDS parses a thread. Unlocked, about
+# one parse in ten fails here (3.11.7): 80 locked parses without a failure are not luck.
 RACE = r'''
 import ast, builtins, gc, json, sys, threading
 from plonedeploy.runtime import astlock
 
-ROUNDS = 40
+ROUNDS = 20
 SOURCE = "\n".join(
     f"def f{i}(a, b):\n    if a:\n        return [x * {i} for x in b if x]\n    return {{'k': (a, b, {i})}}\n"
     for i in range(300))
@@ -110,7 +111,7 @@ def test_parallel_parses_fail_without_the_lock_and_not_with_it():
     assert found["unlocked_errors"], found
     assert "AST constructor recursion depth mismatch" in found["unlocked_errors"][0], found
     # ... and gone with the lock: every parse of every thread succeeded
-    assert found["locked_errors"] == [] and found["locked_parses"] == 4 * 40, found
+    assert found["locked_errors"] == [] and found["locked_parses"] == 4 * 20, found
 
 
 def test_chameleon_and_restrictedpython_parse_under_the_lock():

@@ -7,9 +7,11 @@ taken, starts the stack with ``bin/stack``, creates the site, and stops everythi
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 import psutil
 import pytest
@@ -158,10 +160,19 @@ print(json.dumps({"types": sorted({type(a).__module__ for a in assignments}), "b
 '''
 
 
-def test_the_site_script_makes_what_a_first_page_view_would_write(stack, tmp_path):
-    script = tmp_path / "portlet_settings.py"
-    script.write_text(PORTLET_SETTINGS)
-    result = run([os.path.join(ROOT, "bin", "instance"), "run", str(script)], timeout=300)
+def test_the_site_script_makes_what_a_first_page_view_would_write(stack):
+    # bin/instance run reads the script as the stack's service user (when root runs it), who
+    # cannot enter pytest's 0700 tmp_path: a directory of the test's own that it may read
+    directory = tempfile.mkdtemp(prefix="pd-portlets-")
+    try:
+        os.chmod(directory, 0o755)
+        script = os.path.join(directory, "portlet_settings.py")
+        with open(script, "w", encoding="utf-8") as fp:
+            fp.write(PORTLET_SETTINGS)
+        os.chmod(script, 0o644)
+        result = run([os.path.join(ROOT, "bin", "instance"), "run", script], timeout=300)
+    finally:
+        shutil.rmtree(directory)
     found = json.loads(result.stdout.strip().splitlines()[-1])
     # the classic site shows the navigation portlet on every page
     assert "plone.app.portlets.portlets.navigation" in found["types"], found
