@@ -53,11 +53,14 @@ def cpu_during(processes, call):
     reaped child such as wrk among them) and, where the kernel charges it to no process,
     interrupt time. Exceptions of ``call`` pass through."""
     mine = {p.pid for p in processes.values()}
-    before, everyone = cpu_seconds(processes), _own_cpu_seconds_by_pid()
+    # The machine's window encloses the processes' (its snapshots first and last): what the
+    # processes used while they were read (tens of ms on a busy machine) is in both, so the
+    # machine's busy time is not below their sum but by the ticks of their counters.
     busy_before, started = machine_busy_seconds(), time.monotonic()
+    before, everyone = cpu_seconds(processes), _own_cpu_seconds_by_pid()
     result = call()
-    wall, busy = time.monotonic() - started, machine_busy_seconds() - busy_before
     after, everyone_after = cpu_seconds(processes), _own_cpu_seconds_by_pid()
+    wall, busy = time.monotonic() - started, machine_busy_seconds() - busy_before
     others = kernel = 0.0
     for pid, (seconds, kernel_thread) in everyone_after.items():
         if pid in everyone and pid not in mine:
