@@ -212,35 +212,24 @@ class Recipe(Zope2InstanceRecipe):
             )
         self.template = template_option(name, opts, "templates-directory", f"{self.server}.ini.in")
 
-        if self.blob_sendfile and f"[filter:{BLOB_FILTER}]" not in render_template(self.template, self.context()):
-            raise zc.buildout.UserError(
-                f"[{name}] blob-sendfile = on but {self.template} defines no [filter:{BLOB_FILTER}] "
-                "(see templates/_common.ini.in); add it or set blob-sendfile = off"
-            )
-
-        if self.metrics_address and f"[filter:{METRICS_FILTER}]" not in render_template(self.template, self.context()):
-            raise zc.buildout.UserError(
-                f"[{name}] metrics-address is set but {self.template} defines no [filter:{METRICS_FILTER}] "
-                "(see templates/_common.ini.in); add it or remove metrics-address"
-            )
-
-        if self.explicit_tx and f"[filter:{EXPLICIT_TX_FILTER}]" not in render_template(self.template, self.context()):
-            raise zc.buildout.UserError(
-                f"[{name}] transaction-mode = explicit but {self.template} defines no [filter:{EXPLICIT_TX_FILTER}] "
-                "(see templates/_common.ini.in); add it or set transaction-mode = implicit"
-            )
-
-        if self.added_delay and f"[filter:{DELAY_FILTER}]" not in render_template(self.template, self.context()):
-            raise zc.buildout.UserError(
-                f"[{name}] added-delay is set but {self.template} defines no [filter:{DELAY_FILTER}] "
-                "(see templates/_common.ini.in); add it or set added-delay = 0"
-            )
-
-        if self.ast_lock and f"[filter:{AST_LOCK_FILTER}]" not in render_template(self.template, self.context()):
-            raise zc.buildout.UserError(
-                f"[{name}] Python {sys.version_info[0]}.{sys.version_info[1]} needs the {AST_LOCK_FILTER} filter "
-                f"but {self.template} defines no [filter:{AST_LOCK_FILTER}] (see templates/_common.ini.in); "
-                "add it")
+        # Each filter the options put into the pipeline needs its section in the template:
+        # (needed, filter, why, what to do), checked on one rendering.
+        required = [
+            (self.blob_sendfile, BLOB_FILTER, "blob-sendfile = on", "add it or set blob-sendfile = off"),
+            (self.metrics_address, METRICS_FILTER, "metrics-address is set", "add it or remove metrics-address"),
+            (self.explicit_tx, EXPLICIT_TX_FILTER, "transaction-mode = explicit",
+             "add it or set transaction-mode = implicit"),
+            (self.added_delay, DELAY_FILTER, "added-delay is set", "add it or set added-delay = 0"),
+            (self.ast_lock, AST_LOCK_FILTER,
+             f"Python {sys.version_info[0]}.{sys.version_info[1]} needs the {AST_LOCK_FILTER} filter", "add it"),
+        ]
+        if any(needed for needed, *_ in required):
+            rendered = render_template(self.template, self.context())
+            for needed, section, why, fix in required:
+                if needed and f"[filter:{section}]" not in rendered:
+                    raise zc.buildout.UserError(
+                        f"[{name}] {why} but {self.template} defines no [filter:{section}] "
+                        f"(see templates/_common.ini.in); {fix}")
 
         if self.hello_address and HELLO_APP not in render_template(self.template, self.hello_context()):
             raise zc.buildout.UserError(
