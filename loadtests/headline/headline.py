@@ -236,10 +236,16 @@ def start_off_clients(config, clients, urls, buildout_config=None, restart=True)
                      tool="loadtests.headline")
     off_config = offclients.stack_config(WORK_DIR, names, ports)
     started = extrabuild.start(off_config)
+    try:
+        # offclients names each part's copy "<part>-off".
+        processes = {f"{server}-off": started[f"{clients[server]}-off"] for server in SERVERS}
+    except BaseException:
+        # The caller gets no off_config to stop them with: stop them here.
+        extrabuild.stop(off_config)
+        raise
     for server in SERVERS:
         urls[f"{server}-off"] = f"http://127.0.0.1:{ports[clients[server]]}"
-    # offclients names each part's copy "<part>-off".
-    return off_config, {f"{server}-off": started[f"{clients[server]}-off"] for server in SERVERS}
+    return off_config, processes
 
 
 def measured_processes(config, off_processes=None, balancers=None):
