@@ -816,11 +816,16 @@ def test_blob_cache_size_is_refused_with_a_shared_blob_directory():
 
 
 def test_transaction_mode_choices_and_the_filter_place_in_the_pipeline():
-    given = {}
-    assert clientoptions.transaction_mode("instance", given) is False and given["transaction-mode"] == "implicit"
-    assert clientoptions.transaction_mode("instance", {"transaction-mode": " explicit "}) is True
+    # unset: explicit for a RelStorage client (it polls PostgreSQL per transaction), Zope's
+    # stock implicit for a ZEO client
+    on_zeo, on_relstorage = {}, {}
+    assert clientoptions.transaction_mode("instance", on_zeo, "zeo") is False
+    assert clientoptions.transaction_mode("instance", on_relstorage, "relstorage") is True
+    assert (on_zeo["transaction-mode"], on_relstorage["transaction-mode"]) == ("implicit", "explicit")
+    assert clientoptions.transaction_mode("instance", {"transaction-mode": " explicit "}, "zeo") is True
+    assert clientoptions.transaction_mode("instance", {"transaction-mode": "implicit"}, "relstorage") is False
     with pytest.raises(zc.buildout.UserError) as err:
-        clientoptions.transaction_mode("instance", {"transaction-mode": "manual"})
+        clientoptions.transaction_mode("instance", {"transaction-mode": "manual"}, "relstorage")
     assert str(err.value) == ("[instance] transaction-mode = 'manual' is invalid: expected one of: "
                               "implicit, explicit")
     # innermost: right before the Zope app, after the filters that wrap the response

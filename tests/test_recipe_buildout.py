@@ -920,7 +920,7 @@ def test_relstorage_switch_renders_every_client(tmp_path):
 
 def test_relstorage_tuning_options_reach_zope_conf_the_pipeline_and_postgres(tmp_path):
     """Issue 32's settings: RelStorage's cache keys in every client's <relstorage>,
-    transaction-mode = explicit as the explicittx filter right before the Zope app (with
+    transaction-mode = explicit (the RelStorage default) as the explicittx filter right before the Zope app (with
     plonedeploy.runtime among the eggs), and the postgresql part's settings in the
     server's command line after the part's own."""
     result = buildout(tmp_path, PG + "[instance]\nrelstorage-cache-local-mb = 100\n"
@@ -939,12 +939,14 @@ def test_relstorage_tuning_options_reach_zope_conf_the_pipeline_and_postgres(tmp
         assert "plonedeploy.runtime" in (tmp_path / "bin" / part).read_text()
     pg_config = json.loads((tmp_path / "parts" / "postgresql" / "postgresql.json").read_text())
     assert pg_config["settings"] == {"shared_buffers": "256MB", "jit": "off"}
-    # the default: no filter, RelStorage's own cache settings
+    # the default: RelStorage's own cache settings, and explicit mode (since 29 Nov 2026;
+    # a ZEO client's default, implicit, is test_options' and every ZEO build's)
     result = buildout(tmp_path, PG)
     assert result.returncode == 0, result.stdout + result.stderr
     zope_conf = (tmp_path / "parts" / "instance" / "etc" / "zope.conf").read_text()
     assert "cache-local" not in zope_conf and "blob-cache-size" not in zope_conf
-    assert "explicittx" not in (tmp_path / "parts" / "instance" / "etc" / "wsgi.ini").read_text()
+    ini = _ini(tmp_path / "parts" / "instance" / "etc" / "wsgi.ini")
+    assert ini["pipeline:main"]["pipeline"].split()[-2:] == ["explicittx", "zope"]
 
 
 def test_relstorage_shared_blob_directory(tmp_path):

@@ -22,7 +22,7 @@ from loadtests.storage.variant import buildout_text
 def test_options_fail_naming_the_option_and_allowed_values(capsys):
     for argv, message in ((["--variants", "relstorage"], "--variants: expected zeo and at least one of"),
                           (["--variants", "zeo,nfs"], "--variants: nfs is invalid; expected comma-separated "
-                                                      "values of: zeo, relstorage, relstorage-shared, rs-explicit, "
+                                                      "values of: zeo, relstorage, relstorage-shared, rs-explicit, rs-implicit, "
                                                       "rs-cache-100mb, rs-cache-dir, rs-blob-cache-1gb, rs-pg-tuned, "
                                                       "rs-tuned"),
                           (["--paths", "/,put"], "--paths: put is invalid"),
@@ -108,7 +108,8 @@ def test_tuning_variants_set_one_thing_each_and_rs_tuned_them_together(tmp_path)
 
     texts = {name: buildout_text(name, str(tmp_path), storagebench.ports(9700, i), "pyruvate")
              for i, name in enumerate(VARIANTS)}
-    tuning = {"rs-explicit": "transaction-mode = explicit", "rs-cache-100mb": "relstorage-cache-local-mb = 100",
+    tuning = {"rs-explicit": "transaction-mode = explicit", "rs-implicit": "transaction-mode = implicit",
+              "rs-cache-100mb": "relstorage-cache-local-mb = 100",
               "rs-cache-dir": "relstorage-cache-local-dir = ${buildout:directory}/var/relstorage-cache",
               "rs-blob-cache-1gb": "relstorage-blob-cache-size = 1GB",
               "rs-pg-tuned": "[postgresql]\nsettings =\n    shared_buffers = 256MB\n    work_mem = 16MB\n"
@@ -116,7 +117,7 @@ def test_tuning_variants_set_one_thing_each_and_rs_tuned_them_together(tmp_path)
     for name, line in tuning.items():
         assert line in texts[name] and line not in texts["relstorage"], name
         assert all(line not in texts[other] for other in tuning if other != name)
-        assert line in texts["rs-tuned"] or name in ("rs-blob-cache-1gb",), name
+        assert line in texts["rs-tuned"] or name in ("rs-blob-cache-1gb", "rs-implicit"), name
         assert f"extends = {ROOT}/relstorage.cfg" in texts[name] and blobs_in_database(name)
     assert blobs_in_database("relstorage") and not blobs_in_database("relstorage-shared")
     assert not blobs_in_database("zeo")
@@ -290,11 +291,12 @@ def test_per_request_refuses_the_write_path_and_a_negative_count(capsys):
 @pytest.mark.skipif(os.environ.get("PLONEDEPLOY_STORAGEBENCH") != "1",
                     reason="optional (4-5 min): set PLONEDEPLOY_STORAGEBENCH=1")
 def test_per_request_counts_on_real_stacks(tmp_path):
-    """zeo, relstorage and rs-explicit on ports 9780-9824, 20 requests of @json counted per
+    """zeo, rs-implicit and relstorage on ports 9780-9824, 20 requests of @json counted per
     request: ZEO sends PostgreSQL nothing; implicit RelStorage polls three times per request
-    (BEGIN, the poll, ROLLBACK each), explicit once; warm caches load no object."""
+    (BEGIN, the poll, ROLLBACK each), the kit's RelStorage default (explicit) once; warm
+    caches load no object."""
     work = os.path.join(ROOT, "var", "storagebench-perrequest-test")
-    result = run([sys.executable, "-m", "loadtests", "storage", "--variants", "zeo,relstorage,rs-explicit",
+    result = run([sys.executable, "-m", "loadtests", "storage", "--variants", "zeo,rs-implicit,relstorage",
                   "--paths", "@json", "--per-request", "20", "--rounds", "1", "--base-port", "9780",
                   "--work-dir", work, "--out", str(tmp_path)], timeout=900, check=False)
     print(result.stdout[-4000:], result.stderr[-2000:])
@@ -304,7 +306,7 @@ def test_per_request_counts_on_real_stacks(tmp_path):
     cells = {c["variant"]: c for c in data["cells"]}
     assert cells["zeo"]["statements"] == 0
     # a health check's statements may fall into a count: not exactly 9 and 3
-    assert 9 <= cells["relstorage"]["statements"] < 10 and 3 <= cells["rs-explicit"]["statements"] < 4
+    assert 9 <= cells["rs-implicit"]["statements"] < 10 and 3 <= cells["relstorage"]["statements"] < 4
     assert all(c["loads"] < 1 for c in cells.values())
     assert data["meta"]["leftovers"] == []
     shutil.rmtree(work)

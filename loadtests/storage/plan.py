@@ -21,6 +21,8 @@ VARIANTS = {
     "relstorage": ("relstorage.cfg", ["relstorage-blobs = database"], []),
     "relstorage-shared": ("relstorage.cfg", ["relstorage-blobs = shared-directory"], []),
     "rs-explicit": ("relstorage.cfg", ["relstorage-blobs = database", "transaction-mode = explicit"], []),
+    # Zope's stock mode, relstorage.cfg's default until 29 Nov 2026 (since then explicit)
+    "rs-implicit": ("relstorage.cfg", ["relstorage-blobs = database", "transaction-mode = implicit"], []),
     "rs-cache-100mb": ("relstorage.cfg", ["relstorage-blobs = database", "relstorage-cache-local-mb = 100"], []),
     "rs-cache-dir": ("relstorage.cfg", ["relstorage-blobs = database",
                                         "relstorage-cache-local-dir = ${buildout:directory}/var/relstorage-cache"],

@@ -19,6 +19,7 @@ from plonedeploy.stack.rules import (
     default_memory_limit, recycle_check_window)
 from plonedeploy.recipe.options import (
     RELSTORAGE_BLOBS,
+    DEFAULT_TRANSACTION_MODES,
     TRANSACTION_MODES,
     STORAGES,
     auto_threads,
@@ -266,12 +267,15 @@ def relstorage_tuning(name, opts, blobs):
     return tuning
 
 
-def transaction_mode(name, options):
-    """Check ``transaction-mode`` (one of ``options.TRANSACTION_MODES``); return True for
-    ``explicit``, which puts the ``explicittx`` filter (plonedeploy.runtime.explicittx) in the
-    pipeline. Raises ``zc.buildout.UserError`` naming the option and the allowed values."""
+def transaction_mode(name, options, storage):
+    """Check ``transaction-mode`` (one of ``options.TRANSACTION_MODES``; unset: the default of
+    ``storage``, ``options.DEFAULT_TRANSACTION_MODES``); return True for ``explicit``, which
+    puts the ``explicittx`` filter (plonedeploy.runtime.explicittx) in the pipeline. Raises
+    ``zc.buildout.UserError`` naming the option and the allowed values."""
     opts = DeclaredOptions(name, options, INSTANCE)
-    mode = check_choice(name, "transaction-mode", opts.setdefault("transaction-mode").strip(), TRANSACTION_MODES)
+    mode = check_choice(name, "transaction-mode",
+                        opts.setdefault("transaction-mode", DEFAULT_TRANSACTION_MODES[storage]).strip(),
+                        TRANSACTION_MODES)
     options["transaction-mode"] = mode
     return mode == "explicit"
 

@@ -190,7 +190,7 @@ class Recipe(Zope2InstanceRecipe):
 
         self.storage = clientoptions.storage_options(buildout, name, options)
         clientoptions.conflict_retries(name, options)
-        self.explicit_tx = clientoptions.transaction_mode(name, options)
+        self.explicit_tx = clientoptions.transaction_mode(name, options, self.storage)
         if not self.explicit_tx and EXPLICIT_TX_FILTER in opts.get("pipeline", "").split():
             raise zc.buildout.UserError(
                 f"[{name}] pipeline names {EXPLICIT_TX_FILTER} but transaction-mode = implicit; "
