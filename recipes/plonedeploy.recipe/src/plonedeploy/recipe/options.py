@@ -40,7 +40,7 @@ METRICS_EGG = "prometheus-client"
 EXPLICIT_TX_FILTER = "explicittx"
 TRANSACTION_MODES = ("implicit", "explicit")
 #: The default by ``storage``: RelStorage polls PostgreSQL at each transaction's start, so
-#: explicit mode's one poll per request instead of three gives ``/`` 1.30 (1.26-1.46)x the
+#: explicit mode's one poll per request instead of three gives ``/`` 1.31 (1.26-1.46)x the
 #: req/s of implicit mode and leaves /Plone, @json and the blob level (6 rounds of two quiet
 #: runs of ``python -m loadtests storage``, docs/how-to/relstorage.md#tuning); a ZEO client
 #: does not poll (the ZEO server sends invalidations), so ZEO keeps Zope's stock mode.

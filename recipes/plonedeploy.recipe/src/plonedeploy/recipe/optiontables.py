@@ -238,7 +238,7 @@ INSTANCE = (
     Option("transaction-mode", None, TRANSACTION_MODES,
            "`explicit`: the `explicittx` WSGI filter puts each request's thread into the transaction "
            "package's explicit mode, so ZODB polls the storage once per request instead of three times "
-           "(RelStorage: round trips to PostgreSQL; `/` at 1.30x implicit's req/s, the other paths level: "
+           "(RelStorage: round trips to PostgreSQL; `/` at 1.31x implicit's req/s, the other paths level: "
            "[how-to/relstorage.md](../how-to/relstorage.md#tuning)); adds `plonedeploy.runtime` to `eggs`",
            "`explicit` with `storage = relstorage`, `implicit` with `zeo` (whose clients do not poll)"),
     Option("added-delay", "0", f"a whole number of milliseconds, 0 to {MAX_DELAY_MS}",
