@@ -5,7 +5,9 @@ thread of the test's process.
 
 Servers that do something else are their own: tests/test_probes.py's binds late on a fixed
 port and counts the requests inside it at once; tests/multihost/resilience.py's webhook
-receiver listens on the control host's bridge address for the whole run.
+receiver listens on the control host's bridge address for the whole run;
+tests/test_dead_client_retry.py's dying client resets connections and stops listening the way
+a killed process does.
 """
 import collections
 import contextlib

@@ -131,7 +131,8 @@ def test_get_sent_to_a_client_as_it_dies_is_answered_elsewhere(tmp_path, accepte
                 waited = time.monotonic() - started
                 for thread in slow:
                     thread.join(30)
-                log = open(balancer.log_path, encoding="utf-8", errors="replace").read()
+                with open(balancer.log_path, encoding="utf-8", errors="replace") as fp:
+                    log = fp.read()
             assert (answer.status_code, answer.text) == (200, "survivor"), log[-3000:]
             # It waited in the queue for the survivor's slot, not in retries' turnarounds.
             assert waited < BUSY_SECONDS + 1, waited
