@@ -46,8 +46,8 @@ def test_httplog_line_is_read_by_the_kits_parser(tmp_path):
     log.write_text(httplog_line(tr=datetime(2026, 11, 28, 10, 0, 0, 250000), b="writes", s="client2", Tr=-1, ST=503,
                                 tsc="SC--", r="POST /Plone/@@edit HTTP/1.1") + "\n")
     (line,) = haproxy_log.lines(str(log))
-    assert (line["backend"], line["server"], line["Tr"], line["status"], line["termination"], line["method"],
-            line["path"]) == ("writes", "client2", -1, 503, "SC--", "POST", "/Plone/@@edit")
+    assert (line["backend"], line["server"], line["Tr"], line["status"], line["termination"], line["retries"],
+            line["method"], line["path"]) == ("writes", "client2", -1, 503, "SC--", "0", "POST", "/Plone/@@edit")
     assert haproxy_log.accepted_epoch(line) == datetime(2026, 11, 28, 10, 0, 0, 250000).timestamp()
     assert list(haproxy_log.lines(str(log), "zeoclients")) == []  # a backend named: others skipped
 

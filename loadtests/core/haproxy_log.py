@@ -28,7 +28,7 @@ LOG_PATHS = {"/": "/", "/Plone": "/Plone + @json", "/Plone/blob-5mb/@@download/f
 _LINE = re.compile(
     r"\[(?P<date>\d+/\w+/\d+:\d+:\d+:\d+\.\d+)\] \S+ (?P<backend>[^/\s]+)/(?P<server>\S+) "
     r"-?\d+/(?P<Tw>-?\d+)/-?\d+/(?P<Tr>-?\d+)/\+?-?\d+ (?P<status>-?\d+) \+?\d+ \S+ \S+ (?P<termination>\S+) "
-    r"\d+/\d+/\d+/\d+/\+?\d+ (?P<srv_queue>\d+)/(?P<backend_queue>\d+) "
+    r"\d+/\d+/\d+/\d+/(?P<retries>\+?\d+) (?P<srv_queue>\d+)/(?P<backend_queue>\d+) "
     r'(?:.*"(?P<method>[A-Z]+) (?P<path>\S+) HTTP)?')
 
 
@@ -36,9 +36,10 @@ def lines(log_path, backend=None):
     """The log lines of ``backend`` (None: of every backend) as dicts: ``date`` (str,
     HAProxy's local time; :func:`accepted_epoch`), ``backend``, ``server``, ``Tw`` and ``Tr``
     (int, ms; -1 when HAProxy did not get that far), ``status`` (int), ``termination`` (the
-    termination state, e.g. ``----``, ``SD--``), ``srv_queue`` and ``backend_queue`` (int),
-    ``method`` and ``path`` (None on a line without a request). With a ``backend``, lines of
-    other proxies (the stats page) are skipped."""
+    termination state, e.g. ``----``, ``SD--``), ``retries`` (str: the connection retries,
+    ``+`` first when the request was redispatched to another server, e.g. ``0``, ``+4``),
+    ``srv_queue`` and ``backend_queue`` (int), ``method`` and ``path`` (None on a line without
+    a request). With a ``backend``, lines of other proxies (the stats page) are skipped."""
     with open(log_path, encoding="utf-8", errors="replace") as fp:
         for text in fp:
             match = _LINE.search(text)
